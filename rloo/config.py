@@ -1,0 +1,145 @@
+"""Config checks that run before any model loads, and the OmegaConf resolvers the YAML uses.
+
+Every error is one line naming the key and what is allowed (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CHOICE_GROUPS = ("model", "data", "precision", "trainer", "logger")
+LOSSES = ("ppo_clip", "reinforce")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LR_SCHEDULES = ("linear", "constant", "cosine")
+FROZEN_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message is the whole one-line explanation."""
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def check_group_choices(argv: list[str]) -> None:
+    """Name the allowed options for `group=value` overrides before Hydra prints its multi-line error."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or key not in CHOICE_GROUPS:
+            continue
+        allowed = group_options(key)
+        for choice in value.split(","):  # multirun: model=a,b
+            if choice not in allowed:
+                raise ConfigError(f"{key}={choice!r} is not a config in conf/{key}/: choose one of {', '.join(allowed)}")
+
+
+def wandb_offline() -> bool:
+    """Offline unless the user has set W&B up, so that a run never waits on a network that is not there."""
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if mode:
+        return mode in ("offline", "dryrun", "disabled")
+    if os.environ.get("WANDB_API_KEY"):
+        return False
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return True
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("wandb_offline"):
+        OmegaConf.register_new_resolver("wandb_offline", wandb_offline)
+
+
+def _require(cond: bool, key: str, allowed: str, value) -> None:
+    if not cond:
+        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def _positive_int(cfg: DictConfig, key: str) -> int:
+    value = OmegaConf.select(cfg, key)
+    _require(isinstance(value, int) and not isinstance(value, bool) and value > 0, key, "a positive integer", value)
+    return value
+
+
+def _number(cfg: DictConfig, key: str, low: float, high: float = float("inf"), low_open: bool = False) -> float:
+    value = OmegaConf.select(cfg, key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (value > low if low_open else value >= low) and value <= high
+    bracket = "(" if low_open else "["
+    _require(ok, key, f"a number in {bracket}{low}, {high}]", value)
+    return float(value)
+
+
+def updates_per_rollout(cfg: DictConfig) -> int:
+    return cfg.num_ppo_epochs * cfg.num_mini_batches
+
+
+def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
+    """Check every key `rloo.train` reads; raises ConfigError with a one-line message."""
+    k = OmegaConf.select(cfg, "k")
+    _require(isinstance(k, int) and not isinstance(k, bool) and k >= 2, "k", "an integer >= 2 (the leave-one-out baseline needs another completion)", k)
+    for key in ("response_length", "rollout_batch_size", "micro_batch_size", "generation_batch_size",
+                "total_episodes", "num_ppo_epochs", "num_mini_batches", "log_every",
+                "eval.num_prompts", "eval.batch_size", "eval.max_new_tokens", "data.max_prompt_length"):
+        _positive_int(cfg, key)
+    for key in ("sample_every", "checkpoint_every", "top_k"):
+        value = OmegaConf.select(cfg, key)
+        _require(isinstance(value, int) and value >= 0, key, "an integer >= 0", value)
+    _number(cfg, "lr", 0.0, low_open=True)
+    _number(cfg, "kl_coef", 0.0)
+    _number(cfg, "temperature", 0.0, low_open=True)
+    _number(cfg, "top_p", 0.0, 1.0, low_open=True)
+    _number(cfg, "clip_range", 0.0, low_open=True)
+    _number(cfg, "warmup_ratio", 0.0, 1.0)
+    _number(cfg, "weight_decay", 0.0)
+    if cfg.max_grad_norm is not None:
+        _number(cfg, "max_grad_norm", 0.0, low_open=True)
+    if cfg.missing_eos_penalty is not None:
+        _number(cfg, "missing_eos_penalty", 0.0)
+    _require(cfg.loss in LOSSES, "loss", f"one of {', '.join(LOSSES)}", cfg.loss)
+    _require(cfg.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"one of {', '.join(KL_ESTIMATORS)}", cfg.kl_estimator)
+    _require(cfg.lr_schedule in LR_SCHEDULES, "lr_schedule", f"one of {', '.join(LR_SCHEDULES)}", cfg.lr_schedule)
+    _require(cfg.stop_token in ("eos", None), "stop_token", "eos or null", cfg.stop_token)
+    _require(cfg.model.frozen_dtype in FROZEN_DTYPES, "model.frozen_dtype", f"one of {', '.join(FROZEN_DTYPES)}", cfg.model.frozen_dtype)
+
+    rollout, micro, minis = cfg.rollout_batch_size, cfg.micro_batch_size, cfg.num_mini_batches
+    _require(rollout % k == 0, "rollout_batch_size", f"a multiple of k={k} (it is prompts per rollout times k)", rollout)
+    _require(rollout % minis == 0, "rollout_batch_size", f"a multiple of num_mini_batches={minis}", rollout)
+    _require((rollout // minis) % micro == 0, "micro_batch_size",
+             f"a divisor of the mini-batch rollout_batch_size/num_mini_batches={rollout // minis}", micro)
+    _require(rollout % cfg.generation_batch_size == 0 or cfg.generation_batch_size >= rollout, "generation_batch_size",
+             f"a divisor of rollout_batch_size={rollout}", cfg.generation_batch_size)
+    if updates_per_rollout(cfg) == 1:
+        # on-policy path: advantages come from the same forward as the loss, one micro-batch of whole groups at a time
+        _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} when each rollout is used once", micro)
+    elif cfg.loss == "reinforce":
+        raise ConfigError(f"loss='reinforce' is exactly on-policy: it needs num_ppo_epochs=1 and num_mini_batches=1, "
+                          f"got {cfg.num_ppo_epochs} and {minis}; use loss=ppo_clip to reuse a rollout")
+    per_step = rollout * world_size
+    _require(cfg.total_episodes >= per_step, "total_episodes",
+             f"at least one rollout, rollout_batch_size * devices = {per_step}", cfg.total_episodes)
+    if cfg.model.policy is None and cfg.get("bootstrap") is None:
+        raise ConfigError("model.policy=None is not allowed: a save_pretrained dir or hub id (null only with the embedded bootstrap, model=tiny)")
+    for split in ("train", "validation"):
+        path = OmegaConf.select(cfg, f"data.{split}.path")
+        if path is None and cfg.get("bootstrap") is None:
+            raise ConfigError(f"data.{split}.path=None is not allowed: a hub id, a local file or a dataset dir")
+        if path is not None and _looks_local(path) and not Path(path).exists():
+            raise ConfigError(f"data.{split}.path={path!r} does not exist: give an existing file or dir, or a hub id")
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith((".", "/", "~")) or Path(path).suffix in (".jsonl", ".json", ".parquet", ".csv", ".arrow")
+
+
+def exit_on_config_error(error: ConfigError) -> None:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)

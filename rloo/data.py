@@ -1,0 +1,162 @@
+"""Prompts for RL: `PromptDataModule` over HF `datasets`, left-padded, with exact rollout counts.
+
+A prompt column holds plain text or a list of chat messages; a trailing assistant message is the
+reference completion and the rest is rendered with the tokenizer's chat template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import torch
+from lightning import LightningDataModule
+from torch.utils.data import DataLoader, Sampler
+
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass
+class SplitSpec:
+    path: str
+    split: str = "train"
+    prompt_column: str = "prompt"
+    reference_column: str | None = None
+
+
+def load_split(spec: SplitSpec) -> datasets.Dataset:
+    """A local file (.jsonl/.json/.parquet/.csv), a `save_to_disk` dir, or a hub id."""
+    path = Path(spec.path).expanduser()
+    if path.is_dir():
+        loaded = datasets.load_from_disk(str(path))
+        return loaded[spec.split] if isinstance(loaded, datasets.DatasetDict) else loaded
+    if path.suffix in FILE_BUILDERS:
+        if not path.exists():
+            raise FileNotFoundError(f"data file {path} does not exist")
+        return datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train")
+    return datasets.load_dataset(spec.path, split=spec.split)
+
+
+def render_prompt(value, tokenizer) -> tuple[str, str | None]:
+    """(prompt text, reference from a trailing assistant message or None)."""
+    if isinstance(value, str):
+        return value, None
+    messages = list(value)
+    reference = None
+    if messages and messages[-1]["role"] == "assistant":
+        reference = messages[-1]["content"]
+        messages = messages[:-1]
+    if tokenizer.chat_template is None:
+        raise ValueError("prompts are chat messages but the tokenizer has no chat template: set model.chat_template")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), reference
+
+
+def tokenize_prompts(dataset: datasets.Dataset, spec: SplitSpec, tokenizer, max_prompt_length: int,
+                     truncate: bool) -> tuple[list[dict], int]:
+    """Render and tokenize every row; prompts over max_prompt_length are dropped or left-truncated.
+
+    Returns rows {prompt, reference, prompt_ids} and the number of prompts dropped (or truncated).
+    """
+    for column in (spec.prompt_column, spec.reference_column):
+        if column is not None and column not in dataset.column_names:
+            raise KeyError(f"column {column!r} not in {spec.path} (columns: {', '.join(dataset.column_names)})")
+    rows, over_length = [], 0
+    for example in dataset:
+        prompt, reference = render_prompt(example[spec.prompt_column], tokenizer)
+        if spec.reference_column is not None:
+            reference = example[spec.reference_column]
+        ids = tokenizer(prompt, add_special_tokens=False).input_ids
+        if len(ids) > max_prompt_length:
+            over_length += 1
+            if not truncate:
+                continue
+            ids = ids[-max_prompt_length:]  # keep the end: it holds the question and the generation prompt
+        rows.append({"prompt": prompt, "reference": reference, "prompt_ids": ids})
+    return rows, over_length
+
+
+def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad to the longest: ids `[B, P]` and mask `[B, P]`."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq):] = torch.tensor(seq)
+            mask[row, width - len(seq):] = 1
+    return ids, mask
+
+
+class EpisodeSampler(Sampler[int]):
+    """Exactly `num_samples` indices: seeded reshuffled passes over the dataset, back to back.
+
+    One Lightning epoch is then the whole run, so the progress bar ends where training ends.
+    """
+
+    def __init__(self, dataset_size: int, num_samples: int, seed: int, shuffle: bool = True):
+        self.dataset_size, self.num_samples, self.seed, self.shuffle = dataset_size, num_samples, seed, shuffle
+
+    def __iter__(self):
+        remaining, data_pass = self.num_samples, 0
+        while remaining > 0:
+            generator = torch.Generator().manual_seed(self.seed + data_pass)
+            order = torch.randperm(self.dataset_size, generator=generator) if self.shuffle else torch.arange(self.dataset_size)
+            chunk = order[:remaining].tolist()
+            yield from chunk
+            remaining -= len(chunk)
+            data_pass += 1
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class PromptDataModule(LightningDataModule):
+    """Train prompts for rollouts and held-out (prompt, reference) pairs for evaluation."""
+
+    def __init__(self, tokenizer, train: SplitSpec, validation: SplitSpec, max_prompt_length: int,
+                 truncate_prompts: bool, prompts_per_rollout: int, num_rollouts: int, seed: int = 0,
+                 shuffle: bool = True, num_workers: int = 0, log=print):
+        super().__init__()
+        self.tokenizer, self.train_spec, self.validation_spec = tokenizer, train, validation
+        self.max_prompt_length, self.truncate_prompts = max_prompt_length, truncate_prompts
+        self.prompts_per_rollout, self.num_rollouts = prompts_per_rollout, num_rollouts
+        self.seed, self.shuffle, self.num_workers, self.log_fn = seed, shuffle, num_workers, log
+        self.train_rows: list[dict] | None = None
+        self.validation_rows: list[dict] | None = None
+
+    @property
+    def num_train_prompts(self) -> int:
+        return len(self.train_rows) if self.train_rows is not None else 0
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_rows is not None:
+            return
+        self.train_rows = self._prepare("train", self.train_spec)
+        self.validation_rows = self._prepare("validation", self.validation_spec)
+
+    def _prepare(self, name: str, spec: SplitSpec) -> list[dict]:
+        dataset = load_split(spec)
+        rows, over = tokenize_prompts(dataset, spec, self.tokenizer, self.max_prompt_length, self.truncate_prompts)
+        action = "truncated" if self.truncate_prompts else "dropped"
+        self.log_fn(f"data: {name}: {len(rows)} prompts from {spec.path}; {over} longer than "
+                    f"{self.max_prompt_length} tokens {action}")
+        if not rows:
+            raise ValueError(f"data.{name}: no prompts left from {spec.path} (max_prompt_length={self.max_prompt_length})")
+        return rows
+
+    def collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        prompt_ids, prompt_mask = left_pad([row["prompt_ids"] for row in rows], self.tokenizer.pad_token_id)
+        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}
+
+    def train_dataloader(self) -> DataLoader:
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        # Lightning splits a custom sampler across ranks, so ask for every rank's share
+        sampler = EpisodeSampler(len(self.train_rows), self.num_rollouts * self.prompts_per_rollout * world_size,
+                                 self.seed, self.shuffle)
+        return DataLoader(self.train_rows, batch_size=self.prompts_per_rollout, sampler=sampler,
+                          collate_fn=self.collate, num_workers=self.num_workers, drop_last=True)
+
+    def eval_rows(self, num_prompts: int) -> list[dict]:
+        """The first `num_prompts` held-out rows (fixed, so before/after compare the same prompts)."""
+        return self.validation_rows[:num_prompts]

@@ -1,0 +1,62 @@
+"""Loading the three models RLOO needs (policy, frozen reference, frozen reward model) and their tokenizer.
+
+Each is a save_pretrained dir or a hub id; with HF_HUB_OFFLINE=1 a hub id that is not cached fails at once.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_tokenizer(name_or_path: str, pad_token: str | None = None, chat_template: str | None = None):
+    """Left-padded tokenizer (generation appends on the right); a pad token is added when missing."""
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, padding_side="left")
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.add_special_tokens({"pad_token": pad_token or "[PAD]"})
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def load_policy(name_or_path: str, tokenizer=None) -> PreTrainedModel:
+    """The trained policy, in fp32 (the precision plugin casts compute)."""
+    policy = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+    if tokenizer is not None:
+        _fit_embeddings(policy, tokenizer)
+    return policy
+
+
+def load_reward_model(name_or_path: str, dtype: str = "float32", tokenizer=None) -> PreTrainedModel:
+    """A sequence classifier with one label: its output at the last real token is the score."""
+    reward_model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1, dtype=DTYPES[dtype])
+    if tokenizer is not None:
+        _fit_embeddings(reward_model, tokenizer)
+        reward_model.config.pad_token_id = tokenizer.pad_token_id
+    return freeze(reward_model)
+
+
+def reference_from(policy: PreTrainedModel, name_or_path: str | None, dtype: str = "float32") -> PreTrainedModel:
+    """The frozen reference: a copy of the initial policy, or another checkpoint."""
+    if name_or_path is None:
+        reference = copy.deepcopy(policy).to(DTYPES[dtype])
+    else:
+        reference = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+    return freeze(reference)
+
+
+def freeze(model: PreTrainedModel) -> PreTrainedModel:
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def _fit_embeddings(model: PreTrainedModel, tokenizer) -> None:
+    # Pythia checkpoints pad the embedding to 50304, so the added [PAD] usually fits without a resize.
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer))

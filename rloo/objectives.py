@@ -1,0 +1,249 @@
+"""Pure tensor math for RLOO: masked statistics, KL estimators, leave-one-out
+advantages and policy-gradient losses.
+
+Shapes: N = num_prompts * k completions, T = completion length.
+Completions are laid out prompt-major: rows p*k ... p*k+k-1 belong to prompt p.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def _upcast(x: Tensor) -> Tensor:
+    """Half / bf16 -> float32; float32 / float64 unchanged."""
+    # bf16 has 8 mantissa bits: summing ~100 log-probs in it loses whole nats
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """sum(values * mask) over `dim` (all entries if None).
+
+    values: [...], mask: bool or float, broadcastable to values. Low-precision
+    inputs are summed in float32.
+    """
+    values = _upcast(values)
+    mask = mask.to(values.dtype)
+    # where() as well as the product: padding may hold inf/nan and 0 * inf = nan
+    masked = torch.where(mask != 0, values * mask, torch.zeros_like(values))
+    return masked.sum() if dim is None else masked.sum(dim)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """sum(values * mask) / sum(mask) over `dim`; 0 where the mask is empty.
+
+    values: [...], mask: bool or float, broadcastable to values.
+    """
+    total = masked_sum(values, mask, dim)
+    count = torch.broadcast_to(mask, values.shape).to(total.dtype)
+    count = count.sum() if dim is None else count.sum(dim)
+    # a safe denominator (not where() on the quotient) keeps gradients finite too
+    return total / torch.where(count > 0, count, torch.ones_like(count))
+
+
+def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance over all masked entries -> scalar.
+
+    With unbiased=True applies Bessel's correction n/(n-1); skipped when n <= 1
+    (the biased value, 0, is returned instead of dividing by zero).
+    """
+    mean = masked_mean(values, mask)
+    var = masked_mean((_upcast(values) - mean) ** 2, mask)  # E[(v - mu)^2]
+    if unbiased:
+        n = torch.broadcast_to(mask, values.shape).to(var.dtype).sum()
+        var = torch.where(n > 1, var * n / torch.clamp(n - 1, min=1), var)
+    return var
+
+
+def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+    """(values - mean) / sqrt(var + 1e-8) over masked entries; 0 at masked-out positions.
+
+    values: [...], mask broadcastable -> same shape as values.
+    shift_mean=False adds the mean back (only rescales).
+    """
+    values = _upcast(values)
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)  # z = (v - mu) / sigma
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(mask.bool(), whitened, torch.zeros_like(whitened))
+
+
+def token_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
+    """log softmax(logits)[token] per position, computed in float32.
+
+    logits: [N, T, V], token_ids: [N, T] -> [N, T]. logsumexp and a gather avoid a second [N, T, V] tensor.
+    """
+    logits = logits.float()  # bf16 logits lose ~2 decimal digits in log-softmax
+    picked = logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    return picked - logits.logsumexp(-1)  # log p(y_t) = z_y - log sum_v exp(z_v)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) per position, [N, T, V] -> [N, T], in float32."""
+    logits = logits.float()
+    log_z = logits.logsumexp(-1)
+    probs = torch.softmax(logits, -1)
+    return log_z - (probs * logits).sum(-1)  # H = log Z - sum_v p_v z_v
+
+
+def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k1") -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi. [N, T] -> [N, T].
+
+    log r = logprobs - ref_logprobs. Estimators (Schulman, "Approximating KL"):
+      k1 = log r                      unbiased, can be negative
+      k2 = (log r)^2 / 2              biased, >= 0
+      k3 = exp(-log r) - 1 + log r    unbiased, >= 0
+    Padding is not masked here; where both inputs are 0 every estimator is 0.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of k1, k2, k3, got '{estimator}'")
+    log_r = _upcast(logprobs) - _upcast(ref_logprobs)
+    if estimator == "k1":
+        return log_r
+    if estimator == "k2":
+        return 0.5 * log_r**2  # k2 = (log r)^2 / 2
+    return torch.expm1(-log_r) + log_r  # k3 = (e^{-log r} - 1) + log r; expm1 keeps precision near 0
+
+
+def sequence_rewards(scores: Tensor, kl: Tensor, mask: Tensor, kl_coef: float) -> Tensor:
+    """R_i = score_i - kl_coef * sum_t KL_{i,t} over real tokens.
+
+    scores [N], kl [N, T], mask [N, T] -> [N].
+    """
+    return _upcast(scores) - kl_coef * masked_sum(kl, mask, dim=1)  # R = s - beta * sum_t KL_t
+
+
+def apply_missing_eos_penalty(scores: Tensor, ended_with_eos: Tensor, penalty: float | None) -> Tensor:
+    """Subtract `penalty` from scores of completions that never emitted EOS.
+
+    scores [N], ended_with_eos [N] bool -> new [N] tensor; penalty None or 0 -> copy.
+    """
+    if not penalty:
+        return scores.clone()
+    truncated = ~ended_with_eos.bool()
+    return scores - penalty * truncated.to(scores.dtype)
+
+
+def _groups(rewards: Tensor, k: int, min_k: int) -> Tensor:
+    """[N] -> [N/k, k] view, row p = the k completions of prompt p (prompt-major)."""
+    if not isinstance(k, int) or k < min_k:
+        raise ValueError(f"k (completions per prompt) must be an int >= {min_k}, got k={k!r}")
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
+    if rewards.numel() % k != 0:
+        raise ValueError(f"number of rewards N={rewards.numel()} is not divisible by k={k}")
+    # reshape matches repeat_interleave: consecutive rows share a prompt
+    return _upcast(rewards).reshape(-1, k)
+
+
+def leave_one_out_advantages(rewards: Tensor, k: int) -> Tensor:
+    """RLOO advantages: each completion's baseline is the mean of its k-1 siblings.
+
+    rewards [N], N = num_prompts * k, prompt-major -> [N].
+    b_i = (sum_j R_j - R_i) / (k - 1),  A_i = R_i - b_i  (= k/(k-1) * (R_i - mean)).
+    """
+    r = _groups(rewards, k, min_k=2)  # [P, k]
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (k - 1)  # b_i = (sum_j R_j - R_i)/(k-1)
+    return (r - baseline).reshape(-1)  # A_i = R_i - b_i
+
+
+def normalize_advantages(advantages: Tensor, eps: float = 1e-8) -> Tensor:
+    """(A - mean) / (std + eps) over the whole batch. [N] -> [N]."""
+    a = _upcast(advantages)
+    if a.numel() < 2:  # unbiased std of one element is nan
+        return a - a.mean()
+    return (a - a.mean()) / (a.std() + eps)  # z = (A - mu) / (sigma + eps)
+
+
+def group_reward_std(rewards: Tensor, k: int) -> Tensor:
+    """Unbiased std of the rewards within each prompt's group. [N] -> [N/k].
+
+    A zero std means every completion got the same reward: no learning signal.
+    """
+    return _groups(rewards, k, min_k=2).std(dim=1)
+
+
+def reinforce_loss(advantages: Tensor, logprobs: Tensor, mask: Tensor) -> Tensor:
+    """On-policy REINFORCE: mean_i(-A_i * sum_t logprob_{i,t}) -> scalar.
+
+    advantages [N] (treated as constants), logprobs [N, T], mask [N, T].
+    """
+    seq_logprob = masked_sum(logprobs, mask, dim=1)  # log pi(y_i | x_i), summed in fp32
+    return (-_upcast(advantages.detach()) * seq_logprob).mean()  # L = -mean(A * log pi)
+
+
+@dataclass
+class PolicyLossStats:
+    """Diagnostics of a clipped policy loss; all detached scalar tensors."""
+
+    clipfrac: Tensor  # fraction where the clipped term is active (gradient nulled)
+    approxkl: Tensor  # mean of 0.5 * (log ratio)^2
+    ratio_mean: Tensor
+    ratio_min: Tensor
+    ratio_max: Tensor
+
+
+def _clipped_objective(adv: Tensor, ratio: Tensor, clip_range: float) -> tuple[Tensor, Tensor]:
+    """Elementwise max(-A r, -A clip(r, 1-eps, 1+eps)) and the 'clipped term active' mask."""
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    # strict >: on ties the unclipped branch carries the gradient, so ratio == 1
+    # reproduces the REINFORCE gradient exactly
+    is_clipped = clipped > unclipped
+    return torch.where(is_clipped, clipped, unclipped), is_clipped
+
+
+def sequence_ppo_clip_loss(
+    advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float
+) -> tuple[Tensor, PolicyLossStats]:
+    """Sequence-level PPO-clip, one importance ratio per completion.
+
+    advantages [N], logprobs / old_logprobs / mask [N, T] -> (scalar loss, stats).
+    log_ratio_i = sum_t (logprob - old_logprob); ratio_i = exp(log_ratio_i)
+    L = mean_i max(-A_i ratio_i, -A_i clip(ratio_i, 1-eps, 1+eps)).
+    """
+    # difference before summing: equal inputs give exactly 0, hence ratio exactly 1
+    log_ratio = masked_sum(_upcast(logprobs) - _upcast(old_logprobs.detach()), mask, dim=1)
+    ratio = torch.exp(log_ratio)  # r_i = pi(y_i) / pi_old(y_i)
+    objective, is_clipped = _clipped_objective(_upcast(advantages.detach()), ratio, clip_range)
+    with torch.no_grad():
+        stats = PolicyLossStats(
+            clipfrac=is_clipped.float().mean(),
+            approxkl=(0.5 * log_ratio**2).mean(),  # E[(log r)^2 / 2]
+            ratio_mean=ratio.mean(),
+            ratio_min=ratio.min(),
+            ratio_max=ratio.max(),
+        )
+    return objective.mean(), stats
+
+
+def token_ppo_clip_loss(
+    advantages_per_token: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float
+) -> tuple[Tensor, PolicyLossStats]:
+    """Token-level PPO-clip (as in PPO), one ratio per token.
+
+    advantages_per_token / logprobs / old_logprobs / mask [N, T] -> (scalar loss, stats).
+    r_t = exp(logprob_t - old_logprob_t); L = masked_mean(max(-A r, -A clip(r))).
+    Stats are over real tokens only (ratio_min/max are +inf/-inf if the mask is empty).
+    """
+    real = mask.bool()
+    log_ratio = _upcast(logprobs) - _upcast(old_logprobs.detach())
+    # zero padding before exp: exp(huge) = inf there would turn 0-gradients into nan
+    log_ratio = torch.where(real, log_ratio, torch.zeros_like(log_ratio))
+    ratio = torch.exp(log_ratio)  # r_t = pi(y_t) / pi_old(y_t)
+    objective, is_clipped = _clipped_objective(_upcast(advantages_per_token.detach()), ratio, clip_range)
+    loss = masked_mean(objective, mask)
+    with torch.no_grad():
+        inf = torch.tensor(float("inf"), dtype=ratio.dtype)
+        stats = PolicyLossStats(
+            clipfrac=masked_mean(is_clipped.to(ratio.dtype), mask),
+            approxkl=masked_mean(0.5 * log_ratio**2, mask),  # E[(log r)^2 / 2]
+            ratio_mean=masked_mean(ratio, mask),
+            ratio_min=torch.where(real, ratio, inf).min(),
+            ratio_max=torch.where(real, ratio, -inf).max(),
+        )
+    return loss, stats

@@ -1,0 +1,180 @@
+"""One rollout: generate -> truncate at the stop token -> log-probs -> score, into one `Rollout` record.
+
+Every algorithm consumes a `Rollout`. No Lightning or Hydra here: plain torch over transformers models.
+Token layout: prompts are left-padded to P, completions right-padded to T, so row i is
+`[pad.. prompt | completion ..pad]` and position P + t holds completion token t.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+from transformers import GenerationConfig, PreTrainedModel
+
+from rloo.objectives import token_logprobs
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0            # 0: off
+    top_p: float = 1.0        # 1.0: off
+    greedy: bool = False
+    stop_at_eos: bool = True
+
+
+@dataclass
+class Rollout:
+    prompt_ids: Tensor          # [N, P] left-padded, N = prompts * k (prompt-major: rows p*k .. p*k+k-1 share a prompt)
+    prompt_mask: Tensor         # [N, P]
+    completion_ids: Tensor      # [N, T] pad after the stop token
+    completion_mask: Tensor     # [N, T] 1 on real tokens, the stop token included
+    ended_with_eos: Tensor      # [N] bool
+    ref_logprobs: Tensor        # [N, T] log pi_ref(y_t | .) at temperature, 0 on padding
+    scores: Tensor              # [N] reward-model score at the last real token (before any penalty)
+    logprobs: Tensor | None = None     # [N, T] old log pi(y_t | .); only when the rollout is reused for >1 update
+    rewards: Tensor | None = None      # [N] R_i, filled by the algorithm
+    advantages: Tensor | None = None   # [N] A_i, filled by the algorithm
+
+    @property
+    def input_ids(self) -> Tensor:  # [N, P+T]
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> Tensor:  # [N, P+T]
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    @property
+    def lengths(self) -> Tensor:  # [N] completion tokens, stop token included
+        return self.completion_mask.sum(1)
+
+    def select(self, index: Tensor | slice) -> "Rollout":
+        """The rows `index` of every tensor field (a micro-batch)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return Rollout(**{name: None if v is None else v[index] for name, v in values.items()})
+
+
+def position_ids_for(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left padding, as `generate` uses them; a plain forward would count the pads."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def generation_config_for(sampling: SamplingConfig, eos_token_id: int, pad_token_id: int) -> GenerationConfig:
+    """Every field that changes sampling is set here, so nothing comes from the model's own generation_config."""
+    return GenerationConfig(
+        max_new_tokens=sampling.max_new_tokens,
+        min_new_tokens=0,
+        do_sample=not sampling.greedy,
+        temperature=1.0 if sampling.greedy else sampling.temperature,
+        top_k=0 if sampling.greedy else sampling.top_k,
+        top_p=1.0 if sampling.greedy else sampling.top_p,
+        num_beams=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        eos_token_id=eos_token_id if sampling.stop_at_eos else None,
+        pad_token_id=pad_token_id,
+        use_cache=True,
+    )
+
+
+@contextlib.contextmanager
+def _own_generation_config(model: PreTrainedModel, config: GenerationConfig):
+    # transformers fills "unset" fields of a passed config from model.generation_config; swap it for ours meanwhile
+    saved = model.generation_config
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+@torch.no_grad()
+def generate(policy: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
+             eos_token_id: int, pad_token_id: int, batch_size: int) -> Tensor:
+    """Sample completions `[N, T]` (T <= max_new_tokens; generation stops once every row has ended)."""
+    config = generation_config_for(sampling, eos_token_id, pad_token_id)
+    chunks = []
+    with _own_generation_config(policy, config):
+        for start in range(0, prompt_ids.shape[0], batch_size):
+            ids, mask = prompt_ids[start:start + batch_size], prompt_mask[start:start + batch_size]
+            output = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            chunks.append(output[:, ids.shape[1]:])
+    width = max(c.shape[1] for c in chunks)
+    return torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad_token_id) for c in chunks])
+
+
+def truncate_after_stop(completion_ids: Tensor, stop_token_id: int | None, pad_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Pad everything after the first stop token (which is kept). Returns ids `[N, T]`, mask `[N, T]`, ended `[N]`.
+
+    Without a stop token only trailing pads are masked; `ended` is then all False.
+    """
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    if stop_token_id is None:
+        is_stop = torch.zeros_like(completion_ids, dtype=torch.bool)
+    else:
+        is_stop = completion_ids == stop_token_id
+    ended = is_stop.any(1)
+    first_stop = torch.where(ended, is_stop.float().argmax(1), completion_ids.shape[1])  # [N]
+    mask = positions[None, :] <= first_stop[:, None]  # keep up to and including the stop token
+    if stop_token_id is None or stop_token_id != pad_token_id:
+        mask &= completion_ids != pad_token_id
+    return torch.where(mask, completion_ids, pad_token_id), mask.long(), ended
+
+
+def completion_logits(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int) -> Tensor:
+    """Logits predicting each completion token, `[N, T, V]`: only the last T+1 positions go through the LM head."""
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
+                   logits_to_keep=completion_len + 1, use_cache=False)
+    return output.logits[:, :-1]
+
+
+def completion_logprobs(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_ids: Tensor,
+                        completion_mask: Tensor, temperature: float) -> Tensor:
+    """log pi(y_t | x, y_<t) of each completion token at the sampling temperature, `[N, T]`, 0 on padding."""
+    logits = completion_logits(model, input_ids, attention_mask, completion_ids.shape[1])
+    return token_logprobs(logits / temperature, completion_ids) * completion_mask
+
+
+def reward_scores(reward_model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """Score `[N]` of each prompt+completion at its last real token (found from the mask, not from pad ids)."""
+    hidden = reward_model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                     position_ids=position_ids_for(attention_mask), use_cache=False).last_hidden_state
+    last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # [N] index of the last 1
+    return reward_model.score(hidden[torch.arange(hidden.shape[0]), last]).squeeze(-1).float()
+
+
+def chunked(fn, batch_size: int, *tensors: Tensor, **kwargs) -> Tensor:
+    """Apply `fn` to row chunks of `tensors` and concatenate along rows."""
+    n = tensors[0].shape[0]
+    return torch.cat([fn(*(t[s:s + batch_size] for t in tensors), **kwargs) for s in range(0, n, batch_size)])
+
+
+@torch.no_grad()
+def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_model: PreTrainedModel,
+                    prompt_ids: Tensor, prompt_mask: Tensor, k: int, sampling: SamplingConfig,
+                    eos_token_id: int, pad_token_id: int, forward_batch_size: int,
+                    keep_old_logprobs: bool) -> Rollout:
+    """Repeat each prompt k times, sample, truncate, and compute reference log-probs and scores.
+
+    The policy's own log-probs are computed here only when the rollout feeds more than one update
+    (`keep_old_logprobs`); otherwise the update's forward pass provides them.
+    """
+    prompt_ids = prompt_ids.repeat_interleave(k, dim=0)    # [B*k, P]
+    prompt_mask = prompt_mask.repeat_interleave(k, dim=0)  # [B*k, P]
+    raw = generate(policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, forward_batch_size)
+    stop_id = eos_token_id if sampling.stop_at_eos else None
+    completion_ids, completion_mask, ended = truncate_after_stop(raw, stop_id, pad_token_id)
+    input_ids = torch.cat([prompt_ids, completion_ids], 1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], 1)
+    lp_args = (input_ids, attention_mask, completion_ids, completion_mask)
+    ref_logprobs = chunked(completion_logprobs, forward_batch_size, *lp_args, model=reference, temperature=sampling.temperature)
+    logprobs = None
+    if keep_old_logprobs:
+        logprobs = chunked(completion_logprobs, forward_batch_size, *lp_args, model=policy, temperature=sampling.temperature)
+    scores = chunked(reward_scores, forward_batch_size, input_ids, attention_mask, reward_model=reward_model)
+    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, ref_logprobs.float(), scores,
+                   logprobs=None if logprobs is None else logprobs.float())

@@ -1,0 +1,164 @@
+"""python -m rloo.train: compose the config, build the pieces, fit, write the run summary.
+
+    python -m rloo.train                                   # the embedded task, offline, CPU, minutes
+    python -m rloo.train model=pythia6.9b precision=bf16   # the published TL;DR recipe
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from rloo.config import (  # noqa: E402
+    ConfigError,
+    check_group_choices,
+    exit_on_config_error,
+    register_resolvers,
+    validate_train_config,
+)
+
+
+def resolve_sources(cfg: DictConfig, log=print) -> tuple[dict, dict, dict]:
+    """Model and data locations, with the embedded task's bootstrap filling whatever is null."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    report: dict = {}
+    if cfg.get("bootstrap") is not None:
+        from rloo.toy.bootstrap import ensure_artifacts
+
+        artifacts = ensure_artifacts(OmegaConf.to_container(cfg.bootstrap, resolve=True), cfg.paths.cache_dir, log=log)
+        model["policy"] = model["policy"] or artifacts.policy
+        model["reward_model"] = model["reward_model"] or artifacts.reward_model
+        model["tokenizer"] = model["tokenizer"] or artifacts.tokenizer
+        data["train"]["path"] = data["train"]["path"] or artifacts.data["train"]
+        data["validation"]["path"] = data["validation"]["path"] or artifacts.data["validation"]
+        report = {"dir": str(artifacts.root), **artifacts.report}
+    model["tokenizer"] = model["tokenizer"] or model["policy"]
+    return model, data, report
+
+
+def make_judge(name: str | None):
+    if name is None:
+        return None
+    if name == "oracle":
+        from rloo.toy.task import oracle_judge
+
+        return oracle_judge
+    raise ConfigError(f"data.judge={name!r} is not allowed: oracle or null")
+
+
+def run(cfg: DictConfig) -> dict:
+    """One training run inside the Hydra run dir; returns the summary written to summary.json."""
+    import lightning as L
+    import torch
+    from hydra.utils import instantiate
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from rloo.algorithms.rloo import RLOOConfig, RLOOModule
+    from rloo.callbacks import HeldOutEval, SampleTable
+    from rloo.data import PromptDataModule, SplitSpec
+    from rloo.models import load_policy, load_reward_model, load_tokenizer, reference_from
+    from rloo.rollout import SamplingConfig
+
+    started = time.time()
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    judge = make_judge(cfg.data.judge)
+    loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.logger else False
+    trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
+    checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
+                                  every_n_train_steps=cfg.checkpoint_every or None, save_top_k=-1, save_last=True)
+    eval_sampling = SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                                   greedy=cfg.eval.greedy, stop_at_eos=cfg.stop_token == "eos")
+    eval_callback = HeldOutEval([], eval_sampling, cfg.eval.batch_size, judge, cfg.eval.before, cfg.eval.after)
+    trainer = L.Trainer(**trainer_args, precision=cfg.precision.trainer, logger=loggers, default_root_dir=out,
+                        callbacks=[checkpoints, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl")],
+                        max_epochs=1, log_every_n_steps=cfg.log_every, num_sanity_val_steps=0)
+    validate_train_config(cfg, world_size=trainer.world_size)
+    num_rollouts = cfg.total_episodes // (cfg.rollout_batch_size * trainer.world_size)
+    trainer.fit_loop.max_steps = num_rollouts
+
+    model_src, data_src, bootstrap_report = resolve_sources(cfg)
+    tokenizer = load_tokenizer(model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"])
+    datamodule = PromptDataModule(
+        tokenizer, SplitSpec(**data_src["train"]), SplitSpec(**data_src["validation"]), cfg.data.max_prompt_length,
+        cfg.data.truncate_prompts, cfg.rollout_batch_size // cfg.k, num_rollouts, cfg.seed, cfg.data.shuffle,
+        cfg.data.num_workers)
+    datamodule.setup("fit")  # data errors surface before any model loads
+    eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
+
+    policy = load_policy(model_src["policy"], tokenizer)
+    reference = reference_from(policy, model_src["reference"], model_src["frozen_dtype"])
+    reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer)
+    rloo_config = RLOOConfig(**{f.name: cfg[f.name] for f in fields(RLOOConfig) if f.name != "total_steps"},
+                             total_steps=num_rollouts)
+    module = RLOOModule(policy, reference, reward_model, tokenizer, rloo_config)
+    for logger in loggers or []:
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+
+    summary = {
+        "initial": eval_callback.initial,
+        "final": eval_callback.final,
+        "steps": trainer.global_step,
+        "episodes": module.episodes,
+        "wall_seconds": round(time.time() - started, 2),
+        "output_dir": str(out),
+        "policy_dir": str(out / "policy"),
+        "bootstrap": bootstrap_report,
+    }
+    if trainer.is_global_zero:
+        policy.save_pretrained(out / "policy")
+        tokenizer.save_pretrained(out / "policy")
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        print_summary(summary)
+    return summary
+
+
+def print_summary(summary: dict) -> None:
+    print(f"\nrloo: {summary['steps']} steps, {summary['episodes']} episodes in {summary['wall_seconds']:.0f} s")
+    print(f"  outputs: {summary['output_dir']}  (summary.json, policy/, checkpoints/, config.yaml, logs)")
+    initial, final = summary["initial"] or {}, summary["final"] or {}
+    for key in ("eval/win_rate", "eval/score", "eval/mean_length"):
+        if key in final:
+            before = f"{initial[key]:.3f}" if key in initial else "-"
+            print(f"  {key:<17} {before} -> {final[key]:.3f}")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def hydra_main(cfg: DictConfig) -> float | None:
+    try:
+        validate_train_config(cfg)
+        summary = run(cfg)
+    except ConfigError as error:
+        exit_on_config_error(error)
+    final = summary.get("final") or {}
+    return final.get("eval/win_rate", final.get("eval/score"))
+
+
+def main() -> None:
+    try:
+        check_group_choices(sys.argv[1:])
+    except ConfigError as error:
+        exit_on_config_error(error)
+    register_resolvers()
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()
