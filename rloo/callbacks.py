@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +30,7 @@ def evaluate_policy(policy, reward_model, tokenizer, rows: list[dict], sampling:
     completion_ids, completion_mask, ended = truncate_after_stop(
         raw, tokenizer.eos_token_id if sampling.stop_at_eos else None, tokenizer.pad_token_id)
     input_ids, attention_mask = torch.cat([ids, completion_ids], 1), torch.cat([mask, completion_mask], 1)
-    scores = chunked(reward_scores, batch_size, input_ids, attention_mask, reward_model=reward_model)
+    scores = chunked(partial(reward_scores, reward_model), batch_size, input_ids, attention_mask)
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     verdicts = [float("nan")] * len(rows)
     if judge is not None:

@@ -8,6 +8,7 @@ Token layout: prompts are left-padded to P, completions right-padded to T, so ro
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from dataclasses import dataclass, fields
 
 import torch
@@ -69,9 +70,9 @@ def generation_config_for(sampling: SamplingConfig, eos_token_id: int, pad_token
         max_new_tokens=sampling.max_new_tokens,
         min_new_tokens=0,
         do_sample=not sampling.greedy,
-        temperature=1.0 if sampling.greedy else sampling.temperature,
-        top_k=0 if sampling.greedy else sampling.top_k,
-        top_p=1.0 if sampling.greedy else sampling.top_p,
+        temperature=None if sampling.greedy else sampling.temperature,
+        top_k=None if sampling.greedy or sampling.top_k == 0 else sampling.top_k,
+        top_p=None if sampling.greedy or sampling.top_p >= 1.0 else sampling.top_p,
         num_beams=1,
         repetition_penalty=1.0,
         no_repeat_ngram_size=0,
@@ -110,7 +111,8 @@ def generate(policy: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, s
 def truncate_after_stop(completion_ids: Tensor, stop_token_id: int | None, pad_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """Pad everything after the first stop token (which is kept). Returns ids `[N, T]`, mask `[N, T]`, ended `[N]`.
 
-    Without a stop token only trailing pads are masked; `ended` is then all False.
+    Tokens before the stop are real even when they equal the pad id (a policy may sample it): only the
+    position decides. Rows that never stop keep all T tokens (generate pads only rows that have ended).
     """
     positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
     if stop_token_id is None:
@@ -118,10 +120,8 @@ def truncate_after_stop(completion_ids: Tensor, stop_token_id: int | None, pad_t
     else:
         is_stop = completion_ids == stop_token_id
     ended = is_stop.any(1)
-    first_stop = torch.where(ended, is_stop.float().argmax(1), completion_ids.shape[1])  # [N]
-    mask = positions[None, :] <= first_stop[:, None]  # keep up to and including the stop token
-    if stop_token_id is None or stop_token_id != pad_token_id:
-        mask &= completion_ids != pad_token_id
+    first_stop = torch.where(ended, is_stop.int().argmax(1), completion_ids.shape[1])  # [N]
+    mask = positions[None, :] <= first_stop[:, None]  # up to and including the stop token
     return torch.where(mask, completion_ids, pad_token_id), mask.long(), ended
 
 
@@ -147,10 +147,10 @@ def reward_scores(reward_model: PreTrainedModel, input_ids: Tensor, attention_ma
     return reward_model.score(hidden[torch.arange(hidden.shape[0]), last]).squeeze(-1).float()
 
 
-def chunked(fn, batch_size: int, *tensors: Tensor, **kwargs) -> Tensor:
+def chunked(fn, batch_size: int, *tensors: Tensor) -> Tensor:
     """Apply `fn` to row chunks of `tensors` and concatenate along rows."""
     n = tensors[0].shape[0]
-    return torch.cat([fn(*(t[s:s + batch_size] for t in tensors), **kwargs) for s in range(0, n, batch_size)])
+    return torch.cat([fn(*(t[s:s + batch_size] for t in tensors)) for s in range(0, n, batch_size)])
 
 
 @torch.no_grad()
@@ -171,10 +171,10 @@ def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention_mask = torch.cat([prompt_mask, completion_mask], 1)
     lp_args = (input_ids, attention_mask, completion_ids, completion_mask)
-    ref_logprobs = chunked(completion_logprobs, forward_batch_size, *lp_args, model=reference, temperature=sampling.temperature)
+    ref_logprobs = chunked(partial(completion_logprobs, reference, temperature=sampling.temperature), forward_batch_size, *lp_args)
     logprobs = None
     if keep_old_logprobs:
-        logprobs = chunked(completion_logprobs, forward_batch_size, *lp_args, model=policy, temperature=sampling.temperature)
-    scores = chunked(reward_scores, forward_batch_size, input_ids, attention_mask, reward_model=reward_model)
+        logprobs = chunked(partial(completion_logprobs, policy, temperature=sampling.temperature), forward_batch_size, *lp_args)
+    scores = chunked(partial(reward_scores, reward_model), forward_batch_size, input_ids, attention_mask)
     return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, ref_logprobs.float(), scores,
                    logprobs=None if logprobs is None else logprobs.float())

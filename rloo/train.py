@@ -46,6 +46,19 @@ def resolve_sources(cfg: DictConfig, log=print) -> tuple[dict, dict, dict]:
     return model, data, report
 
 
+def quiet_lightning_logs() -> None:
+    """One copy of each Lightning message (Hydra's handler prints it), and no advertising."""
+    import logging
+    import warnings
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
+    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode.*")  # the three models stay in eval on purpose
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: "litlogger" not in record.getMessage())
+
+
 def make_judge(name: str | None):
     if name is None:
         return None
@@ -70,6 +83,7 @@ def run(cfg: DictConfig) -> dict:
     from rloo.rollout import SamplingConfig
 
     started = time.time()
+    quiet_lightning_logs()
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -90,7 +104,8 @@ def run(cfg: DictConfig) -> dict:
                         max_epochs=1, log_every_n_steps=cfg.log_every, num_sanity_val_steps=0)
     validate_train_config(cfg, world_size=trainer.world_size)
     num_rollouts = cfg.total_episodes // (cfg.rollout_batch_size * trainer.world_size)
-    trainer.fit_loop.max_steps = num_rollouts
+    # the sampler yields exactly num_rollouts batches; max_steps also bounds a resumed run
+    trainer.fit_loop.epoch_loop.max_steps = num_rollouts
 
     model_src, data_src, bootstrap_report = resolve_sources(cfg)
     tokenizer = load_tokenizer(model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"])

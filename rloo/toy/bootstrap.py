@@ -1,0 +1,249 @@
+"""The embedded task's bootstrap: data splits, tokenizer, SFT policy and reward model, built once and cached.
+
+The cache key is the whole `bootstrap` config block (conf/model/tiny.yaml) plus TASK_VERSION. A build runs
+in a temporary sibling dir under an flock and is moved into place last, so a killed build leaves no half cache.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
+
+from rloo.algorithms.reward_model import RewardModelModule, collate_pairs, encode_pairs, pair_scores
+from rloo.algorithms.sft import SFTModule, collate_sft, encode_sft_examples, pad_left, sft_loss
+from rloo.rollout import SamplingConfig, chunked, generate, reward_scores, truncate_after_stop
+from rloo.toy.preferences import make_preference_pairs
+from rloo.toy.task import make_splits, oracle_judge, oracle_score, split_seed
+from rloo.toy.tokenizer import task_corpus, train_tokenizer
+
+# Bump when task, tokenizer or training code changes what a given config builds.
+TASK_VERSION = "toy-v1"
+MARKER = "artifacts.json"
+
+
+@dataclass
+class ToyArtifacts:
+    root: Path
+    tokenizer: str              # save_pretrained dir
+    policy: str                 # SFT policy, save_pretrained dir (tokenizer included)
+    reward_model: str           # sequence classifier with one label (tokenizer included)
+    data: dict[str, str]        # split -> jsonl with columns prompt, reference
+    report: dict                # measured numbers of the build
+
+
+def build_architecture(arch_cfg, vocab_size: int, pad_token_id: int, eos_token_id: int) -> GPTNeoXConfig:
+    """A Pythia-shaped GPT-NeoX config: partial rotary (25%), parallel residual, untied embeddings, no dropout."""
+    return GPTNeoXConfig(
+        vocab_size=vocab_size, hidden_size=arch_cfg["hidden_size"], num_hidden_layers=arch_cfg["num_layers"],
+        num_attention_heads=arch_cfg["num_heads"], intermediate_size=arch_cfg["intermediate_size"],
+        max_position_embeddings=arch_cfg["max_positions"], hidden_act="gelu", rotary_pct=0.25, rotary_emb_base=10000,
+        use_parallel_residual=True, attention_dropout=0.0, hidden_dropout=0.0, classifier_dropout=0.0,
+        tie_word_embeddings=False, bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+
+
+def _plain(cfg) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+
+
+def artifacts_dir(bootstrap_cfg, cache_dir) -> Path:
+    canonical = json.dumps(_plain(bootstrap_cfg), sort_keys=True, separators=(",", ":")) + TASK_VERSION
+    return Path(cache_dir) / f"toy-{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+
+
+def build_tokenizer(bootstrap_cfg):
+    return train_tokenizer(task_corpus(seed=bootstrap_cfg["seed"]), bootstrap_cfg["tokenizer"]["vocab_size"])
+
+
+def task_splits(bootstrap_cfg) -> dict[str, list[dict]]:
+    task = bootstrap_cfg["task"]
+    return make_splits(bootstrap_cfg["seed"], task["n_train"], task["n_validation"], task["n_test"])
+
+
+def reward_pairs(bootstrap_cfg, heldout: bool = False) -> list[dict]:
+    """Training pairs, or held-out pairs from an unrelated seed."""
+    reward = bootstrap_cfg["reward"]
+    n = reward["num_heldout_pairs"] if heldout else reward["num_pairs"]
+    return make_preference_pairs(n, split_seed(bootstrap_cfg["seed"], "reward-heldout" if heldout else "reward-train"))
+
+
+def _fit(module: L.LightningModule, rows: list, collate, stage_cfg: dict, seed: int, out_dir: Path) -> None:
+    loader = DataLoader(rows, batch_size=stage_cfg["batch_size"], shuffle=True, collate_fn=collate,
+                        generator=torch.Generator().manual_seed(seed))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=stage_cfg["epochs"], logger=False,
+                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=True,
+                        gradient_clip_val=stage_cfg["max_grad_norm"], default_root_dir=out_dir)
+    module.model.train()  # the before-training probe left it in eval mode
+    trainer.fit(module, loader)
+    module.model.eval()
+
+
+@torch.no_grad()
+def _mean_sft_loss(model, rows: list, collate, batch_size: int = 256) -> float:
+    model.eval()
+    losses = [sft_loss(model, collate(rows[s:s + batch_size])) for s in range(0, len(rows), batch_size)]
+    return float(torch.stack(losses).mean())
+
+
+def train_sft_policy(bootstrap_cfg, tokenizer, examples: list[dict], out_dir) -> dict:
+    """SFT a random-init policy on (prompt, reference) examples; save it with the tokenizer into out_dir."""
+    cfg, sft = _plain(bootstrap_cfg), _plain(bootstrap_cfg)["sft"]
+    seed = split_seed(cfg["seed"], "sft")
+    L.seed_everything(seed, verbose=False)
+    model = GPTNeoXForCausalLM(build_architecture(cfg["architecture"], len(tokenizer), tokenizer.pad_token_id,
+                                                  tokenizer.eos_token_id))
+    rows, collate = encode_sft_examples(tokenizer, examples), collate_sft(tokenizer.pad_token_id)
+    probe = rows[:512]  # a fixed subset for the before/after loss
+    loss_initial = _mean_sft_loss(model, probe, collate)
+    _fit(SFTModule(model, sft["lr"], warmup_ratio=sft["warmup_ratio"]), rows, collate, sft, seed, Path(out_dir))
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return {"sft_loss_initial": loss_initial, "sft_loss_final": _mean_sft_loss(model, probe, collate)}
+
+
+def train_reward_model(bootstrap_cfg, tokenizer, pairs: list[dict], out_dir) -> dict:
+    """Bradley-Terry train a random-init sequence classifier on preference pairs; save it with the tokenizer."""
+    cfg, reward = _plain(bootstrap_cfg), _plain(bootstrap_cfg)["reward"]
+    seed = split_seed(cfg["seed"], "reward")
+    L.seed_everything(seed, verbose=False)
+    config = build_architecture(cfg["architecture"], len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    config.num_labels = 1
+    model = GPTNeoXForSequenceClassification(config)
+    rows, collate = encode_pairs(tokenizer, pairs), collate_pairs(tokenizer.pad_token_id)
+    _fit(RewardModelModule(model, reward["lr"], warmup_ratio=reward["warmup_ratio"]), rows, collate, reward, seed,
+         Path(out_dir))
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return {"reward_train_accuracy": pair_accuracy(model, tokenizer, pairs[:1024])}
+
+
+@torch.no_grad()
+def pair_accuracy(reward_model, tokenizer, pairs: list[dict], batch_size: int = 256) -> float:
+    """Fraction of pairs where the chosen completion outscores the rejected one."""
+    reward_model.eval()
+    rows, collate = encode_pairs(tokenizer, pairs), collate_pairs(tokenizer.pad_token_id)
+    wins = [torch.gt(*pair_scores(reward_model, collate(rows[s:s + batch_size]))) for s in range(0, len(rows), batch_size)]
+    return float(torch.cat(wins).float().mean())
+
+
+@torch.no_grad()
+def greedy_completions(policy, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 256):
+    """Greedy completions: decoded texts, plus the prompt and completion tensors (rollout layout) and ended `[N]`."""
+    policy.eval()
+    prompt_ids, prompt_mask = pad_left(tokenizer(prompts, add_special_tokens=False)["input_ids"], tokenizer.pad_token_id)
+    raw = generate(policy, prompt_ids, prompt_mask, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
+                   tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size)
+    completion_ids, completion_mask, ended = truncate_after_stop(raw, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    return texts, (prompt_ids, prompt_mask, completion_ids, completion_mask), ended
+
+
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    """Ranks with ties given their average rank, as Spearman's rho needs."""
+    ranks = torch.empty_like(x)
+    ranks[x.argsort()] = torch.arange(len(x), dtype=x.dtype)
+    _, group = x.unique(return_inverse=True)
+    return torch.zeros_like(x).index_add_(0, group, ranks)[group] / torch.bincount(group).to(x.dtype)[group]
+
+
+def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x - x.mean(), y - y.mean()
+    return float((x * y).sum() / (x.norm() * y.norm()).clamp_min(1e-12))
+
+
+@torch.no_grad()
+def evaluate(policy, reward_model, tokenizer, examples: list[dict], max_new_tokens: int) -> dict:
+    """Greedy policy vs the references under the oracle, and how well the reward model tracks the oracle."""
+    prompts, references = [ex["prompt"] for ex in examples], [ex["reference"] for ex in examples]
+    texts, (prompt_ids, prompt_mask, completion_ids, completion_mask), ended = greedy_completions(
+        policy, tokenizer, prompts, max_new_tokens)
+    report = {"sft_win_rate_vs_reference": sum(map(oracle_judge, prompts, texts, references)) / len(prompts),
+              "sft_ended_with_eos": float(ended.float().mean()),
+              "sft_oracle_score": sum(map(oracle_score, prompts, texts)) / len(prompts)}
+    if reward_model is None:
+        return report
+    reward_model.eval()
+    refs = collate_sft(tokenizer.pad_token_id)(encode_sft_examples(tokenizer, examples))
+    score = lambda ids, mask: reward_scores(reward_model, ids, mask)  # noqa: E731
+    rm = torch.cat([chunked(score, 256, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)),
+                    chunked(score, 256, torch.cat([refs["prompt_ids"], refs["completion_ids"]], 1),
+                            torch.cat([refs["prompt_mask"], refs["completion_mask"]], 1))])
+    oracle = torch.tensor([oracle_score(p, c) for p, c in zip(prompts * 2, texts + references)], dtype=rm.dtype)
+    report["rm_oracle_pearson"] = _pearson(rm, oracle)
+    report["rm_oracle_spearman"] = _pearson(_ranks(rm), _ranks(oracle))
+    return report
+
+
+def _load(root: Path) -> ToyArtifacts:
+    saved = json.loads((root / MARKER).read_text())
+    return ToyArtifacts(root=root, tokenizer=str(root / "tokenizer"), policy=str(root / "policy"),
+                        reward_model=str(root / "reward_model"),
+                        data={split: str(root / "data" / f"{split}.jsonl") for split in saved["splits"]},
+                        report=saved["report"])
+
+
+def _build(cfg: dict, root: Path, log) -> dict:
+    def stage(name, fn):
+        start = time.perf_counter()
+        result = fn()
+        seconds[name] = round(time.perf_counter() - start, 2)
+        log(f"[bootstrap] {name}: done in {seconds[name]:.1f} s")
+        return result
+
+    seconds: dict[str, float] = {}
+    splits = stage("data", lambda: task_splits(cfg))
+    (root / "data").mkdir()
+    for split, rows in splits.items():
+        (root / "data" / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tokenizer = stage("tokenizer", lambda: build_tokenizer(cfg))
+    tokenizer.save_pretrained(root / "tokenizer")
+    report = stage("sft", lambda: train_sft_policy(cfg, tokenizer, splits["train"], root / "policy"))
+    report |= stage("reward", lambda: train_reward_model(cfg, tokenizer, reward_pairs(cfg), root / "reward_model"))
+    policy = GPTNeoXForCausalLM.from_pretrained(root / "policy")
+    reward_model = GPTNeoXForSequenceClassification.from_pretrained(root / "reward_model")
+    report["rm_heldout_accuracy"] = stage("heldout", lambda: pair_accuracy(reward_model, tokenizer, reward_pairs(cfg, True)))
+    report |= stage("evaluate", lambda: evaluate(policy, reward_model, tokenizer, splits["validation"],
+                                                 cfg["eval"]["max_new_tokens"]))
+    report["seconds"] = seconds
+    (root / MARKER).write_text(json.dumps({"splits": list(splits), "report": report}, indent=2))
+    return report
+
+
+def ensure_artifacts(bootstrap_cfg, cache_dir, log=print) -> ToyArtifacts:
+    """The cached artifacts for this bootstrap config, built first if missing (one builder at a time)."""
+    cfg, root = _plain(bootstrap_cfg), artifacts_dir(bootstrap_cfg, cache_dir)
+    if (root / MARKER).exists():
+        return _load(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        if (root / MARKER).exists():  # another process built it while we waited
+            return _load(root)
+        for stale in root.parent.glob(f"{root.name}.tmp-*"):  # left by killed builds; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        log(f"[bootstrap] building the embedded task's artifacts in {root}")
+        start = time.perf_counter()
+        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f"{root.name}.tmp-"))
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+        try:
+            report = _build(cfg, tmp, log)
+            shutil.rmtree(root, ignore_errors=True)  # an incomplete dir without a marker, if any
+            os.replace(tmp, root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log(f"[bootstrap] done in {time.perf_counter() - start:.1f} s: " + ", ".join(
+            f"{k}={v:.3f}" for k, v in report.items() if isinstance(v, float)))
+    return _load(root)

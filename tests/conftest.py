@@ -1,0 +1,57 @@
+"""Shared fixtures: the toy tokenizer and tiny random GPT-NeoX models (no download, no bootstrap)."""
+
+import os
+
+import pytest
+import torch
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from rloo.toy.tokenizer import build_task_tokenizer
+
+    return build_task_tokenizer()
+
+
+def tiny_config(tokenizer, **overrides) -> GPTNeoXConfig:
+    values = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, max_position_embeddings=128, tie_word_embeddings=False,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                  bos_token_id=tokenizer.eos_token_id)
+    values.update(overrides)
+    return GPTNeoXConfig(**values)
+
+
+@pytest.fixture
+def policy(tokenizer):
+    torch.manual_seed(0)
+    return GPTNeoXForCausalLM(tiny_config(tokenizer)).eval()
+
+
+@pytest.fixture
+def reward_model(tokenizer):
+    torch.manual_seed(1)
+    return GPTNeoXForSequenceClassification(tiny_config(tokenizer, num_labels=1)).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_run_assets(tmp_path_factory, tokenizer):
+    """A saved tiny policy, reward model and toy jsonl splits, for runs that skip the bootstrap."""
+    import json
+
+    from rloo.toy.task import make_splits
+
+    root = tmp_path_factory.mktemp("assets")
+    torch.manual_seed(0)
+    GPTNeoXForCausalLM(tiny_config(tokenizer)).save_pretrained(root / "policy")
+    tokenizer.save_pretrained(root / "policy")
+    GPTNeoXForSequenceClassification(tiny_config(tokenizer, num_labels=1)).save_pretrained(root / "reward_model")
+    for split, rows in make_splits(seed=0, n_train=64, n_validation=16, n_test=4).items():
+        with open(root / f"{split}.jsonl", "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+    return root

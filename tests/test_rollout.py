@@ -1,0 +1,142 @@
+"""The rollout: sampling settings, EOS stopping, truncation, log-prob alignment, scoring, group layout."""
+
+import math
+
+import torch
+from transformers import GenerationConfig
+
+from rloo.data import left_pad
+from rloo.rollout import (
+    SamplingConfig,
+    collect_rollout,
+    completion_logprobs,
+    generate,
+    reward_scores,
+    truncate_after_stop,
+)
+
+PAD, EOS = 1, 0
+
+
+def prompts(tokenizer, texts):
+    return left_pad([tokenizer(t, add_special_tokens=False).input_ids for t in texts], tokenizer.pad_token_id)
+
+
+def test_truncate_after_stop_keeps_stop_token_and_pads_the_rest():
+    ids = torch.tensor([[5, 6, EOS, 7, EOS], [5, 6, 7, 8, 9], [EOS, 5, 5, 5, 5], [5, EOS, PAD, PAD, PAD]])
+    out, mask, ended = truncate_after_stop(ids, EOS, PAD)
+    assert out.tolist() == [[5, 6, EOS, PAD, PAD], [5, 6, 7, 8, 9], [EOS, PAD, PAD, PAD, PAD], [5, EOS, PAD, PAD, PAD]]
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]]
+    assert ended.tolist() == [True, False, True, True]
+
+
+def test_truncate_without_stop_token_keeps_every_token():
+    ids = torch.tensor([[5, EOS, 7, PAD]])
+    out, mask, ended = truncate_after_stop(ids, None, PAD)
+    assert out.tolist() == [[5, EOS, 7, PAD]] and mask.tolist() == [[1, 1, 1, 1]] and ended.tolist() == [False]
+
+
+def test_a_sampled_pad_token_before_the_stop_is_a_real_token():
+    out, mask, ended = truncate_after_stop(torch.tensor([[5, PAD, 6, EOS, PAD]]), EOS, PAD)
+    assert mask.tolist() == [[1, 1, 1, 1, 0]] and ended.tolist() == [True]
+
+
+def eos_biased(policy, tokenizer, p_eos):
+    """Zero LM head plus a bias: every other token has logit 0, EOS has probability p_eos at each step."""
+    vocab = policy.get_output_embeddings().out_features
+    head = torch.nn.Linear(policy.get_output_embeddings().in_features, vocab, bias=True)
+    torch.nn.init.zeros_(head.weight)
+    bias = torch.zeros(vocab)
+    bias[tokenizer.eos_token_id] = math.log(p_eos * (vocab - 1) / (1 - p_eos))
+    head.bias.data = bias
+    policy.set_output_embeddings(head)
+    return policy
+
+
+def test_generation_stops_at_eos_and_logprobs_match_hand_values(policy, tokenizer):
+    policy = eos_biased(policy, tokenizer, p_eos=0.3)
+    ids, mask = prompts(tokenizer, ["POST: the cat\n\nTL;DR:"] * 32)
+    torch.manual_seed(0)
+    raw = generate(policy, ids, mask, SamplingConfig(max_new_tokens=60, temperature=1.0), tokenizer.eos_token_id,
+                   tokenizer.pad_token_id, batch_size=32)
+    assert raw.shape[1] < 60  # every row ended, so generation stopped early
+    completion, cmask, ended = truncate_after_stop(raw, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    assert ended.all()
+    lengths = cmask.sum(1)
+    assert lengths.float().mean().item() < 1 / 0.3 * 1.6  # geometric with mean 1/0.3
+    logprobs = completion_logprobs(policy, torch.cat([ids, completion], 1), torch.cat([mask, cmask], 1), completion, cmask, 1.0)
+    vocab = policy.get_output_embeddings().out_features
+    z = 0.3 * (vocab - 1) / 0.7 + (vocab - 1)  # partition function: e^b + (V-1) * e^0
+    for row in range(32):
+        n = lengths[row].item()
+        expected = [math.log(1 / z)] * (n - 1) + [math.log(0.3 * (vocab - 1) / 0.7 / z)]
+        assert torch.allclose(logprobs[row, :n], torch.tensor(expected), atol=1e-5)
+        assert (logprobs[row, n:] == 0).all()
+
+
+def test_forward_logprobs_match_generation_scores_with_left_padding(policy, tokenizer):
+    """The training-style forward (with position ids that skip left pads) reproduces generation's own log-probs."""
+    ids, mask = prompts(tokenizer, ["POST: the cat was on my boat\n\nTL;DR:", "POST: rain\n\nTL;DR:"])
+    torch.manual_seed(0)
+    out = policy.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=8, temperature=1.0,
+                          top_k=None, top_p=None, output_scores=True, return_dict_in_generate=True,
+                          pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
+    completion = out.sequences[:, ids.shape[1]:]
+    gen_logprobs = torch.stack([torch.log_softmax(s.float(), -1).gather(1, completion[:, t:t + 1]).squeeze(1)
+                                for t, s in enumerate(out.scores)], 1)
+    cmask = torch.ones_like(completion)
+    forward = completion_logprobs(policy, out.sequences, torch.cat([mask, cmask], 1), completion, cmask, 1.0)
+    assert torch.allclose(forward, gen_logprobs, atol=1e-4)
+
+
+def test_sampling_ignores_the_models_generation_config(policy, tokenizer):
+    policy.generation_config = GenerationConfig(do_sample=False, top_k=1, temperature=0.01, max_new_tokens=2)
+    ids, mask = prompts(tokenizer, ["POST: the cat\n\nTL;DR:"] * 16)
+    torch.manual_seed(0)
+    raw = generate(policy, ids, mask, SamplingConfig(max_new_tokens=6, temperature=1.0, stop_at_eos=False),
+                   tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=8)
+    assert raw.shape[1] == 6  # our max_new_tokens, not the model's 2
+    assert len({tuple(r) for r in raw.tolist()}) > 8  # sampled, not greedy / top-1
+    assert policy.generation_config.top_k == 1  # and the model's own config is restored
+
+
+def test_greedy_generation_is_deterministic(policy, tokenizer):
+    ids, mask = prompts(tokenizer, ["POST: the cat\n\nTL;DR:"] * 4)
+    greedy = SamplingConfig(max_new_tokens=6, greedy=True, stop_at_eos=False)
+    a = generate(policy, ids, mask, greedy, tokenizer.eos_token_id, tokenizer.pad_token_id, 4)
+    b = generate(policy, ids, mask, greedy, tokenizer.eos_token_id, tokenizer.pad_token_id, 2)
+    assert torch.equal(a, b) and len({tuple(r) for r in a.tolist()}) == 1
+
+
+def test_reward_score_is_taken_at_the_last_real_token(reward_model, tokenizer):
+    ids, mask = prompts(tokenizer, ["POST: the cat\n\nTL;DR: cat"])
+    # the same sequence with extra right padding and extra left padding scores the same
+    right = torch.cat([ids, torch.full((1, 3), tokenizer.pad_token_id)], 1)
+    right_mask = torch.cat([mask, torch.zeros(1, 3, dtype=torch.long)], 1)
+    left = torch.cat([torch.full((1, 2), tokenizer.pad_token_id), ids], 1)
+    left_mask = torch.cat([torch.zeros(1, 2, dtype=torch.long), mask], 1)
+    with torch.no_grad():
+        base = reward_scores(reward_model, ids, mask)
+        assert torch.allclose(reward_scores(reward_model, right, right_mask), base, atol=1e-5)
+        assert torch.allclose(reward_scores(reward_model, left, left_mask), base, atol=1e-5)
+        # and differs from the score one token earlier
+        assert not torch.allclose(reward_scores(reward_model, ids[:, :-1], mask[:, :-1]), base, atol=1e-5)
+
+
+def test_collect_rollout_lays_groups_prompt_major(policy, reward_model, tokenizer):
+    import copy
+
+    texts = ["POST: the cat\n\nTL;DR:", "POST: my boat was there\n\nTL;DR:", "POST: rain\n\nTL;DR:"]
+    ids, mask = prompts(tokenizer, texts)
+    reference = copy.deepcopy(policy)
+    rollout = collect_rollout(policy, reference, reward_model, ids, mask, k=4,
+                              sampling=SamplingConfig(max_new_tokens=5, temperature=1.0),
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                              forward_batch_size=5, keep_old_logprobs=True)
+    assert rollout.prompt_ids.shape[0] == 12
+    for p in range(3):
+        for i in range(4):
+            assert torch.equal(rollout.prompt_ids[p * 4 + i], ids[p])
+    # the reference is a copy of the policy, so its log-probs equal the policy's old log-probs
+    assert torch.allclose(rollout.ref_logprobs, rollout.logprobs, atol=1e-6)
+    assert rollout.scores.shape == (12,) and rollout.completion_mask.shape == rollout.completion_ids.shape
