@@ -83,7 +83,7 @@ def _fit(module: L.LightningModule, rows: list, collate, stage_cfg: dict, seed: 
     loader = DataLoader(rows, batch_size=stage_cfg["batch_size"], shuffle=True, collate_fn=collate,
                         generator=torch.Generator().manual_seed(seed))
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=stage_cfg["epochs"], logger=False,
-                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=True,
+                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=True, callbacks=[L.pytorch.callbacks.RichProgressBar()] if L.pytorch.callbacks.RichProgressBar() else None,
                         gradient_clip_val=stage_cfg["max_grad_norm"], default_root_dir=out_dir)
     module.model.train()  # the before-training probe left it in eval mode
     trainer.fit(module, loader)

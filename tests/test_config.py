@@ -1,0 +1,105 @@
+"""Hydra composition of every config, the published recipe, and one-line errors before any model loads."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rloo.config import CONF_DIR, ConfigError, group_options, validate_train_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("model", group_options("model"))
+@pytest.mark.parametrize("precision", group_options("precision"))
+def test_every_model_and_precision_composes_and_validates(model, precision):
+    cfg = composed(f"model={model}", f"precision={precision}")
+    assert cfg.model.name == model and cfg.precision.name == precision
+    validate_train_config(cfg)  # the shipped configs are valid as they are
+
+
+@pytest.mark.parametrize("size", ["1b", "6.9b"])
+def test_pythia_recipe_matches_the_published_hyperparameters(size):
+    cfg = composed(f"model=pythia{size}")
+    assert cfg.model.policy == f"cleanrl/EleutherAI_pythia-{size}-deduped__sft__tldr"
+    assert cfg.model.reward_model == f"cleanrl/EleutherAI_pythia-{size}-deduped__reward__tldr"
+    assert cfg.model.tokenizer == "EleutherAI/pythia-1b-deduped" and cfg.model.pad_token == "[PAD]"
+    assert (cfg.k, cfg.lr, cfg.kl_coef, cfg.response_length, cfg.temperature) == (2, 3e-6, 0.03, 53, 0.7)
+    assert (cfg.missing_eos_penalty, cfg.num_ppo_epochs, cfg.num_mini_batches) == (1.0, 2, 2)
+    assert cfg.total_episodes == 1_000_000 and cfg.generation_batch_size == 16
+    assert cfg.micro_batch_size == 16 and cfg.rollout_batch_size == 16 * 16 * 2
+    assert cfg.data.name == "tldr" and cfg.data.train.path == "trl-internal-testing/tldr-preference-sft-trl-style"
+    assert cfg.data.validation.path == "trl-lib/tldr" and cfg.data.max_prompt_length == 512
+    assert cfg.precision.trainer == "bf16-mixed" and cfg.trainer.accelerator == "gpu" and cfg.trainer.devices == 8
+    assert cfg.trainer.strategy == ("deepspeed_stage_2" if size == "1b" else "deepspeed_stage_3")
+    assert cfg.bootstrap is None
+
+
+def test_command_line_beats_the_recipe():
+    cfg = composed("model=pythia1b", "precision=fp32", "k=4", "lr=1e-6")
+    assert cfg.precision.name == "fp32" and cfg.k == 4 and cfg.lr == 1e-6
+
+
+def test_recipe_chat_template_renders_the_published_prompt(tokenizer):
+    import copy
+
+    cfg = composed("model=pythia1b")
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.chat_template = cfg.model.chat_template
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "SUBREDDIT: r/x\n\nPOST: hi\n\nTL;DR:"}],
+                                         tokenize=False, add_generation_prompt=True)
+    assert text == "User: SUBREDDIT: r/x\n\nPOST: hi\n\nTL;DR:\n\nAssistant:"
+
+
+def run_train(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "rloo.train", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_cfg_job_for_the_real_recipe_composes_without_downloading():
+    result = run_train("model=pythia6.9b", "precision=bf16", "--cfg", "job")
+    assert result.returncode == 0, result.stderr
+    cfg = OmegaConf.create(result.stdout)
+    assert cfg.model.policy.endswith("6.9b-deduped__sft__tldr") and cfg.precision.trainer == "bf16-mixed"
+
+
+@pytest.mark.parametrize("override, key, allowed", [
+    ("k=1", "k=1", "integer >= 2"),
+    ("rollout_batch_size=30", "rollout_batch_size=30", "multiple of k=4"),
+    ("lr=-0.1", "lr=-0.1", "number in"),
+    ("temperature=0", "temperature=0", "number in"),
+    ("response_length=0", "response_length=0", "positive integer"),
+    ("loss=dpo", "loss='dpo'", "ppo_clip, reinforce"),
+    ("kl_estimator=k9", "kl_estimator='k9'", "k1, k2, k3"),
+    ("model=gpt5", "model='gpt5'", "pythia1b, pythia6.9b, tiny"),
+    ("precision=fp8", "precision='fp8'", "bf16, bf16-true, fp16, fp32"),
+    ("data.train.path=/nonexistent/prompts.jsonl", "data.train.path='/nonexistent/prompts.jsonl'", "does not exist"),
+])
+def test_bad_values_fail_fast_with_one_line_naming_the_key(override, key, allowed, tmp_path):
+    result = run_train(override, f"hydra.run.dir={tmp_path / 'run'}", "logger=none")
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert key in lines[0] and allowed in lines[0]
+    assert not (tmp_path / "run" / "policy").exists()  # nothing trained, nothing loaded
+
+
+def test_reinforce_refuses_reused_rollouts():
+    cfg = composed("loss=reinforce", "num_ppo_epochs=2")
+    with pytest.raises(ConfigError, match="num_ppo_epochs=1"):
+        validate_train_config(cfg)
+
+
+def test_total_episodes_counts_every_device():
+    cfg = composed("total_episodes=64", "rollout_batch_size=64", "micro_batch_size=64")
+    validate_train_config(cfg, world_size=1)
+    with pytest.raises(ConfigError, match="total_episodes"):
+        validate_train_config(cfg, world_size=2)
