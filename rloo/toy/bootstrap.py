@@ -83,7 +83,7 @@ def _fit(module: L.LightningModule, rows: list, collate, stage_cfg: dict, seed: 
     loader = DataLoader(rows, batch_size=stage_cfg["batch_size"], shuffle=True, collate_fn=collate,
                         generator=torch.Generator().manual_seed(seed))
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=stage_cfg["epochs"], logger=False,
-                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=True, callbacks=[L.pytorch.callbacks.RichProgressBar()] if L.pytorch.callbacks.RichProgressBar() else None,
+                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=True,
                         gradient_clip_val=stage_cfg["max_grad_norm"], default_root_dir=out_dir)
     module.model.train()  # the before-training probe left it in eval mode
     trainer.fit(module, loader)
@@ -113,20 +113,29 @@ def train_sft_policy(bootstrap_cfg, tokenizer, examples: list[dict], out_dir) ->
     return {"sft_loss_initial": loss_initial, "sft_loss_final": _mean_sft_loss(model, probe, collate)}
 
 
-def train_reward_model(bootstrap_cfg, tokenizer, pairs: list[dict], out_dir) -> dict:
-    """Bradley-Terry train a random-init sequence classifier on preference pairs; save it with the tokenizer."""
+def train_reward_model(bootstrap_cfg, tokenizer, pairs: list[dict], out_dir, policy_dir=None) -> dict:
+    """Bradley-Terry train a sequence classifier on preference pairs; save it with the tokenizer into out_dir.
+
+    With reward.init=sft its transformer starts from the SFT policy in policy_dir (the score head is new).
+    """
     cfg, reward = _plain(bootstrap_cfg), _plain(bootstrap_cfg)["reward"]
     seed = split_seed(cfg["seed"], "reward")
     L.seed_everything(seed, verbose=False)
     config = build_architecture(cfg["architecture"], len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
     config.num_labels = 1
     model = GPTNeoXForSequenceClassification(config)
+    if reward["init"] == "sft":
+        if policy_dir is None:
+            raise ValueError("bootstrap.reward.init='sft' needs an SFT policy dir to start from (policy_dir)")
+        model.gpt_neox.load_state_dict(GPTNeoXForCausalLM.from_pretrained(policy_dir).gpt_neox.state_dict())
+    elif reward["init"] != "random":
+        raise ValueError(f"bootstrap.reward.init={reward['init']!r} is not allowed: sft or random")
     rows, collate = encode_pairs(tokenizer, pairs), collate_pairs(tokenizer.pad_token_id)
     _fit(RewardModelModule(model, reward["lr"], warmup_ratio=reward["warmup_ratio"]), rows, collate, reward, seed,
          Path(out_dir))
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    return {"reward_train_accuracy": pair_accuracy(model, tokenizer, pairs[:1024])}
+    return {"rm_train_accuracy": pair_accuracy(model, tokenizer, pairs[:1024])}
 
 
 @torch.no_grad()
@@ -164,26 +173,38 @@ def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def evaluate(policy, reward_model, tokenizer, examples: list[dict], max_new_tokens: int) -> dict:
-    """Greedy policy vs the references under the oracle, and how well the reward model tracks the oracle."""
-    prompts, references = [ex["prompt"] for ex in examples], [ex["reference"] for ex in examples]
+def measure(bootstrap_cfg, policy, reward_model, tokenizer, validation: list[dict]) -> dict:
+    """The report: greedy policy vs the references under the oracle; with a reward model, its held-out pair
+    accuracy and how well it tracks the oracle on the greedy completions and the references."""
+    cfg = _plain(bootstrap_cfg)
+    prompts, references = [ex["prompt"] for ex in validation], [ex["reference"] for ex in validation]
     texts, (prompt_ids, prompt_mask, completion_ids, completion_mask), ended = greedy_completions(
-        policy, tokenizer, prompts, max_new_tokens)
+        policy, tokenizer, prompts, cfg["eval"]["max_new_tokens"])
     report = {"sft_win_rate_vs_reference": sum(map(oracle_judge, prompts, texts, references)) / len(prompts),
               "sft_ended_with_eos": float(ended.float().mean()),
               "sft_oracle_score": sum(map(oracle_score, prompts, texts)) / len(prompts)}
     if reward_model is None:
         return report
     reward_model.eval()
-    refs = collate_sft(tokenizer.pad_token_id)(encode_sft_examples(tokenizer, examples))
+    report["rm_heldout_accuracy"] = pair_accuracy(reward_model, tokenizer, reward_pairs(cfg, heldout=True))
+    refs = collate_sft(tokenizer.pad_token_id)(encode_sft_examples(tokenizer, validation))
     score = lambda ids, mask: reward_scores(reward_model, ids, mask)  # noqa: E731
-    rm = torch.cat([chunked(score, 256, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)),
-                    chunked(score, 256, torch.cat([refs["prompt_ids"], refs["completion_ids"]], 1),
-                            torch.cat([refs["prompt_mask"], refs["completion_mask"]], 1))])
-    oracle = torch.tensor([oracle_score(p, c) for p, c in zip(prompts * 2, texts + references)], dtype=rm.dtype)
+    rm_sft = chunked(score, 256, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1))
+    rm_ref = chunked(score, 256, torch.cat([refs["prompt_ids"], refs["completion_ids"]], 1),
+                     torch.cat([refs["prompt_mask"], refs["completion_mask"]], 1))
+    oracle_sft, oracle_ref = (torch.tensor([oracle_score(p, c) for p, c in zip(prompts, cs)]) for cs in (texts, references))
+    rm, oracle = torch.cat([rm_sft, rm_ref]), torch.cat([oracle_sft, oracle_ref]).to(rm_sft.dtype)
     report["rm_oracle_pearson"] = _pearson(rm, oracle)
     report["rm_oracle_spearman"] = _pearson(_ranks(rm), _ranks(oracle))
+    # within a prompt, as the judge compares: does the RM pick the oracle's winner of (greedy SFT, reference)?
+    decided = (oracle_sft - oracle_ref).abs() > 1e-9
+    agree = (rm_sft > rm_ref) == (oracle_sft > oracle_ref)
+    report["rm_agrees_with_oracle_sft_vs_reference"] = float(agree[decided].float().mean()) if decided.any() else float("nan")
     return report
+
+
+def format_report(report: dict) -> str:
+    return ", ".join(f"{k}={v:.3f}" for k, v in report.items() if isinstance(v, float))
 
 
 def _load(root: Path) -> ToyArtifacts:
@@ -195,27 +216,42 @@ def _load(root: Path) -> ToyArtifacts:
 
 
 def _build(cfg: dict, root: Path, log) -> dict:
-    def stage(name, fn):
+    seconds: dict[str, float] = {}
+
+    def stage(name, fn, summary):
         start = time.perf_counter()
         result = fn()
-        seconds[name] = round(time.perf_counter() - start, 2)
-        log(f"[bootstrap] {name}: done in {seconds[name]:.1f} s")
+        seconds[name] = round(time.perf_counter() - start, 1)
+        log(f"[bootstrap] {name}: {summary(result)} ({seconds[name]:.1f} s)")
         return result
 
-    seconds: dict[str, float] = {}
-    splits = stage("data", lambda: task_splits(cfg))
-    (root / "data").mkdir()
-    for split, rows in splits.items():
-        (root / "data" / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    tokenizer = stage("tokenizer", lambda: build_tokenizer(cfg))
-    tokenizer.save_pretrained(root / "tokenizer")
-    report = stage("sft", lambda: train_sft_policy(cfg, tokenizer, splits["train"], root / "policy"))
-    report |= stage("reward", lambda: train_reward_model(cfg, tokenizer, reward_pairs(cfg), root / "reward_model"))
+    def write_splits():
+        splits = task_splits(cfg)
+        (root / "data").mkdir()
+        for split, rows in splits.items():
+            (root / "data" / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return splits
+
+    def make_tokenizer():
+        tokenizer = build_tokenizer(cfg)
+        tokenizer.save_pretrained(root / "tokenizer")
+        return tokenizer
+
+    splits = stage("data", write_splits, lambda s: " / ".join(f"{len(rows)} {name}" for name, rows in s.items()))
+    tokenizer = stage("tokenizer", make_tokenizer, lambda t: f"byte-level BPE, {len(t)} tokens")
+    sft, reward = cfg["sft"], cfg["reward"]
+    report = stage("sft", lambda: train_sft_policy(cfg, tokenizer, splits["train"], root / "policy"),
+                   lambda r: f"{len(splits['train'])} examples x {sft['epochs']} epochs, "
+                             f"loss {r['sft_loss_initial']:.2f} -> {r['sft_loss_final']:.2f}")
+    report |= stage("reward", lambda: train_reward_model(cfg, tokenizer, reward_pairs(cfg), root / "reward_model",
+                                                         policy_dir=root / "policy"),
+                    lambda r: f"{reward['num_pairs']} pairs x {reward['epochs']} epochs from {reward['init']} init, "
+                              f"train accuracy {r['rm_train_accuracy']:.3f}")
     policy = GPTNeoXForCausalLM.from_pretrained(root / "policy")
     reward_model = GPTNeoXForSequenceClassification.from_pretrained(root / "reward_model")
-    report["rm_heldout_accuracy"] = stage("heldout", lambda: pair_accuracy(reward_model, tokenizer, reward_pairs(cfg, True)))
-    report |= stage("evaluate", lambda: evaluate(policy, reward_model, tokenizer, splits["validation"],
-                                                 cfg["eval"]["max_new_tokens"]))
+    report |= stage("report", lambda: measure(cfg, policy, reward_model, tokenizer, splits["validation"]),
+                    lambda r: f"SFT win rate {r['sft_win_rate_vs_reference']:.3f}, "
+                              f"RM held-out accuracy {r['rm_heldout_accuracy']:.3f}")
     report["seconds"] = seconds
     (root / MARKER).write_text(json.dumps({"splits": list(splits), "report": report}, indent=2))
     return report
@@ -244,6 +280,5 @@ def ensure_artifacts(bootstrap_cfg, cache_dir, log=print) -> ToyArtifacts:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        log(f"[bootstrap] done in {time.perf_counter() - start:.1f} s: " + ", ".join(
-            f"{k}={v:.3f}" for k, v in report.items() if isinstance(v, float)))
+        log(f"[bootstrap] done in {time.perf_counter() - start:.1f} s: " + format_report(report))
     return _load(root)

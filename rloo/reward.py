@@ -1,0 +1,41 @@
+"""python -m rloo.reward: train the embedded task's reward model into <run dir>/reward_model and print its report."""
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from transformers import GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
+
+from rloo.config import ConfigError, check_group_choices, exit_on_config_error
+from rloo.toy.bootstrap import (build_tokenizer, format_report, measure, reward_pairs, task_splits, train_reward_model,
+                                train_sft_policy)
+
+
+@hydra.main(config_path="../conf", config_name="reward", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    bootstrap = OmegaConf.to_container(cfg.bootstrap, resolve=True)
+    splits, tokenizer = task_splits(bootstrap), build_tokenizer(bootstrap)
+    run_dir = Path(cfg.paths.output_dir)
+    report: dict = {}
+    policy_dir = cfg.policy
+    if policy_dir is None:
+        policy_dir = run_dir / "policy"
+        report |= train_sft_policy(bootstrap, tokenizer, splits["train"], policy_dir)
+        print(f"SFT policy saved to {policy_dir}")
+    elif not Path(policy_dir).is_dir():
+        exit_on_config_error(ConfigError(f"policy={policy_dir!r} is not a directory: give a save_pretrained SFT policy dir or null"))
+    out_dir = run_dir / "reward_model"
+    report |= train_reward_model(bootstrap, tokenizer, reward_pairs(bootstrap), out_dir, policy_dir=policy_dir)
+    report |= measure(bootstrap, GPTNeoXForCausalLM.from_pretrained(policy_dir),
+                      GPTNeoXForSequenceClassification.from_pretrained(out_dir), tokenizer, splits["validation"])
+    print(f"reward model saved to {out_dir}")
+    print(format_report(report))
+
+
+if __name__ == "__main__":
+    try:
+        check_group_choices(sys.argv[1:])
+    except ConfigError as error:
+        exit_on_config_error(error)
+    main()

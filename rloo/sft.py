@@ -1,0 +1,30 @@
+"""python -m rloo.sft: SFT the embedded task's policy into <run dir>/policy and print its report."""
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from transformers import GPTNeoXForCausalLM
+
+from rloo.config import ConfigError, check_group_choices, exit_on_config_error
+from rloo.toy.bootstrap import build_tokenizer, format_report, measure, task_splits, train_sft_policy
+
+
+@hydra.main(config_path="../conf", config_name="sft", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    bootstrap = OmegaConf.to_container(cfg.bootstrap, resolve=True)
+    splits, tokenizer = task_splits(bootstrap), build_tokenizer(bootstrap)
+    out_dir = Path(cfg.paths.output_dir) / "policy"
+    report = train_sft_policy(bootstrap, tokenizer, splits["train"], out_dir)
+    report |= measure(bootstrap, GPTNeoXForCausalLM.from_pretrained(out_dir), None, tokenizer, splits["validation"])
+    print(f"SFT policy saved to {out_dir}")
+    print(format_report(report))
+
+
+if __name__ == "__main__":
+    try:
+        check_group_choices(sys.argv[1:])
+    except ConfigError as error:
+        exit_on_config_error(error)
+    main()
