@@ -14,6 +14,8 @@ from rloo.toy.bootstrap import (build_tokenizer, format_report, measure, reward_
 
 @hydra.main(config_path="../conf", config_name="reward", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    if cfg.policy is not None and not Path(cfg.policy).is_dir():
+        exit_on_config_error(ConfigError(f"policy={cfg.policy!r} is not a directory: give a save_pretrained SFT policy dir or null"))
     bootstrap = OmegaConf.to_container(cfg.bootstrap, resolve=True)
     splits, tokenizer = task_splits(bootstrap), build_tokenizer(bootstrap)
     run_dir = Path(cfg.paths.output_dir)
@@ -23,8 +25,6 @@ def main(cfg: DictConfig) -> None:
         policy_dir = run_dir / "policy"
         report |= train_sft_policy(bootstrap, tokenizer, splits["train"], policy_dir)
         print(f"SFT policy saved to {policy_dir}")
-    elif not Path(policy_dir).is_dir():
-        exit_on_config_error(ConfigError(f"policy={policy_dir!r} is not a directory: give a save_pretrained SFT policy dir or null"))
     out_dir = run_dir / "reward_model"
     report |= train_reward_model(bootstrap, tokenizer, reward_pairs(bootstrap), out_dir, policy_dir=policy_dir)
     report |= measure(bootstrap, GPTNeoXForCausalLM.from_pretrained(policy_dir),

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -22,11 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
-from rloo.algorithms.reward_model import RewardModelModule, collate_pairs, encode_pairs, pair_scores
-from rloo.algorithms.sft import SFTModule, collate_sft, encode_sft_examples, pad_left, sft_loss
-from rloo.rollout import SamplingConfig, chunked, generate, reward_scores, truncate_after_stop
+from rloo.algorithms.reward_model import RewardModelModule, collate_pairs, encode_pairs
+from rloo.algorithms.sft import SFTModule, collate_sft, encode_sft_examples, sft_loss
+from rloo.toy.evaluation import evaluate, pair_accuracy
 from rloo.toy.preferences import make_preference_pairs
-from rloo.toy.task import make_splits, oracle_judge, oracle_score, split_seed
+from rloo.toy.task import make_splits, split_seed
 from rloo.toy.tokenizer import task_corpus, train_tokenizer
 
 # Bump when task, tokenizer or training code changes what a given config builds.
@@ -138,69 +138,11 @@ def train_reward_model(bootstrap_cfg, tokenizer, pairs: list[dict], out_dir, pol
     return {"rm_train_accuracy": pair_accuracy(model, tokenizer, pairs[:1024])}
 
 
-@torch.no_grad()
-def pair_accuracy(reward_model, tokenizer, pairs: list[dict], batch_size: int = 256) -> float:
-    """Fraction of pairs where the chosen completion outscores the rejected one."""
-    reward_model.eval()
-    rows, collate = encode_pairs(tokenizer, pairs), collate_pairs(tokenizer.pad_token_id)
-    wins = [torch.gt(*pair_scores(reward_model, collate(rows[s:s + batch_size]))) for s in range(0, len(rows), batch_size)]
-    return float(torch.cat(wins).float().mean())
-
-
-@torch.no_grad()
-def greedy_completions(policy, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 256):
-    """Greedy completions: decoded texts, plus the prompt and completion tensors (rollout layout) and ended `[N]`."""
-    policy.eval()
-    prompt_ids, prompt_mask = pad_left(tokenizer(prompts, add_special_tokens=False)["input_ids"], tokenizer.pad_token_id)
-    raw = generate(policy, prompt_ids, prompt_mask, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
-                   tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size)
-    completion_ids, completion_mask, ended = truncate_after_stop(raw, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return texts, (prompt_ids, prompt_mask, completion_ids, completion_mask), ended
-
-
-def _ranks(x: torch.Tensor) -> torch.Tensor:
-    """Ranks with ties given their average rank, as Spearman's rho needs."""
-    ranks = torch.empty_like(x)
-    ranks[x.argsort()] = torch.arange(len(x), dtype=x.dtype)
-    _, group = x.unique(return_inverse=True)
-    return torch.zeros_like(x).index_add_(0, group, ranks)[group] / torch.bincount(group).to(x.dtype)[group]
-
-
-def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
-    x, y = x - x.mean(), y - y.mean()
-    return float((x * y).sum() / (x.norm() * y.norm()).clamp_min(1e-12))
-
-
-@torch.no_grad()
 def measure(bootstrap_cfg, policy, reward_model, tokenizer, validation: list[dict]) -> dict:
-    """The report: greedy policy vs the references under the oracle; with a reward model, its held-out pair
-    accuracy and how well it tracks the oracle on the greedy completions and the references."""
+    """The report numbers of a policy (and reward model, or None) on the validation examples."""
     cfg = _plain(bootstrap_cfg)
-    prompts, references = [ex["prompt"] for ex in validation], [ex["reference"] for ex in validation]
-    texts, (prompt_ids, prompt_mask, completion_ids, completion_mask), ended = greedy_completions(
-        policy, tokenizer, prompts, cfg["eval"]["max_new_tokens"])
-    report = {"sft_win_rate_vs_reference": sum(map(oracle_judge, prompts, texts, references)) / len(prompts),
-              "sft_ended_with_eos": float(ended.float().mean()),
-              "sft_oracle_score": sum(map(oracle_score, prompts, texts)) / len(prompts)}
-    if reward_model is None:
-        return report
-    reward_model.eval()
-    report["rm_heldout_accuracy"] = pair_accuracy(reward_model, tokenizer, reward_pairs(cfg, heldout=True))
-    refs = collate_sft(tokenizer.pad_token_id)(encode_sft_examples(tokenizer, validation))
-    score = lambda ids, mask: reward_scores(reward_model, ids, mask)  # noqa: E731
-    rm_sft = chunked(score, 256, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1))
-    rm_ref = chunked(score, 256, torch.cat([refs["prompt_ids"], refs["completion_ids"]], 1),
-                     torch.cat([refs["prompt_mask"], refs["completion_mask"]], 1))
-    oracle_sft, oracle_ref = (torch.tensor([oracle_score(p, c) for p, c in zip(prompts, cs)]) for cs in (texts, references))
-    rm, oracle = torch.cat([rm_sft, rm_ref]), torch.cat([oracle_sft, oracle_ref]).to(rm_sft.dtype)
-    report["rm_oracle_pearson"] = _pearson(rm, oracle)
-    report["rm_oracle_spearman"] = _pearson(_ranks(rm), _ranks(oracle))
-    # within a prompt, as the judge compares: does the RM pick the oracle's winner of (greedy SFT, reference)?
-    decided = (oracle_sft - oracle_ref).abs() > 1e-9
-    agree = (rm_sft > rm_ref) == (oracle_sft > oracle_ref)
-    report["rm_agrees_with_oracle_sft_vs_reference"] = float(agree[decided].float().mean()) if decided.any() else float("nan")
-    return report
+    heldout = reward_pairs(cfg, heldout=True) if reward_model is not None else None
+    return evaluate(policy, reward_model, tokenizer, validation, heldout, cfg["eval"]["max_new_tokens"])
 
 
 def format_report(report: dict) -> str:
@@ -259,7 +201,7 @@ def _build(cfg: dict, root: Path, log) -> dict:
 
 def ensure_artifacts(bootstrap_cfg, cache_dir, log=print) -> ToyArtifacts:
     """The cached artifacts for this bootstrap config, built first if missing (one builder at a time)."""
-    cfg, root = _plain(bootstrap_cfg), artifacts_dir(bootstrap_cfg, cache_dir)
+    cfg, root = _plain(bootstrap_cfg), artifacts_dir(bootstrap_cfg, Path(cache_dir).expanduser())
     if (root / MARKER).exists():
         return _load(root)
     root.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,76 @@
+"""Measurements of the embedded task's bootstrap artifacts: oracle win rate of a greedy policy, reward-model
+pair accuracy, and how the reward model's scores track the oracle's."""
+
+from __future__ import annotations
+
+import torch
+
+from rloo.algorithms.reward_model import collate_pairs, encode_pairs, pair_scores
+from rloo.algorithms.sft import collate_sft, encode_sft_examples, pad_left
+from rloo.rollout import SamplingConfig, chunked, generate, reward_scores, truncate_after_stop
+from rloo.toy.task import oracle_judge, oracle_score
+
+
+@torch.no_grad()
+def pair_accuracy(reward_model, tokenizer, pairs: list[dict], batch_size: int = 256) -> float:
+    """Fraction of pairs where the chosen completion outscores the rejected one."""
+    reward_model.eval()
+    rows, collate = encode_pairs(tokenizer, pairs), collate_pairs(tokenizer.pad_token_id)
+    wins = [torch.gt(*pair_scores(reward_model, collate(rows[s:s + batch_size]))) for s in range(0, len(rows), batch_size)]
+    return float(torch.cat(wins).float().mean())
+
+
+@torch.no_grad()
+def greedy_completions(policy, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 256):
+    """Greedy completions: decoded texts, plus the prompt and completion tensors (rollout layout) and ended `[N]`."""
+    policy.eval()
+    prompt_ids, prompt_mask = pad_left(tokenizer(prompts, add_special_tokens=False)["input_ids"], tokenizer.pad_token_id)
+    raw = generate(policy, prompt_ids, prompt_mask, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
+                   tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size)
+    completion_ids, completion_mask, ended = truncate_after_stop(raw, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    return texts, (prompt_ids, prompt_mask, completion_ids, completion_mask), ended
+
+
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    """Ranks with ties given their average rank, as Spearman's rho needs."""
+    ranks = torch.empty_like(x)
+    ranks[x.argsort()] = torch.arange(len(x), dtype=x.dtype)
+    _, group = x.unique(return_inverse=True)
+    return torch.zeros_like(x).index_add_(0, group, ranks)[group] / torch.bincount(group).to(x.dtype)[group]
+
+
+def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x - x.mean(), y - y.mean()
+    return float((x * y).sum() / (x.norm() * y.norm()).clamp_min(1e-12))
+
+
+@torch.no_grad()
+def evaluate(policy, reward_model, tokenizer, validation: list[dict], heldout_pairs: list[dict] | None,
+             max_new_tokens: int) -> dict:
+    """Greedy policy vs the references under the oracle; with a reward model, its accuracy on held-out pairs
+    and how well it tracks the oracle on the greedy completions and the references."""
+    prompts, references = [ex["prompt"] for ex in validation], [ex["reference"] for ex in validation]
+    texts, (prompt_ids, prompt_mask, completion_ids, completion_mask), ended = greedy_completions(
+        policy, tokenizer, prompts, max_new_tokens)
+    report = {"sft_win_rate_vs_reference": sum(map(oracle_judge, prompts, texts, references)) / len(prompts),
+              "sft_ended_with_eos": float(ended.float().mean()),
+              "sft_oracle_score": sum(map(oracle_score, prompts, texts)) / len(prompts)}
+    if reward_model is None:
+        return report
+    reward_model.eval()
+    report["rm_heldout_accuracy"] = pair_accuracy(reward_model, tokenizer, heldout_pairs)
+    refs = collate_sft(tokenizer.pad_token_id)(encode_sft_examples(tokenizer, validation))
+    score = lambda ids, mask: reward_scores(reward_model, ids, mask)  # noqa: E731
+    rm_sft = chunked(score, 256, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1))
+    rm_ref = chunked(score, 256, torch.cat([refs["prompt_ids"], refs["completion_ids"]], 1),
+                     torch.cat([refs["prompt_mask"], refs["completion_mask"]], 1))
+    oracle_sft, oracle_ref = (torch.tensor([oracle_score(p, c) for p, c in zip(prompts, cs)]) for cs in (texts, references))
+    rm, oracle = torch.cat([rm_sft, rm_ref]), torch.cat([oracle_sft, oracle_ref]).to(rm_sft.dtype)
+    report["rm_oracle_pearson"] = _pearson(rm, oracle)
+    report["rm_oracle_spearman"] = _pearson(_ranks(rm), _ranks(oracle))
+    # within a prompt, as the judge compares: does the RM pick the oracle's winner of (greedy SFT, reference)?
+    decided = (oracle_sft - oracle_ref).abs() > 1e-9
+    agree = (rm_sft > rm_ref) == (oracle_sft > oracle_ref)
+    report["rm_agrees_with_oracle_sft_vs_reference"] = float(agree[decided].float().mean()) if decided.any() else None
+    return report
