@@ -103,3 +103,18 @@ def test_total_episodes_counts_every_device():
     validate_train_config(cfg, world_size=1)
     with pytest.raises(ConfigError, match="total_episodes"):
         validate_train_config(cfg, world_size=2)
+
+
+@pytest.mark.parametrize("sweep", sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml")))
+def test_every_sweep_composes_with_its_parameters(sweep):
+    """Through the command users type (python -m rloo.train -m -cd sweeps -cn NAME), printing instead of running."""
+    result = run_train("-cd", "sweeps", "-cn", sweep, "--cfg", "all")
+    assert result.returncode == 0, result.stderr
+    cfg = OmegaConf.create(result.stdout)
+    params = cfg.hydra.sweeper.params
+    assert params, "a sweep must list hydra.sweeper.params"
+    job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    for key, values in params.items():
+        assert OmegaConf.select(job, key) is not None, f"{sweep}: swept key {key} is not a config key"
+        for value in str(values).split(","):
+            validate_train_config(OmegaConf.merge(job, OmegaConf.from_dotlist([f"{key}={value}"])))

@@ -102,3 +102,12 @@ def test_resume_from_checkpoint_continues_to_the_same_total(finished_run):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((base / "resumed" / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["episodes"] == 24
+
+
+def test_ddp_on_two_cpu_processes_splits_the_episodes(finished_run):
+    base, _ = finished_run
+    result = train(base / "ddp", base / "cache", "trainer.strategy=ddp", "trainer.devices=2", "trainer.num_threads=1",
+                   "total_episodes=32", "logger=csv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((base / "ddp" / "summary.json").read_text())
+    assert summary["steps"] == 32 // (8 * 2) and summary["episodes"] == 32  # each step is a rollout on every rank
