@@ -89,8 +89,6 @@ def run(cfg: DictConfig) -> dict:
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-
     judge = make_judge(cfg.data.judge)
     loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.logger else False
     trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
@@ -108,6 +106,7 @@ def run(cfg: DictConfig) -> dict:
     trainer.fit_loop.epoch_loop.max_steps = num_rollouts
 
     model_src, data_src, bootstrap_report = resolve_sources(cfg)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)  # after the bootstrap: cold and warm runs match
     tokenizer = load_tokenizer(model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"])
     datamodule = PromptDataModule(
         tokenizer, SplitSpec(**data_src["train"]), SplitSpec(**data_src["validation"]), cfg.data.max_prompt_length,
