@@ -140,6 +140,16 @@ def _looks_local(path: str) -> bool:
     return path.startswith((".", "/", "~")) or Path(path).suffix in (".jsonl", ".json", ".parquet", ".csv", ".arrow")
 
 
+def run_entry_point(hydra_main) -> None:
+    """Shared by the `python -m rloo.X` entry points: one-line errors for unknown group options, then Hydra."""
+    try:
+        check_group_choices(sys.argv[1:])
+    except ConfigError as error:
+        exit_on_config_error(error)
+    register_resolvers()
+    hydra_main()
+
+
 def exit_on_config_error(error: ConfigError) -> None:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)

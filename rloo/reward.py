@@ -1,13 +1,12 @@
 """python -m rloo.reward: train the embedded task's reward model into <run dir>/reward_model and print its report."""
 
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 from transformers import GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
-from rloo.config import ConfigError, check_group_choices, exit_on_config_error
+from rloo.config import ConfigError, exit_on_config_error, run_entry_point
 from rloo.toy.bootstrap import (build_tokenizer, format_report, measure, reward_pairs, task_splits, train_reward_model,
                                 train_sft_policy)
 
@@ -34,8 +33,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        check_group_choices(sys.argv[1:])
-    except ConfigError as error:
-        exit_on_config_error(error)
-    main()
+    run_entry_point(main)

@@ -1,13 +1,12 @@
 """python -m rloo.sft: SFT the embedded task's policy into <run dir>/policy and print its report."""
 
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 from transformers import GPTNeoXForCausalLM
 
-from rloo.config import ConfigError, check_group_choices, exit_on_config_error
+from rloo.config import run_entry_point
 from rloo.toy.bootstrap import build_tokenizer, format_report, measure, task_splits, train_sft_policy
 
 
@@ -23,8 +22,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        check_group_choices(sys.argv[1:])
-    except ConfigError as error:
-        exit_on_config_error(error)
-    main()
+    run_entry_point(main)

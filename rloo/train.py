@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -18,13 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from rloo.config import (  # noqa: E402
-    ConfigError,
-    check_group_choices,
-    exit_on_config_error,
-    register_resolvers,
-    validate_train_config,
-)
+from rloo.config import ConfigError, exit_on_config_error, run_entry_point, validate_train_config  # noqa: E402
 
 
 def resolve_sources(cfg: DictConfig, log=print) -> tuple[dict, dict, dict]:
@@ -165,14 +158,5 @@ def hydra_main(cfg: DictConfig) -> float | None:
     return final.get("eval/win_rate", final.get("eval/score"))
 
 
-def main() -> None:
-    try:
-        check_group_choices(sys.argv[1:])
-    except ConfigError as error:
-        exit_on_config_error(error)
-    register_resolvers()
-    hydra_main()
-
-
 if __name__ == "__main__":
-    main()
+    run_entry_point(hydra_main)
