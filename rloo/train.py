@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import fields
@@ -77,6 +78,7 @@ def run(cfg: DictConfig) -> dict:
 
     started = time.time()
     quiet_lightning_logs()
+    log = logging.getLogger("rloo").info  # to the console and to the run's train.log
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -89,7 +91,7 @@ def run(cfg: DictConfig) -> dict:
                                   every_n_train_steps=cfg.checkpoint_every or None, save_top_k=-1, save_last=True)
     eval_sampling = SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
                                    greedy=cfg.eval.greedy, stop_at_eos=cfg.stop_token == "eos")
-    eval_callback = HeldOutEval([], eval_sampling, cfg.eval.batch_size, judge, cfg.eval.before, cfg.eval.after)
+    eval_callback = HeldOutEval([], eval_sampling, cfg.eval.batch_size, judge, cfg.eval.before, cfg.eval.after, log)
     trainer = L.Trainer(**trainer_args, precision=cfg.precision.trainer, logger=loggers, default_root_dir=out,
                         callbacks=[checkpoints, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl")],
                         max_epochs=1, log_every_n_steps=cfg.log_every, num_sanity_val_steps=0)
@@ -98,13 +100,13 @@ def run(cfg: DictConfig) -> dict:
     # the sampler yields exactly num_rollouts batches; max_steps also bounds a resumed run
     trainer.fit_loop.epoch_loop.max_steps = num_rollouts
 
-    model_src, data_src, bootstrap_report = resolve_sources(cfg)
+    model_src, data_src, bootstrap_report = resolve_sources(cfg, log)
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # after the bootstrap: cold and warm runs match
     tokenizer = load_tokenizer(model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"])
     datamodule = PromptDataModule(
         tokenizer, SplitSpec(**data_src["train"]), SplitSpec(**data_src["validation"]), cfg.data.max_prompt_length,
         cfg.data.truncate_prompts, cfg.rollout_batch_size // cfg.k, num_rollouts, cfg.seed, cfg.data.shuffle,
-        cfg.data.num_workers)
+        cfg.data.num_workers, log)
     datamodule.setup("fit")  # data errors surface before any model loads
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
 
@@ -133,18 +135,18 @@ def run(cfg: DictConfig) -> dict:
         policy.save_pretrained(out / "policy")
         tokenizer.save_pretrained(out / "policy")
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        print_summary(summary)
+        print_summary(summary, log)
     return summary
 
 
-def print_summary(summary: dict) -> None:
-    print(f"\nrloo: {summary['steps']} steps, {summary['episodes']} episodes in {summary['wall_seconds']:.0f} s")
-    print(f"  outputs: {summary['output_dir']}  (summary.json, policy/, checkpoints/, config.yaml, logs)")
+def print_summary(summary: dict, log=print) -> None:
+    log(f"\nrloo: {summary['steps']} steps, {summary['episodes']} episodes in {summary['wall_seconds']:.0f} s")
+    log(f"  outputs: {summary['output_dir']}  (summary.json, policy/, checkpoints/, config.yaml, logs)")
     initial, final = summary["initial"] or {}, summary["final"] or {}
     for key in ("eval/win_rate", "eval/score", "eval/mean_length"):
         if key in final:
             before = f"{initial[key]:.3f}" if key in initial else "-"
-            print(f"  {key:<17} {before} -> {final[key]:.3f}")
+            log(f"  {key:<17} {before} -> {final[key]:.3f}")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
