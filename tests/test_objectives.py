@@ -548,3 +548,16 @@ def test_token_logprobs_bf16_logits_computed_in_float32():
     lp = token_logprobs(logits, ids)
     assert lp.dtype == torch.float32
     assert torch.allclose(lp, torch.log_softmax(logits.float(), -1).gather(-1, ids[..., None]).squeeze(-1), atol=1e-6)
+
+
+# ---- the learning-rate schedule shared by every module
+def test_lr_factor_warms_up_then_follows_the_schedule():
+    from rloo.algorithms.optim import lr_factor
+
+    # 10 steps, 4 of warm-up: (s+1)/5 for s < 4, then 1 - (s-4)/6
+    assert [round(lr_factor(s, 4, 10, "linear"), 6) for s in range(10)] == \
+        [0.2, 0.4, 0.6, 0.8, 1.0, round(5 / 6, 6), round(4 / 6, 6), 0.5, round(2 / 6, 6), round(1 / 6, 6)]
+    assert lr_factor(7, 4, 10, "cosine") == pytest.approx(0.5 * (1 + math.cos(math.pi * 3 / 6)))
+    assert lr_factor(9, 4, 10, "constant") == 1.0
+    with pytest.raises(ValueError, match="lr_schedule"):
+        lr_factor(5, 4, 10, "step")

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rloo.algorithms.sft import adamw_with_warmup, encode_completion, pad_left, pad_right
+from rloo.algorithms.optim import adamw_with_schedule
+from rloo.algorithms.sft import encode_completion, pad_right
+from rloo.data import left_pad
 from rloo.rollout import reward_scores
 
 
@@ -24,7 +26,7 @@ def encode_pairs(tokenizer, pairs: list[dict]) -> list[tuple[list[int], list[int
 def collate_pairs(pad_id: int):
     """A DataLoader collate_fn: B pairs -> `[2B, P+T]` ids and mask, the B chosen rows first, then the B rejected."""
     def collate(rows):
-        prompt_ids, prompt_mask = pad_left([p for p, _, _ in rows] * 2, pad_id)
+        prompt_ids, prompt_mask = left_pad([p for p, _, _ in rows] * 2, pad_id)
         completion_ids, completion_mask = pad_right([c for _, c, _ in rows] + [r for _, _, r in rows], pad_id)
         return {"input_ids": torch.cat([prompt_ids, completion_ids], 1),
                 "attention_mask": torch.cat([prompt_mask, completion_mask], 1)}
@@ -57,5 +59,5 @@ class RewardModelModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return adamw_with_warmup(self.model.parameters(), self.lr, self.weight_decay, self.warmup_ratio,
-                                 int(self.trainer.estimated_stepping_batches))
+        return adamw_with_schedule(self.model.parameters(), self.lr, int(self.trainer.estimated_stepping_batches),
+                                   self.warmup_ratio, "linear", self.weight_decay)

@@ -11,7 +11,6 @@ One Lightning step is one rollout, whatever the number of optimiser steps inside
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ import torch
 from lightning import LightningModule
 from torch import Tensor
 
+from rloo.algorithms.optim import adamw_with_schedule
 from rloo.objectives import (
     apply_missing_eos_penalty,
     entropy_from_logits,
@@ -240,22 +240,8 @@ class RLOOModule(LightningModule):
     # ---- optimiser, checkpoints ------------------------------------------------------------------------
     def configure_optimizers(self):
         cfg = self.config
-        optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
-        total = cfg.total_steps * cfg.updates_per_rollout   # optimiser steps
-        warmup = int(cfg.warmup_ratio * total)
-
-        def lr_factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            progress = (step - warmup) / max(total - warmup, 1)
-            if cfg.lr_schedule == "linear":
-                return max(1.0 - progress, 0.0)
-            if cfg.lr_schedule == "cosine":
-                return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-            return 1.0
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return adamw_with_schedule(self.policy.parameters(), cfg.lr, cfg.total_steps * cfg.updates_per_rollout,
+                                   cfg.warmup_ratio, cfg.lr_schedule, cfg.weight_decay, cfg.adam_eps)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # the reference and reward model never change: keep only the policy (and the episode counter)

@@ -11,16 +11,10 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from rloo.algorithms.optim import adamw_with_schedule
+from rloo.data import left_pad
 from rloo.objectives import masked_mean
 from rloo.rollout import completion_logprobs
-
-
-def pad_left(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Token id lists -> ids `[N, P]`, mask `[N, P]`, padded on the left."""
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
 
 
 def pad_right(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -46,7 +40,7 @@ def encode_sft_examples(tokenizer, examples: list[dict], prompt_key: str = "prom
 def collate_sft(pad_id: int):
     """A DataLoader collate_fn: (prompt ids, completion ids) pairs -> the rollout-layout batch dict."""
     def collate(rows):
-        prompt_ids, prompt_mask = pad_left([p for p, _ in rows], pad_id)
+        prompt_ids, prompt_mask = left_pad([p for p, _ in rows], pad_id)
         completion_ids, completion_mask = pad_right([c for _, c in rows], pad_id)
         return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
                 "completion_ids": completion_ids, "completion_mask": completion_mask}
@@ -62,20 +56,6 @@ def sft_loss(model, batch: dict[str, Tensor]) -> Tensor:
     return -masked_mean(logprobs, batch["completion_mask"])  # -1/|y| sum_t log pi(y_t | x, y_<t), over the batch
 
 
-def adamw_with_warmup(parameters, lr: float, weight_decay: float, warmup_ratio: float, total_steps: int) -> dict:
-    """AdamW with a linear warm-up over warmup_ratio of the steps, then linear decay to 0 (stepped per batch)."""
-    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
-    warmup = max(1, round(warmup_ratio * total_steps))
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
 class SFTModule(L.LightningModule):
     def __init__(self, model, lr: float, weight_decay: float = 0.0, warmup_ratio: float = 0.05):
         super().__init__()
@@ -88,5 +68,5 @@ class SFTModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return adamw_with_warmup(self.model.parameters(), self.lr, self.weight_decay, self.warmup_ratio,
-                                 int(self.trainer.estimated_stepping_batches))
+        return adamw_with_schedule(self.model.parameters(), self.lr, int(self.trainer.estimated_stepping_batches),
+                                   self.warmup_ratio, "linear", self.weight_decay)

@@ -30,7 +30,7 @@ from rloo.toy.task import make_splits, split_seed
 from rloo.toy.tokenizer import task_corpus, train_tokenizer
 
 # Bump when task, tokenizer or training code changes what a given config builds.
-TASK_VERSION = "toy-v1"
+TASK_VERSION = "toy-v2"
 MARKER = "artifacts.json"
 
 

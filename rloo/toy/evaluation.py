@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from rloo.algorithms.reward_model import collate_pairs, encode_pairs, pair_scores
-from rloo.algorithms.sft import collate_sft, encode_sft_examples, pad_left
+from rloo.algorithms.sft import collate_sft, encode_sft_examples
+from rloo.data import left_pad
 from rloo.rollout import SamplingConfig, chunked, generate, reward_scores, truncate_after_stop
 from rloo.toy.task import oracle_judge, oracle_score
 
@@ -24,7 +25,7 @@ def pair_accuracy(reward_model, tokenizer, pairs: list[dict], batch_size: int = 
 def greedy_completions(policy, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 256):
     """Greedy completions: decoded texts, plus the prompt and completion tensors (rollout layout) and ended `[N]`."""
     policy.eval()
-    prompt_ids, prompt_mask = pad_left(tokenizer(prompts, add_special_tokens=False)["input_ids"], tokenizer.pad_token_id)
+    prompt_ids, prompt_mask = left_pad(tokenizer(prompts, add_special_tokens=False)["input_ids"], tokenizer.pad_token_id)
     raw = generate(policy, prompt_ids, prompt_mask, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
                    tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size)
     completion_ids, completion_mask, ended = truncate_after_stop(raw, tokenizer.eos_token_id, tokenizer.pad_token_id)
