@@ -86,3 +86,23 @@ def test_reused_rollout_first_update_has_ratio_one_in_fp32(tiny_run_assets, toke
     for low, high in ratios[:2]:
         assert abs(low - 1) < 1e-5 and abs(high - 1) < 1e-5
     assert any(abs(high - 1) > 1e-5 or abs(low - 1) > 1e-5 for low, high in ratios[2:])  # later ones moved
+
+
+def test_logged_ratio_extremes_are_the_extremes_over_micro_batches(tiny_run_assets, tokenizer):
+    per_micro, logged = [], []
+
+    class Spy(RLOOModule):
+        def _micro_batch_loss(self, rollout, index, kl, first_epoch):
+            loss, stats = super()._micro_batch_loss(rollout, index, kl, first_epoch)
+            per_micro.append(stats)
+            return loss, stats
+
+        def _log_step(self, rollout, kl, stats, *args):
+            logged.append(stats)
+            super()._log_step(rollout, kl, stats, *args)
+
+    fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=Spy, num_ppo_epochs=2, num_mini_batches=2,
+        micro_batch_size=4)
+    assert logged[0]["ratio_min"] == min(s["ratio_min"] for s in per_micro)
+    assert logged[0]["ratio_max"] == max(s["ratio_max"] for s in per_micro)
+    assert logged[0]["ratio_min"] < logged[0]["ratio_max"]

@@ -35,6 +35,9 @@ from rloo.objectives import (
 from rloo.rollout import Rollout, SamplingConfig, collect_rollout, completion_logits
 
 
+EXTREMES = {"ratio_min": min, "ratio_max": max}  # statistics aggregated over micro-batches by min / max
+
+
 @dataclass
 class RLOOConfig:
     """The keys of conf/train.yaml this module reads (documented there)."""
@@ -154,12 +157,16 @@ class RLOOModule(LightningModule):
                         loss, micro_stats = self._micro_batch_loss(rollout, micro, kl, first_epoch=epoch == 0)
                         self.manual_backward(loss * len(micro) / mini_size)
                     for key, value in micro_stats.items():
-                        totals[key] = totals.get(key, 0.0) + value * len(micro)
+                        if key in EXTREMES:  # a min of mins, a max of maxes
+                            totals[key] = EXTREMES[key](totals.get(key, value), value)
+                        else:
+                            totals[key] = totals.get(key, 0.0) + value * len(micro)
                 self._optimizer_step(optimizer, last=epoch == cfg.num_ppo_epochs - 1 and m == cfg.num_mini_batches - 1)
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-        # entropy is measured on the first pass only; the rest are means over every pass
-        return {key: value / (n if key == "entropy" else n * cfg.num_ppo_epochs) for key, value in totals.items()}
+        # entropy is measured on the first pass only; the other means are over every pass
+        passes = {key: 1 if key == "entropy" else cfg.num_ppo_epochs for key in totals}
+        return {key: value if key in EXTREMES else value / (n * passes[key]) for key, value in totals.items()}
 
     def _micro_batch_loss(self, rollout: Rollout, index: Tensor, kl: Tensor, first_epoch: bool) -> tuple[Tensor, dict]:
         cfg = self.config
