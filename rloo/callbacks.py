@@ -12,7 +12,7 @@ import torch
 from lightning import Callback
 
 from rloo.data import left_pad
-from rloo.rollout import SamplingConfig, chunked, generate, reward_scores, truncate_after_stop
+from rloo.rollout import SamplingConfig, chunked, reward_scores, sample_completions
 
 Judge = Callable[[str, str, str], float]  # (prompt, completion_a, completion_b) -> 1 a wins, 0.5 tie, 0 b wins
 
@@ -26,9 +26,8 @@ def evaluate_policy(policy, reward_model, tokenizer, rows: list[dict], sampling:
     """
     ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
     ids, mask = ids.to(device), mask.to(device)
-    raw = generate(policy, ids, mask, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size)
-    completion_ids, completion_mask, ended = truncate_after_stop(
-        raw, tokenizer.eos_token_id if sampling.stop_at_eos else None, tokenizer.pad_token_id)
+    completion_ids, completion_mask, ended = sample_completions(policy, ids, mask, sampling, tokenizer.eos_token_id,
+                                                                tokenizer.pad_token_id, batch_size)
     input_ids, attention_mask = torch.cat([ids, completion_ids], 1), torch.cat([mask, completion_mask], 1)
     scores = chunked(partial(reward_scores, reward_model), batch_size, input_ids, attention_mask)
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)

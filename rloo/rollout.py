@@ -125,6 +125,13 @@ def truncate_after_stop(completion_ids: Tensor, stop_token_id: int | None, pad_t
     return torch.where(mask, completion_ids, pad_token_id), mask.long(), ended
 
 
+def sample_completions(policy: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
+                       eos_token_id: int, pad_token_id: int, batch_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """generate, then truncate at the stop token: completion ids `[N, T]`, mask `[N, T]`, ended `[N]`."""
+    raw = generate(policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, batch_size)
+    return truncate_after_stop(raw, eos_token_id if sampling.stop_at_eos else None, pad_token_id)
+
+
 def completion_logits(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int) -> Tensor:
     """Logits predicting each completion token, `[N, T, V]`: only the last T+1 positions go through the LM head."""
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
@@ -165,9 +172,8 @@ def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_
     """
     prompt_ids = prompt_ids.repeat_interleave(k, dim=0)    # [B*k, P]
     prompt_mask = prompt_mask.repeat_interleave(k, dim=0)  # [B*k, P]
-    raw = generate(policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, forward_batch_size)
-    stop_id = eos_token_id if sampling.stop_at_eos else None
-    completion_ids, completion_mask, ended = truncate_after_stop(raw, stop_id, pad_token_id)
+    completion_ids, completion_mask, ended = sample_completions(policy, prompt_ids, prompt_mask, sampling, eos_token_id,
+                                                                pad_token_id, forward_batch_size)
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention_mask = torch.cat([prompt_mask, completion_mask], 1)
     lp_args = (input_ids, attention_mask, completion_ids, completion_mask)

@@ -8,7 +8,7 @@ import torch
 from rloo.algorithms.reward_model import collate_pairs, encode_pairs, pair_scores
 from rloo.algorithms.sft import collate_sft, encode_sft_examples
 from rloo.data import left_pad
-from rloo.rollout import SamplingConfig, chunked, generate, reward_scores, truncate_after_stop
+from rloo.rollout import SamplingConfig, chunked, reward_scores, sample_completions
 from rloo.toy.task import oracle_judge, oracle_score
 
 
@@ -26,9 +26,9 @@ def greedy_completions(policy, tokenizer, prompts: list[str], max_new_tokens: in
     """Greedy completions: decoded texts, plus the prompt and completion tensors (rollout layout) and ended `[N]`."""
     policy.eval()
     prompt_ids, prompt_mask = left_pad(tokenizer(prompts, add_special_tokens=False)["input_ids"], tokenizer.pad_token_id)
-    raw = generate(policy, prompt_ids, prompt_mask, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
-                   tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size)
-    completion_ids, completion_mask, ended = truncate_after_stop(raw, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    completion_ids, completion_mask, ended = sample_completions(
+        policy, prompt_ids, prompt_mask, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
+        tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     return texts, (prompt_ids, prompt_mask, completion_ids, completion_mask), ended
 
