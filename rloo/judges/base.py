@@ -1,0 +1,75 @@
+"""The judge interface, the A/B order draw, and the win rate with its confidence interval."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+OUTCOMES = {1.0: "win", 0.5: "tie", 0.0: "loss", None: "invalid"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One judgement of (candidate, other): outcome 1.0 win, 0.5 tie, 0.0 loss, None invalid.
+
+    `swapped` is True when the candidate was shown second (as B); `raw` is the judge's answer where there is one;
+    `error` says why a judgement is invalid when no answer came back (transport failure, refused request).
+    """
+
+    outcome: float | None
+    swapped: bool = False
+    raw: str | None = None
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return OUTCOMES[self.outcome]
+
+    @property
+    def order(self) -> str:
+        return "other_first" if self.swapped else "candidate_first"
+
+
+class Judge:
+    """Compares candidates[i] with others[i] for prompts[i]; subclasses implement `judge`.
+
+    `setup(device)` loads whatever the judge needs (models, tokenizers); it is called once before the first
+    `judge` call, so that building a judge from the config loads nothing.
+    """
+
+    name = "judge"
+
+    def setup(self, device="cpu") -> None:
+        pass
+
+    def judge(self, prompts: list[str], candidates: list[str], others: list[str]) -> list[Verdict]:
+        raise NotImplementedError
+
+
+def swap_orders(seed: int, prompts: list[str], candidates: list[str], others: list[str]) -> list[bool]:
+    """Per pair, whether the candidate is shown second. Drawn from (seed, pair contents), so a pair gets the same
+    order whatever its position in the batch, and a re-run with the same seed hits the verdict cache."""
+    return [random.Random(f"{seed}\x00{p}\x00{c}\x00{o}").random() < 0.5 for p, c, o in zip(prompts, candidates, others)]
+
+
+Z_95 = 1.959963984540054  # standard normal quantile for a two-sided 95% interval
+
+
+def win_rate_summary(outcomes: list[float | None]) -> dict[str, float | int]:
+    """Win rate of the candidate with a tie counted as half, over the valid judgements, with a 95% interval.
+
+    The interval is the normal approximation of the mean of the per-pair scores s_i in {1, 0.5, 0}:
+    rate +- z * sqrt(sum (s_i - rate)^2 / (n - 1)) / sqrt(n), clipped to [0, 1]. Invalid judgements are
+    counted, and left out of the rate (never a win).
+    """
+    valid = [s for s in outcomes if s is not None]
+    wins, ties, losses = (sum(s == v for s in valid) for v in (1.0, 0.5, 0.0))
+    n = len(valid)
+    summary = {"wins": wins, "ties": ties, "losses": losses, "invalid": len(outcomes) - n, "num_judged": n}
+    if n == 0:
+        return {**summary, "win_rate": float("nan"), "win_rate_ci_low": float("nan"), "win_rate_ci_high": float("nan")}
+    rate = (wins + 0.5 * ties) / n
+    stderr = math.sqrt(sum((s - rate) ** 2 for s in valid) / (n - 1) / n) if n > 1 else float("inf")
+    low, high = max(0.0, rate - Z_95 * stderr), min(1.0, rate + Z_95 * stderr)
+    return {**summary, "win_rate": rate, "win_rate_ci_low": low, "win_rate_ci_high": high}
