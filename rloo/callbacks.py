@@ -1,106 +1,89 @@
-"""Lightning callbacks: held-out evaluation before/after training, and a table of sample completions."""
+"""Lightning callbacks: held-out evaluation (before, every `eval_every` steps, after), and a table of rollout samples."""
 
 from __future__ import annotations
 
 import json
 import time
-from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 from lightning import Callback
 
-from rloo.data import left_pad
-from rloo.rollout import SamplingConfig, chunked, reward_scores, sample_completions
-
-Judge = Callable[[str, str, str], float]  # (prompt, completion_a, completion_b) -> 1 a wins, 0.5 tie, 0 b wins
-
-
-@torch.no_grad()
-def evaluate_policy(policy, reward_model, tokenizer, rows: list[dict], sampling: SamplingConfig, batch_size: int,
-                    judge: Judge | None = None, device: torch.device | str = "cpu") -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """Generate for each held-out row, score with the reward model, judge against the reference.
-
-    Returns per-row tensors (score, length, eos, verdict: nan without judge) and the judged samples.
-    """
-    ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
-    ids, mask = ids.to(device), mask.to(device)
-    completion_ids, completion_mask, ended = sample_completions(policy, ids, mask, sampling, tokenizer.eos_token_id,
-                                                                tokenizer.pad_token_id, batch_size)
-    input_ids, attention_mask = torch.cat([ids, completion_ids], 1), torch.cat([mask, completion_mask], 1)
-    scores = chunked(partial(reward_scores, reward_model), batch_size, input_ids, attention_mask)
-    completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    verdicts = [float("nan")] * len(rows)
-    if judge is not None:
-        verdicts = [judge(row["prompt"], text, row["reference"]) for row, text in zip(rows, completions)]
-    per_row = {"score": scores.float(), "length": completion_mask.sum(1).float(), "eos": ended.float(),
-               "verdict": torch.tensor(verdicts, device=scores.device)}
-    samples = [{"prompt": row["prompt"], "reference": row["reference"], "completion": text,
-                "score": float(score), "verdict": verdict}
-               for row, text, score, verdict in zip(rows, completions, scores.tolist(), verdicts)]
-    return per_row, samples
-
-
-def summarize_eval(per_row: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Means over rows; win rate counts a tie as half (only when a judge ran)."""
-    summary = {"eval/score": per_row["score"].mean().item(), "eval/mean_length": per_row["length"].mean().item(),
-               "eval/eos_frac": per_row["eos"].mean().item()}
-    verdicts = per_row["verdict"]
-    if not torch.isnan(verdicts).all():
-        summary["eval/win_rate"] = verdicts.mean().item()
-    return summary
-
+from rloo.heldout import evaluate_policy, summarize_eval
+from rloo.judges import Judge
+from rloo.rollout import SamplingConfig
 
 class HeldOutEval(Callback):
-    """Evaluates the policy on fixed held-out prompts at the start and end of training (greedy by default)."""
+    """Evaluates the policy on fixed held-out prompts (greedy by default): before training, every `every` steps,
+    and after training. Logs eval/* (win rate with its 95% interval, counts, score, length), a W&B table of the
+    judged samples, and appends those samples to `samples_path` (JSONL)."""
 
     def __init__(self, rows: list[dict], sampling: SamplingConfig, batch_size: int, judge: Judge | None,
-                 before: bool = True, after: bool = True, log=print):
+                 before: bool = True, after: bool = True, every: int = 0, samples_path: Path | None = None,
+                 table_rows: int = 64, log=print):
         self.rows, self.sampling, self.batch_size, self.judge = rows, sampling, batch_size, judge
-        self.before, self.after, self.log_fn = before, after, log
+        self.before, self.after, self.every, self.log_fn = before, after, every, log
+        self.samples_path, self.table_rows = samples_path, table_rows
         self.initial: dict[str, float] | None = None
         self.final: dict[str, float] | None = None
-        self.final_samples: list[dict] = []
+        self.history: list[dict] = []  # {"step", **summary} of every evaluation, in order
 
     def run(self, trainer, module) -> tuple[dict[str, float], list[dict]]:
         started = time.perf_counter()
         rank, world = trainer.global_rank, trainer.world_size
         shard = self.rows[rank::world]
+        if self.judge is not None:
+            self.judge.setup(module.device)
         with trainer.precision_plugin.forward_context():
-            per_row, samples = evaluate_policy(module.policy, module.reward_model, module.tokenizer, shard,
-                                               self.sampling, self.batch_size, self.judge, module.device)
-        if world > 1:  # shards differ by at most one row: pad with nan, gather, drop the nans
+            per_row, samples = evaluate_policy(module.policy, module.tokenizer, shard, self.sampling, self.batch_size,
+                                               self.judge, module.reward_model, module.device)
+        if world > 1:  # shards differ by at most one row: pad with nan, gather, keep the rows that exist
             size = -(-len(self.rows) // world)
             per_row = {k: torch.nn.functional.pad(v, (0, size - len(v)), value=float("nan")) for k, v in per_row.items()}
             gathered = {k: trainer.strategy.all_gather(v).flatten() for k, v in per_row.items()}
-            keep = ~torch.isnan(gathered["score"])
+            keep = ~torch.isnan(gathered["length"])
             per_row = {k: v[keep] for k, v in gathered.items()}
         summary = summarize_eval(per_row)
         summary["eval/seconds"] = time.perf_counter() - started
         return summary, samples
 
-    def _report(self, trainer, label: str, summary: dict[str, float]) -> None:
+    def evaluate(self, trainer, module, label: str) -> dict[str, float]:
+        summary, samples = self.run(trainer, module)
+        step = trainer.global_step
+        self.history.append({"step": step, **summary})
         for logger in trainer.loggers:
-            logger.log_metrics({k: v for k, v in summary.items() if k != "eval/seconds"}, step=trainer.global_step)
-        shown = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in summary.items() if k != "eval/seconds")
-        if trainer.is_global_zero:
-            self.log_fn(f"eval ({label}, {len(self.rows)} held-out prompts): {shown}")
+            logger.log_metrics(summary, step=step)
+        if not trainer.is_global_zero:
+            return summary
+        shown = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in summary.items() if k.split("/")[1] in SHOWN)
+        self.log_fn(f"eval ({label}, step {step}, {len(self.rows)} held-out prompts): {shown}")
+        rows = [{"step": step, **s} for s in samples]
+        if rows:
+            columns = list(rows[0])
+            for logger in trainer.loggers:
+                if hasattr(logger, "log_table"):
+                    logger.log_table("eval/samples", columns=columns, data=[[r[c] for c in columns] for r in rows[:self.table_rows]],
+                                     step=step)
+        if self.samples_path is not None:
+            with Path(self.samples_path).open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+        return summary
 
     def on_train_start(self, trainer, module) -> None:
         if self.before and self.initial is None:
-            self.initial, _ = self.run(trainer, module)
-            self._report(trainer, "initial policy", self.initial)
+            self.initial = self.evaluate(trainer, module, "initial policy")
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if self.every > 0 and step % self.every == 0 and step < trainer.max_steps:
+            self.evaluate(trainer, module, "during training")
 
     def on_train_end(self, trainer, module) -> None:
         if self.after:
-            self.final, self.final_samples = self.run(trainer, module)
-            self._report(trainer, "final policy", self.final)
-            for logger in trainer.loggers:
-                if hasattr(logger, "log_table") and self.final_samples:
-                    columns = list(self.final_samples[0])
-                    logger.log_table("eval/samples", columns=columns,
-                                     data=[[s[c] for c in columns] for s in self.final_samples[:64]])
+            self.final = self.evaluate(trainer, module, "final policy")
+
+
+SHOWN = ("win_rate", "win_rate_ci_low", "win_rate_ci_high", "invalid", "score", "mean_length")
 
 
 class SampleTable(Callback):

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-CHOICE_GROUPS = ("model", "data", "precision", "trainer", "logger")
+CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger")
 LOSSES = ("ppo_clip", "reinforce")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LR_SCHEDULES = ("linear", "constant", "cosine")
@@ -90,7 +90,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
                 "total_episodes", "num_ppo_epochs", "num_mini_batches", "log_every",
                 "eval.num_prompts", "eval.batch_size", "eval.max_new_tokens", "data.max_prompt_length"):
         _positive_int(cfg, key)
-    for key in ("sample_every", "checkpoint_every", "top_k"):
+    for key in ("sample_every", "checkpoint_every", "eval_every", "top_k"):
         value = OmegaConf.select(cfg, key)
         _require(isinstance(value, int) and value >= 0, key, "an integer >= 0", value)
     _number(cfg, "lr", 0.0, low_open=True)
@@ -123,6 +123,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     elif cfg.loss == "reinforce":
         raise ConfigError(f"loss='reinforce' is exactly on-policy: it needs num_ppo_epochs=1 and num_mini_batches=1, "
                           f"got {cfg.num_ppo_epochs} and {minis}; use loss=ppo_clip to reuse a rollout")
+    validate_judge_config(cfg)
     per_step = rollout * world_size
     _require(cfg.total_episodes >= per_step, "total_episodes",
              f"at least one rollout, rollout_batch_size * devices = {per_step}", cfg.total_episodes)
@@ -134,6 +135,32 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             raise ConfigError(f"data.{split}.path=None is not allowed: a hub id, a local file or a dataset dir")
         if path is not None and _looks_local(path) and not Path(path).exists():
             raise ConfigError(f"data.{split}.path={path!r} does not exist: give an existing file or dir, or a hub id")
+
+
+JUDGE_NEEDS = {"rloo.judges.oracle.OracleJudge": "data=toy (the oracle scores the embedded task only)"}
+
+
+def validate_judge_config(cfg: DictConfig) -> None:
+    """The `judge` group: a known judge whose settings construct (nothing loads), usable on this data."""
+    judge_cfg = cfg.get("judge")
+    if not judge_cfg or judge_cfg.get("_target_") is None:
+        return
+    target = judge_cfg._target_
+    if target in JUDGE_NEEDS and cfg.data.name != "toy":
+        raise ConfigError(f"judge={target.rsplit('.', 1)[1]} needs {JUDGE_NEEDS[target]}, got data={cfg.data.name}: "
+                          "use judge=reward_model, openai, hf or none")
+    if "path" in judge_cfg.keys() and OmegaConf.is_missing(judge_cfg, "path"):
+        raise ConfigError("judge.path is required for this judge: a save_pretrained dir or hub id")
+    from hydra.errors import InstantiationException
+
+    from rloo.judges import build_judge
+
+    try:
+        judge = build_judge(judge_cfg)
+    except InstantiationException as error:
+        raise ConfigError(f"judge: {str(error).splitlines()[-1].strip()}") from None
+    if hasattr(judge, "check"):
+        judge.check()
 
 
 def _looks_local(path: str) -> bool:

@@ -53,16 +53,6 @@ def quiet_lightning_logs() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: "litlogger" not in record.getMessage())
 
 
-def make_judge(name: str | None):
-    if name is None:
-        return None
-    if name == "oracle":
-        from rloo.toy.task import oracle_judge
-
-        return oracle_judge
-    raise ConfigError(f"data.judge={name!r} is not allowed: oracle or null")
-
-
 def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
     import lightning as L
@@ -73,6 +63,7 @@ def run(cfg: DictConfig) -> dict:
     from rloo.algorithms.rloo import RLOOConfig, RLOOModule
     from rloo.callbacks import HeldOutEval, SampleTable
     from rloo.data import PromptDataModule, SplitSpec
+    from rloo.judges import build_judge
     from rloo.models import load_policy, load_reward_model, load_tokenizer, reference_from
     from rloo.rollout import SamplingConfig
 
@@ -84,14 +75,14 @@ def run(cfg: DictConfig) -> dict:
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
-    judge = make_judge(cfg.data.judge)
     loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.logger else False
     trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
     checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
                                   every_n_train_steps=cfg.checkpoint_every or None, save_top_k=-1, save_last=True)
     eval_sampling = SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
                                    greedy=cfg.eval.greedy, stop_at_eos=cfg.stop_token == "eos")
-    eval_callback = HeldOutEval([], eval_sampling, cfg.eval.batch_size, judge, cfg.eval.before, cfg.eval.after, log)
+    eval_callback = HeldOutEval([], eval_sampling, cfg.eval.batch_size, None, cfg.eval.before, cfg.eval.after,
+                                cfg.eval_every, out / "eval_samples.jsonl", log=log)
     trainer = L.Trainer(**trainer_args, precision=cfg.precision.trainer, logger=loggers, default_root_dir=out,
                         callbacks=[checkpoints, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl")],
                         max_epochs=1, log_every_n_steps=cfg.log_every, num_sanity_val_steps=0)
@@ -109,6 +100,7 @@ def run(cfg: DictConfig) -> dict:
         cfg.data.num_workers, log)
     datamodule.setup("fit")  # data errors surface before any model loads
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
+    eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
 
     policy = load_policy(model_src["policy"], tokenizer)
     reference = reference_from(policy, model_src["reference"], model_src["frozen_dtype"])
@@ -124,6 +116,8 @@ def run(cfg: DictConfig) -> dict:
     summary = {
         "initial": eval_callback.initial,
         "final": eval_callback.final,
+        "eval_history": eval_callback.history,
+        "judge": cfg.judge._target_.rsplit(".", 1)[1] if cfg.get("judge") and cfg.judge.get("_target_") else None,
         "steps": trainer.global_step,
         "episodes": module.episodes,
         "wall_seconds": round(time.time() - started, 2),
@@ -143,10 +137,16 @@ def print_summary(summary: dict, log=print) -> None:
     log(f"\nrloo: {summary['steps']} steps, {summary['episodes']} episodes in {summary['wall_seconds']:.0f} s")
     log(f"  outputs: {summary['output_dir']}  (summary.json, policy/, checkpoints/, config.yaml, logs)")
     initial, final = summary["initial"] or {}, summary["final"] or {}
+    def shown(evaluation: dict, key: str) -> str:
+        if key not in evaluation:
+            return "-"
+        if key == "eval/win_rate":
+            return f"{evaluation[key]:.3f} [{evaluation['eval/win_rate_ci_low']:.3f}, {evaluation['eval/win_rate_ci_high']:.3f}]"
+        return f"{evaluation[key]:.3f}"
+
     for key in ("eval/win_rate", "eval/score", "eval/mean_length"):
         if key in final:
-            before = f"{initial[key]:.3f}" if key in initial else "-"
-            log(f"  {key:<17} {before} -> {final[key]:.3f}")
+            log(f"  {key:<17} {shown(initial, key)} -> {shown(final, key)}")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -20,7 +21,8 @@ def composed(*overrides):
 
 @pytest.mark.parametrize("model", group_options("model"))
 @pytest.mark.parametrize("precision", group_options("precision"))
-def test_every_model_and_precision_composes_and_validates(model, precision):
+def test_every_model_and_precision_composes_and_validates(model, precision, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # the real recipe judges with the OpenAI API
     cfg = composed(f"model={model}", f"precision={precision}")
     assert cfg.model.name == model and cfg.precision.name == precision
     validate_train_config(cfg)  # the shipped configs are valid as they are
@@ -82,9 +84,13 @@ def test_cfg_job_for_the_real_recipe_composes_without_downloading():
     ("model=gpt5", "model='gpt5'", "pythia1b, pythia6.9b, tiny"),
     ("precision=fp8", "precision='fp8'", "bf16, bf16-true, fp16, fp32"),
     ("data.train.path=/nonexistent/prompts.jsonl", "data.train.path='/nonexistent/prompts.jsonl'", "does not exist"),
+    ("judge=gpt5", "judge='gpt5'", "hf, none, openai, oracle, reward_model"),
+    ("eval_every=-1", "eval_every=-1", "integer >= 0"),
+    ("judge=hf", "judge.path", "required"),
+    ("judge=openai judge.base_url=http://127.0.0.1:9/v1 judge.max_retries=-1", "judge.max_retries=-1", "integer >= 0"),
 ])
 def test_bad_values_fail_fast_with_one_line_naming_the_key(override, key, allowed, tmp_path):
-    result = run_train(override, f"hydra.run.dir={tmp_path / 'run'}", "logger=none")
+    result = run_train(*override.split(), f"hydra.run.dir={tmp_path / 'run'}", "logger=none")
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
@@ -118,3 +124,34 @@ def test_every_sweep_composes_with_its_parameters(sweep):
         assert OmegaConf.select(job, key) is not None, f"{sweep}: swept key {key} is not a config key"
         for value in str(values).split(","):
             validate_train_config(OmegaConf.merge(job, OmegaConf.from_dotlist([f"{key}={value}"])))
+
+
+@pytest.mark.parametrize("judge", group_options("judge"))
+def test_every_judge_composes_and_builds_without_loading(judge, monkeypatch):
+    from rloo.judges import build_judge
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    overrides = [f"judge={judge}"] + (["judge.path=/some/judge"] if judge == "hf" else [])
+    cfg = composed(*overrides)
+    validate_train_config(cfg)
+    built = build_judge(cfg.judge, reward_model="/the/run/reward_model", tokenizer="/the/run/tokenizer")
+    assert (built is None) == (judge == "none")
+    if judge == "reward_model":  # null path: the run's own reward model
+        assert built.path == "/the/run/reward_model" and built.tokenizer_path == "/the/run/tokenizer"
+    if built is not None:
+        assert not any(isinstance(v, torch.nn.Module) for v in vars(built).values())  # nothing loaded
+
+
+def test_real_recipe_judges_with_openai_and_asks_for_the_key(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    cfg = composed("model=pythia1b")
+    assert cfg.judge._target_.endswith("OpenAIJudge") and cfg.judge.base_url == "https://api.openai.com/v1"
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        validate_train_config(cfg)
+    validate_train_config(composed("model=pythia1b", "judge.base_url=http://localhost:8000/v1"))  # a local server needs no key
+
+
+def test_oracle_judge_is_refused_off_the_embedded_task(monkeypatch):
+    with pytest.raises(ConfigError, match="judge=OracleJudge needs data=toy"):
+        validate_train_config(composed("model=pythia1b", "judge=oracle"))

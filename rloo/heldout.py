@@ -1,0 +1,73 @@
+"""Held-out evaluation shared by the training callback and `python -m rloo.evaluate`: complete fixed prompts
+(greedy by default), score them with the reward model, judge them pairwise against the references (or another
+policy's completions), and summarise as a win rate with a 95% interval."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import torch
+
+from rloo.data import left_pad
+from rloo.judges import Judge, win_rate_summary
+from rloo.rollout import SamplingConfig, chunked, reward_scores, sample_completions
+
+INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)
+
+
+@torch.no_grad()
+def complete(policy, tokenizer, rows: list[dict], sampling: SamplingConfig, batch_size: int,
+             device: torch.device | str = "cpu") -> dict:
+    """Completions of each row's prompt: texts, and the prompt/completion tensors in rollout layout."""
+    ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
+    ids, mask = ids.to(device), mask.to(device)
+    completion_ids, completion_mask, ended = sample_completions(policy, ids, mask, sampling, tokenizer.eos_token_id,
+                                                                tokenizer.pad_token_id, batch_size)
+    return {"texts": tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
+            "input_ids": torch.cat([ids, completion_ids], 1), "attention_mask": torch.cat([mask, completion_mask], 1),
+            "length": completion_mask.sum(1).float(), "eos": ended.float()}
+
+
+@torch.no_grad()
+def evaluate_policy(policy, tokenizer, rows: list[dict], sampling: SamplingConfig, batch_size: int,
+                    judge: Judge | None = None, reward_model=None, device: torch.device | str = "cpu",
+                    others: list[str] | None = None) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """Complete, score and judge `rows`; the candidate is judged against `others` (default: the references).
+
+    Returns per-row tensors (score: nan without a reward model; outcome: 1 / 0.5 / 0, -1 invalid, nan without a
+    judge; length; eos) and one record per row for the JSONL / W&B table.
+    """
+    done = complete(policy, tokenizer, rows, sampling, batch_size, device)
+    n = len(rows)
+    scores = torch.full((n,), float("nan"), device=done["length"].device)
+    if reward_model is not None:
+        scores = chunked(partial(reward_scores, reward_model), batch_size, done["input_ids"], done["attention_mask"])
+    prompts = [row["prompt"] for row in rows]
+    other_key = "reference" if others is None else "opponent"
+    others = [row["reference"] for row in rows] if others is None else others
+    verdicts = judge.judge(prompts, done["texts"], others) if judge is not None else [None] * n
+    outcome = [float("nan") if v is None else INVALID if v.outcome is None else v.outcome for v in verdicts]
+    per_row = {"score": scores.float(), "length": done["length"], "eos": done["eos"],
+               "outcome": torch.tensor(outcome, device=scores.device)}
+    samples = []
+    for i, (prompt, other, text, verdict) in enumerate(zip(prompts, others, done["texts"], verdicts)):
+        samples.append({"prompt": prompt, other_key: other, "completion": text,
+                        "verdict": None if verdict is None else verdict.label,
+                        "order": None if verdict is None else verdict.order,
+                        "judge_answer": None if verdict is None else (verdict.raw if verdict.error is None else verdict.error),
+                        "length": int(per_row["length"][i]), "score": float(scores[i])})
+    return per_row, samples
+
+
+def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[str, float]:
+    """Means over rows, and, where a judge ran, the win rate (ties half) with its 95% interval and the counts."""
+    summary = {f"{prefix}mean_length": per_row["length"].mean().item(), f"{prefix}eos_frac": per_row["eos"].mean().item()}
+    scores = per_row["score"]
+    if not torch.isnan(scores).all():
+        summary[f"{prefix}score"] = scores[~torch.isnan(scores)].mean().item()
+    outcome = per_row["outcome"]
+    if not torch.isnan(outcome).all():
+        judged = [None if o == INVALID else o for o in outcome[~torch.isnan(outcome)].tolist()]
+        summary.update({f"{prefix}{k}": v for k, v in win_rate_summary(judged).items() if not (isinstance(v, float) and math.isnan(v))})
+    return summary
