@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -161,6 +162,45 @@ def validate_judge_config(cfg: DictConfig) -> None:
         raise ConfigError(f"judge: {str(error).splitlines()[-1].strip()}") from None
     if hasattr(judge, "check"):
         judge.check()
+
+
+HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+def policy_location(spec: str, key: str) -> str:
+    """A run dir's policy/, a save_pretrained dir, or a hub id (org/name that is not a local path)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        for candidate in (path / "policy", path):
+            if (candidate / "config.json").exists():
+                return str(candidate)
+        raise ConfigError(f"{key}={spec!r} is a dir with neither a run's policy/ nor a save_pretrained model (config.json)")
+    if spec.startswith((".", "/", "~")) or not HUB_ID.match(spec):
+        raise ConfigError(f"{key}={spec!r} does not exist: give a run dir, a save_pretrained dir or a hub id")
+    return spec
+
+
+def validate_eval_config(cfg: DictConfig) -> None:
+    """Check every key `rloo.evaluate` reads; raises ConfigError with a one-line message."""
+    for key in ("eval.num_prompts", "eval.batch_size", "eval.max_new_tokens", "data.max_prompt_length"):
+        _positive_int(cfg, key)
+    top_k = OmegaConf.select(cfg, "top_k")
+    _require(isinstance(top_k, int) and top_k >= 0, "top_k", "an integer >= 0", top_k)
+    _number(cfg, "temperature", 0.0, low_open=True)
+    _number(cfg, "top_p", 0.0, 1.0, low_open=True)
+    _require(cfg.stop_token in ("eos", None), "stop_token", "eos or null", cfg.stop_token)
+    _require(cfg.model.frozen_dtype in FROZEN_DTYPES, "model.frozen_dtype", f"one of {', '.join(FROZEN_DTYPES)}", cfg.model.frozen_dtype)
+    for key in ("policy", "opponent"):
+        if cfg.get(key) is not None:
+            policy_location(str(cfg[key]), key)
+    if cfg.policy is None and cfg.model.policy is None and cfg.get("bootstrap") is None:
+        raise ConfigError("policy=None is not allowed here: a run dir, a save_pretrained dir or a hub id (or set model.policy)")
+    path = OmegaConf.select(cfg, "data.validation.path")
+    if path is None and cfg.get("bootstrap") is None:
+        raise ConfigError("data.validation.path=None is not allowed: a hub id, a local file or a dataset dir")
+    if path is not None and _looks_local(path) and not Path(path).exists():
+        raise ConfigError(f"data.validation.path={path!r} does not exist: give an existing file or dir, or a hub id")
+    validate_judge_config(cfg)
 
 
 def _looks_local(path: str) -> bool:

@@ -43,17 +43,18 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], sampling: SamplingConfi
     scores = torch.full((n,), float("nan"), device=done["length"].device)
     if reward_model is not None:
         scores = chunked(partial(reward_scores, reward_model), batch_size, done["input_ids"], done["attention_mask"])
-    prompts = [row["prompt"] for row in rows]
-    other_key = "reference" if others is None else "opponent"
-    others = [row["reference"] for row in rows] if others is None else others
+    prompts, references = [row["prompt"] for row in rows], [row["reference"] for row in rows]
+    head_to_head = others is not None
+    others = others if head_to_head else references
     verdicts = judge.judge(prompts, done["texts"], others) if judge is not None else [None] * n
     outcome = [float("nan") if v is None else INVALID if v.outcome is None else v.outcome for v in verdicts]
     per_row = {"score": scores.float(), "length": done["length"], "eos": done["eos"],
                "outcome": torch.tensor(outcome, device=scores.device)}
     samples = []
-    for i, (prompt, other, text, verdict) in enumerate(zip(prompts, others, done["texts"], verdicts)):
-        samples.append({"prompt": prompt, other_key: other, "completion": text,
-                        "verdict": None if verdict is None else verdict.label,
+    for i, (prompt, reference, other, text, verdict) in enumerate(zip(prompts, references, others, done["texts"], verdicts)):
+        samples.append({"prompt": prompt, "reference": reference, **({"opponent": other} if head_to_head else {}),
+                        "completion": text, "verdict": None if verdict is None else verdict.label,
+                        "outcome": None if verdict is None else verdict.outcome,
                         "order": None if verdict is None else verdict.order,
                         "judge_answer": None if verdict is None else (verdict.raw if verdict.error is None else verdict.error),
                         "length": int(per_row["length"][i]), "score": float(scores[i])})

@@ -50,6 +50,9 @@ def quiet_lightning_logs() -> None:
         logging.getLogger(name).propagate = True
     warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode.*")  # the three models stay in eval on purpose
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, one per model
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: "litlogger" not in record.getMessage())
 
 
@@ -117,7 +120,7 @@ def run(cfg: DictConfig) -> dict:
         "initial": eval_callback.initial,
         "final": eval_callback.final,
         "eval_history": eval_callback.history,
-        "judge": cfg.judge._target_.rsplit(".", 1)[1] if cfg.get("judge") and cfg.judge.get("_target_") else None,
+        "judge": None if eval_callback.judge is None else repr(eval_callback.judge),
         "steps": trainer.global_step,
         "episodes": module.episodes,
         "wall_seconds": round(time.time() - started, 2),

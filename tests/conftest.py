@@ -6,6 +6,8 @@ import pytest
 import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
+pytest_plugins = ["tests.chat_server"]  # the loopback chat-completions `server` fixture
+
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -55,3 +57,14 @@ def tiny_run_assets(tmp_path_factory, tokenizer):
         with open(root / f"{split}.jsonl", "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
     return root
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """One tiny `python -m rloo.train` run (tiny bootstrap into its own cache), shared by the subprocess tests."""
+    from tests.e2e import train
+
+    base = tmp_path_factory.mktemp("e2e")
+    result = train(base / "run", base / "cache", "num_ppo_epochs=2", "num_mini_batches=2", "eval_every=2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return base, result

@@ -2,43 +2,11 @@
 
 import csv
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-
-TINY_BOOTSTRAP = [
-    "bootstrap.task.n_train=128", "bootstrap.task.n_validation=32", "bootstrap.task.n_test=8",
-    "bootstrap.architecture.hidden_size=32", "bootstrap.architecture.intermediate_size=64",
-    "bootstrap.sft.epochs=1", "bootstrap.reward.num_pairs=128", "bootstrap.reward.num_heldout_pairs=32",
-    "bootstrap.reward.epochs=1",
-]
-TINY_RUN = ["k=2", "rollout_batch_size=8", "micro_batch_size=4", "generation_batch_size=8", "total_episodes=24",
-            "response_length=8", "eval.num_prompts=8", "sample_every=1", "checkpoint_every=1"]
-METRICS = ["objective/scores", "objective/kl", "objective/rlhf_reward", "objective/non_score_reward",
-           "objective/entropy", "policy/clipfrac_avg", "policy/approxkl_avg", "loss/policy_avg", "val/ratio",
-           "completions/mean_length", "completions/eos_frac", "frac_reward_zero_std", "time/rollout",
-           "time/update", "time/tokens_per_second", "lr", "episode", "epoch"]
-
-
-def train(run_dir: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *TINY_BOOTSTRAP, *TINY_RUN,
-                           *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    base = tmp_path_factory.mktemp("e2e")
-    result = train(base / "run", base / "cache", "num_ppo_epochs=2", "num_mini_batches=2")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return base, result
+from tests.e2e import METRICS, train
 
 
 def test_run_writes_summary_with_before_and_after_metrics(finished_run):
@@ -68,6 +36,24 @@ def test_run_dir_holds_config_logs_checkpoints_and_samples(finished_run):
     assert episodes == [8.0, 16.0, 24.0]
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and {"prompt", "completion", "score", "advantage"} <= set(samples[0])
+
+
+def test_eval_runs_every_eval_every_steps_with_interval_and_judged_samples(finished_run):
+    base, _ = finished_run
+    run = base / "run"
+    rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))
+    evals = [r for r in rows if r.get("eval/win_rate")]
+    assert [int(r["step"]) for r in evals] == [0, 2, 3]  # before, eval_every=2, after
+    for r in evals:
+        low, rate, high = (float(r[k]) for k in ("eval/win_rate_ci_low", "eval/win_rate", "eval/win_rate_ci_high"))
+        assert 0.0 <= low <= rate <= high <= 1.0
+        counts = [int(float(r[f"eval/{k}"])) for k in ("wins", "ties", "losses", "invalid")]
+        assert sum(counts) == 8 and rate == (counts[0] + 0.5 * counts[1]) / (8 - counts[3])
+    judged = [json.loads(line) for line in (run / "eval_samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in judged] == [0] * 8 + [2] * 8 + [3] * 8
+    assert {"prompt", "reference", "completion", "verdict", "order", "score"} <= set(judged[0])
+    summary = json.loads((run / "summary.json").read_text())
+    assert [h["step"] for h in summary["eval_history"]] == [0, 2, 3] and summary["judge"] == "OracleJudge()"
 
 
 def test_checkpoint_holds_only_the_policy(finished_run):

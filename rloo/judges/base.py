@@ -43,6 +43,12 @@ class Judge:
     def setup(self, device="cpu") -> None:
         pass
 
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in vars(self).items()
+                 if not k.startswith("_") and isinstance(v, (str, int, float, bool, tuple, type(None)))
+                 and not (isinstance(v, str) and len(v) > 80)}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
     def judge(self, prompts: list[str], candidates: list[str], others: list[str]) -> list[Verdict]:
         raise NotImplementedError
 

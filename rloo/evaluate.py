@@ -1,0 +1,135 @@
+"""python -m rloo.evaluate: judge a saved policy on held-out prompts; writes verdicts.jsonl and summary.json.
+
+    python -m rloo.evaluate                                   # the embedded task's SFT policy vs the references
+    python -m rloo.evaluate policy=outputs/<date>/<time>      # a training run's policy
+    python -m rloo.evaluate policy=A opponent=B               # head to head
+    python -m rloo.evaluate model=pythia1b policy=<dir> judge=openai   # the published TL;DR evaluation
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from rloo.config import (ConfigError, exit_on_config_error, policy_location, run_entry_point,  # noqa: E402
+                         validate_eval_config)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """Whole or not at all: written beside, then renamed."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    tmp.replace(path)
+
+
+def run(cfg: DictConfig) -> dict:
+    import lightning as L
+    import torch
+
+    from rloo.data import SplitSpec, load_split, tokenize_prompts
+    from rloo.heldout import complete, evaluate_policy, summarize_eval
+    from rloo.judges import build_judge
+    from rloo.models import load_policy, load_reward_model, load_tokenizer
+    from rloo.rollout import SamplingConfig
+    from rloo.train import quiet_lightning_logs, resolve_sources
+
+    started = time.time()
+    quiet_lightning_logs()
+    log = logging.getLogger("rloo").info
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if cfg.trainer.get("num_threads"):
+        torch.set_num_threads(cfg.trainer.num_threads)
+
+    model_src, data_src, _ = resolve_sources(cfg, log)
+    policy_src = policy_location(cfg.policy, "policy") if cfg.policy else model_src["policy"]
+    opponent_src = policy_location(cfg.opponent, "opponent") if cfg.opponent else None
+    own_tokenizer = Path(policy_src, "tokenizer_config.json").exists()
+    tokenizer = load_tokenizer(policy_src if own_tokenizer else model_src["tokenizer"], model_src["pad_token"],
+                               model_src["chat_template"])
+    spec = SplitSpec(**data_src["validation"])
+    rows, over = tokenize_prompts(load_split(spec), spec, tokenizer, cfg.data.max_prompt_length, cfg.data.truncate_prompts)
+    rows = rows[:cfg.eval.num_prompts]
+    log(f"data: {len(rows)} held-out prompts from {spec.path} ({over} over {cfg.data.max_prompt_length} tokens)")
+    if not rows:
+        raise ConfigError(f"data.validation: no prompts left from {spec.path} (max_prompt_length={cfg.data.max_prompt_length})")
+
+    fabric = L.Fabric(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.precision.trainer)
+    L.seed_everything(cfg.seed, verbose=False)
+    sampling = SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, greedy=cfg.eval.greedy,
+                              stop_at_eos=cfg.stop_token == "eos")
+    judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
+    if judge is not None:
+        judge.setup(fabric.device)
+    reward_model = None
+    if cfg.score and model_src["reward_model"]:
+        reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer).to(fabric.device)
+
+    others, opponent_measured = None, {}
+    with fabric.autocast():
+        if opponent_src is not None:
+            opponent = load_policy(opponent_src, tokenizer).to(fabric.device).eval()
+            done = complete(opponent, tokenizer, rows, sampling, cfg.eval.batch_size, fabric.device)
+            others = done["texts"]
+            opponent_measured = {"opponent_mean_length": done["length"].mean().item(),
+                                 "opponent_eos_frac": done["eos"].mean().item()}
+            del opponent
+        policy = load_policy(policy_src, tokenizer).to(fabric.device).eval()
+        per_row, samples = evaluate_policy(policy, tokenizer, rows, sampling, cfg.eval.batch_size, judge, reward_model,
+                                           fabric.device, others)
+    write_jsonl(out / "verdicts.jsonl", samples)
+
+    measured = {k.split("/", 1)[1]: v for k, v in summarize_eval(per_row).items()}
+    summary = {
+        "policy": policy_src,
+        "opponent": opponent_src or "reference",
+        "judge": None if judge is None else {"name": judge.name, "repr": repr(judge), "seed": getattr(judge, "seed", None)},
+        "num_prompts": len(rows),
+        "sampling": {"greedy": cfg.eval.greedy, "max_new_tokens": cfg.eval.max_new_tokens, "temperature": cfg.temperature},
+        **measured,
+        **opponent_measured,
+        "seconds": round(time.time() - started, 2),
+        "output_dir": str(out),
+    }
+    for counter in ("requests_sent", "cache_hits"):
+        if hasattr(judge, counter):
+            summary[f"judge_{counter}"] = getattr(judge, counter)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_summary(summary, log)
+    return summary
+
+
+def print_summary(summary: dict, log=print) -> None:
+    log(f"\nrloo.evaluate: {summary['policy']} vs {summary['opponent']} on {summary['num_prompts']} held-out prompts")
+    if "win_rate" in summary:
+        log(f"  win rate {summary['win_rate']:.3f}  95% CI [{summary['win_rate_ci_low']:.3f}, {summary['win_rate_ci_high']:.3f}]"
+            f"  (wins {summary['wins']}, ties {summary['ties']}, losses {summary['losses']}, invalid {summary['invalid']};"
+            f" judge {summary['judge']['name']})")
+    if "score" in summary:
+        log(f"  reward-model score {summary['score']:.3f}")
+    log(f"  mean length {summary['mean_length']:.2f} tokens, EOS {summary['eos_frac']:.3f}")
+    log(f"  outputs: {summary['output_dir']}  (verdicts.jsonl, summary.json)")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
+def hydra_main(cfg: DictConfig) -> float | None:
+    try:
+        validate_eval_config(cfg)
+        summary = run(cfg)
+    except ConfigError as error:
+        exit_on_config_error(error)
+    return summary.get("win_rate")
+
+
+if __name__ == "__main__":
+    run_entry_point(hydra_main)

@@ -1,0 +1,158 @@
+"""The win rate and its interval by hand, the A/B order draw, and the local judges against slow references."""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoTokenizer, GPTNeoXForCausalLM
+
+from rloo.heldout import INVALID, summarize_eval
+from rloo.judges import swap_orders, win_rate_summary
+from rloo.judges.hf import HFJudge
+from rloo.judges.oracle import OracleJudge
+from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, parse_preference, render_comparison
+from rloo.judges.reward_model import RewardModelJudge
+from rloo.models import load_reward_model, load_tokenizer
+from rloo.toy.task import oracle_judge
+from tests.conftest import tiny_config
+
+
+def test_win_rate_and_interval_by_hand():
+    # scores 1, 1, 0.5, 0 (one invalid left out): rate 2.5/4 = 0.625
+    # deviations .375 .375 -.125 -.625 -> squares sum 0.6875; sample var 0.6875/3 = 0.229167; stderr sqrt(0.229167/4) = 0.239357
+    # 1.959964 * 0.239357 = 0.469131 -> [0.155869, 1.094131 clipped to 1]
+    s = win_rate_summary([1.0, 1.0, 0.5, 0.0, None])
+    assert (s["wins"], s["ties"], s["losses"], s["invalid"], s["num_judged"]) == (2, 1, 1, 1, 4)
+    assert s["win_rate"] == 0.625
+    assert s["win_rate_ci_low"] == pytest.approx(0.155869, abs=1e-6) and s["win_rate_ci_high"] == 1.0
+
+
+def test_interval_narrows_with_n_and_is_exact_for_constant_scores():
+    # 60 wins, 40 losses: p = 0.6, sample sd = sqrt(100/99 * 0.24) = 0.492366, stderr 0.0492366, half-width 0.096502
+    s = win_rate_summary([1.0] * 60 + [0.0] * 40)
+    assert s["win_rate"] == 0.6
+    assert s["win_rate_ci_low"] == pytest.approx(0.6 - 0.096502, abs=1e-6)
+    assert s["win_rate_ci_high"] == pytest.approx(0.6 + 0.096502, abs=1e-6)
+    ties = win_rate_summary([0.5] * 10)
+    assert ties["win_rate"] == ties["win_rate_ci_low"] == ties["win_rate_ci_high"] == 0.5
+
+
+def test_invalid_is_never_a_win():
+    assert win_rate_summary([1.0, None, None])["win_rate"] == 1.0  # left out of the rate, and counted
+    nothing = win_rate_summary([None, None])
+    assert nothing["invalid"] == 2 and math.isnan(nothing["win_rate"])
+
+
+def test_summarize_eval_decodes_invalid_and_skips_unjudged():
+    per_row = {"score": torch.tensor([1.0, 2.0, 3.0]), "length": torch.tensor([2.0, 4.0, 6.0]),
+               "eos": torch.tensor([1.0, 0.0, 1.0]), "outcome": torch.tensor([1.0, INVALID, 0.0])}
+    s = summarize_eval(per_row)
+    assert s["eval/win_rate"] == 0.5 and s["eval/invalid"] == 1 and s["eval/score"] == 2.0
+    assert s["eval/mean_length"] == 4.0 and s["eval/eos_frac"] == pytest.approx(2 / 3)
+    per_row["outcome"] = torch.full((3,), float("nan"))
+    assert "eval/win_rate" not in summarize_eval(per_row)
+
+
+def test_swap_orders_is_seeded_per_pair_not_per_position():
+    prompts, a, b = [f"p{i}" for i in range(200)], [f"a{i}" for i in range(200)], [f"b{i}" for i in range(200)]
+    first = swap_orders(0, prompts, a, b)
+    assert first == swap_orders(0, prompts, a, b)
+    assert swap_orders(0, prompts[::-1], a[::-1], b[::-1]) == first[::-1]  # a pair keeps its order wherever it is
+    assert first != swap_orders(1, prompts, a, b)
+    assert 70 < sum(first) < 130  # about half shown swapped
+
+
+@pytest.mark.parametrize("answer, expected", [
+    ("Comparison: A keeps the key points.\nPreferred: A", "A"),
+    ("Comparison: B is shorter and complete.\nPreferred: B", "B"),
+    ("B", "B"), (" a ", "A"),
+    ("**Preferred:** B", "B"),
+    ("Comparison: both are fine.", None),
+    ("Preferred: A\nPreferred: B", None),
+    ("Preferred: A\nPreferred: A", None),
+    ("Preferred: C", None),
+    ("Preferred: A or B", None),
+    ("", None), (None, None),
+])
+def test_parse_preference_is_strict(answer, expected):
+    assert parse_preference(answer) == expected
+
+
+def test_oracle_judge_is_the_task_scorer():
+    prompt = "POST: cat boat rain\n\nTL;DR:"
+    pairs = [(" cat boat rain", " cat boat"), (" cat lol", " cat boat"), (" cat boat", " cat boat")]
+    verdicts = OracleJudge().judge([prompt] * 3, [c for c, _ in pairs], [o for _, o in pairs])
+    assert [v.outcome for v in verdicts] == [oracle_judge(prompt, c, o) for c, o in pairs] == [1.0, 0.0, 0.5]
+
+
+TEXTS = [("POST: cat boat rain\n\nTL;DR:", " cat boat rain", " rain"),
+         ("POST: house\n\nTL;DR:", " house house house house", " house"),
+         ("POST: a b c d e f g\n\nTL;DR:", " a", " a b c d e f g")]
+
+
+def test_reward_model_judge_matches_one_at_a_time_scoring(tiny_run_assets):
+    judge = RewardModelJudge(path=str(tiny_run_assets / "reward_model"), tokenizer=str(tiny_run_assets / "policy"),
+                             batch_size=2)
+    judge.setup()
+    prompts, candidates, others = map(list, zip(*TEXTS))
+    verdicts = judge.judge(prompts, candidates, others)
+    # slow reference: each text alone, no padding, score at the last (EOS) token
+    tokenizer = load_tokenizer(str(tiny_run_assets / "policy"))
+    model = load_reward_model(str(tiny_run_assets / "reward_model"), tokenizer=tokenizer)
+
+    def score(text):
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]])
+        hidden = model.base_model(input_ids=ids).last_hidden_state[0, -1]
+        return model.score(hidden).item()
+
+    for (p, c, o), verdict in zip(TEXTS, verdicts):
+        diff = score(p + c) - score(p + o)
+        assert float(verdict.raw) == pytest.approx(diff, abs=1e-3)
+        assert verdict.outcome == float(diff > 0)
+    tied = RewardModelJudge(path=str(tiny_run_assets / "reward_model"), tokenizer=str(tiny_run_assets / "policy"),
+                            tie_margin=1e9)
+    assert {v.outcome for v in tied.judge(prompts, candidates, others)} == {0.5}
+
+
+@pytest.fixture
+def hf_judge_model(tmp_path, tokenizer):
+    torch.manual_seed(3)
+    GPTNeoXForCausalLM(tiny_config(tokenizer, max_position_embeddings=512)).save_pretrained(tmp_path / "judge")
+    tokenizer.save_pretrained(tmp_path / "judge")
+    return tmp_path / "judge"
+
+
+def test_hf_judge_matches_a_slow_reference_and_undoes_the_swap(hf_judge_model):
+    judge = HFJudge(str(hf_judge_model), labels=("A", "B"), batch_size=2, seed=5)
+    prompts, candidates, others = map(list, zip(*TEXTS))
+    verdicts = judge.judge(prompts, candidates, others)
+    swapped = swap_orders(5, prompts, candidates, others)
+    assert [v.swapped for v in verdicts] == swapped
+    tokenizer = AutoTokenizer.from_pretrained(hf_judge_model)
+    model = GPTNeoXForCausalLM.from_pretrained(hf_judge_model).eval()
+    label_a, label_b = (tokenizer(x, add_special_tokens=False)["input_ids"][0] for x in ("A", "B"))
+    for (p, c, o), s, verdict in zip(TEXTS, swapped, verdicts):
+        text = render_comparison(TLDR_COMPARISON_NEXT_TOKEN, p, *((o, c) if s else (c, o)))
+        logits = model(torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])).logits[0, -1]
+        a_preferred = logits[label_a] > logits[label_b]
+        candidate_wins = bool(a_preferred) != s
+        assert verdict.outcome == float(candidate_wins)
+        p_a = torch.softmax(logits[[label_a, label_b]], -1)[0].item()
+        assert float(verdict.raw.split("=")[1]) == pytest.approx(p_a, abs=1e-3)
+
+
+def test_hf_judge_with_a_position_biased_model_follows_the_order(hf_judge_model):
+    judge = HFJudge(str(hf_judge_model), labels=("A", "B"), seed=0)
+    judge.setup()
+    label_a = judge.label_ids[0]
+    judge.model.get_output_embeddings().register_forward_hook(lambda m, i, out: out.index_add(
+        -1, torch.tensor([label_a]), torch.full(out.shape[:-1] + (1,), 100.0)))
+    n = 40
+    verdicts = judge.judge([f"POST: p{i}\n\nTL;DR:" for i in range(n)], [" x"] * n, [" y"] * n)
+    assert {v.swapped for v in verdicts} == {True, False}
+    assert all(v.outcome == (0.0 if v.swapped else 1.0) for v in verdicts)  # always "A": the candidate wins when shown first
+
+
+def test_hf_judge_refuses_labels_that_are_not_one_token(hf_judge_model):
+    with pytest.raises(ValueError, match="judge.labels"):
+        HFJudge(str(hf_judge_model), labels=("Summary A is better", "B")).setup()
