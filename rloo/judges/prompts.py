@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-TLDR_COMPARISON = """Here is a forum post and two candidate summaries of it. Decide which summary better captures \
+_POST_AND_SUMMARIES = """Here is a forum post and two candidate summaries of it. Decide which summary better captures \
 the most important points of the post while leaving out unimportant or irrelevant details. A good summary is both \
 precise and concise.
 
@@ -18,25 +18,15 @@ Summary A:
 Summary B:
 {summary_b}
 
-Answer in exactly two lines. On the first, compare the two summaries in one sentence, starting with \
-"Comparison:". On the second, write "Preferred:" followed by only the letter of the better summary, A or B.
+"""
+
+TLDR_COMPARISON = _POST_AND_SUMMARIES + """Answer in exactly two lines. On the first, compare the two summaries in one \
+sentence, starting with "Comparison:". On the second, write "Preferred:" followed by only the letter of the better \
+summary, A or B.
 Comparison:"""
 
 # for a local LM judged by its next-token probabilities of the two labels
-TLDR_COMPARISON_NEXT_TOKEN = """Here is a forum post and two candidate summaries of it. Decide which summary better \
-captures the most important points of the post while leaving out unimportant or irrelevant details. A good summary \
-is both precise and concise.
-
-Post:
-{post}
-
-Summary A:
-{summary_a}
-
-Summary B:
-{summary_b}
-
-The better summary is Summary"""
+TLDR_COMPARISON_NEXT_TOKEN = _POST_AND_SUMMARIES + "The better summary is Summary"
 
 _PREFERRED = re.compile(r"^\s*\**\s*preferred\s*\**\s*:\s*\**\s*([AB])\s*\**\s*\.?\s*$", re.IGNORECASE | re.MULTILINE)
 
