@@ -11,6 +11,7 @@ from lightning import Callback
 
 from rloo.heldout import evaluate_policy, summarize_eval
 from rloo.judges import Judge
+from rloo.objectives import masked_mean
 from rloo.rollout import SamplingConfig
 
 class HeldOutEval(Callback):
@@ -101,8 +102,11 @@ class SampleTable(Callback):
         n = min(self.num_rows, rollout.scores.shape[0])
         prompts = tokenizer.batch_decode(rollout.prompt_ids[:n], skip_special_tokens=True)
         completions = tokenizer.batch_decode(rollout.completion_ids[:n], skip_special_tokens=True)
+        advantages = rollout.advantages[:n]
+        if advantages.dim() == 2:  # PPO's per-token advantages: their mean over the completion
+            advantages = masked_mean(advantages, rollout.completion_mask[:n], dim=1)
         rows = [[step, p, c, float(s), float(a)] for p, c, s, a in
-                zip(prompts, completions, rollout.scores[:n].tolist(), rollout.advantages[:n].tolist())]
+                zip(prompts, completions, rollout.scores[:n].tolist(), advantages.tolist())]
         columns = ["step", "prompt", "completion", "score", "advantage"]
         for logger in trainer.loggers:
             if hasattr(logger, "log_table"):

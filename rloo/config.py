@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger")
+CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger", "algo")
 LOSSES = ("ppo_clip", "reinforce")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LR_SCHEDULES = ("linear", "constant", "cosine")
@@ -85,8 +85,21 @@ def updates_per_rollout(cfg: DictConfig) -> int:
 
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Check every key `rloo.train` reads; raises ConfigError with a one-line message."""
+    ppo = cfg.get("algorithm") == "ppo"
     k = OmegaConf.select(cfg, "k")
-    _require(isinstance(k, int) and not isinstance(k, bool) and k >= 2, "k", "an integer >= 2 (the leave-one-out baseline needs another completion)", k)
+    if ppo:
+        _require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "an integer >= 1 (completions per prompt)", k)
+        _require(cfg.loss == "ppo_clip", "loss", "ppo_clip with algo=ppo (its token-level clip; reinforce is RLOO's)", cfg.loss)
+        _number(cfg, "vf_coef", 0.0)
+        _number(cfg, "cliprange_value", 0.0, low_open=True)
+        _number(cfg, "gamma", 0.0, 1.0)
+        _number(cfg, "lam", 0.0, 1.0)
+        value_model = cfg.get("value_model")
+        if value_model is not None and _looks_local(str(value_model)) and not Path(str(value_model)).exists():
+            raise ConfigError(f"value_model={value_model!r} does not exist: a sequence classifier dir, a hub id, or null (the reward model)")
+    else:
+        _require(cfg.get("algorithm") == "rloo", "algorithm", "rloo or ppo (choose with algo=rloo|ppo)", cfg.get("algorithm"))
+        _require(isinstance(k, int) and not isinstance(k, bool) and k >= 2, "k", "an integer >= 2 (the leave-one-out baseline needs another completion)", k)
     for key in ("response_length", "rollout_batch_size", "micro_batch_size", "generation_batch_size",
                 "total_episodes", "num_ppo_epochs", "num_mini_batches", "log_every",
                 "eval.num_prompts", "eval.batch_size", "eval.max_new_tokens", "data.max_prompt_length"):
@@ -118,7 +131,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
              f"a divisor of the mini-batch rollout_batch_size/num_mini_batches={rollout // minis}", micro)
     _require(rollout % cfg.generation_batch_size == 0 or cfg.generation_batch_size >= rollout, "generation_batch_size",
              f"a divisor of rollout_batch_size={rollout}", cfg.generation_batch_size)
-    if updates_per_rollout(cfg) == 1:
+    if updates_per_rollout(cfg) == 1 and not ppo:
         # on-policy path: advantages come from the same forward as the loss, one micro-batch of whole groups at a time
         _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} when each rollout is used once", micro)
     elif cfg.loss == "reinforce":

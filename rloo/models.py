@@ -41,6 +41,16 @@ def load_reward_model(name_or_path: str, dtype: str = "float32", tokenizer=None)
     return freeze(reward_model)
 
 
+def load_value_model(name_or_path: str, tokenizer=None) -> PreTrainedModel:
+    """PPO's value model: a trainable fp32 sequence classifier (one label) initialised from a reward model."""
+    value_model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1, dtype=torch.float32)
+    if tokenizer is not None:
+        _fit_embeddings(value_model, tokenizer)
+        value_model.config.pad_token_id = tokenizer.pad_token_id
+    value_model.eval()  # no dropout; still trained
+    return value_model.requires_grad_(True)
+
+
 def reference_from(policy: PreTrainedModel, name_or_path: str | None, dtype: str = "float32") -> PreTrainedModel:
     """The frozen reference: a copy of the initial policy, or another checkpoint."""
     if name_or_path is None:

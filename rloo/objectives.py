@@ -247,3 +247,61 @@ def token_ppo_clip_loss(
             ratio_max=torch.where(real, ratio, -inf).max(),
         )
     return loss, stats
+
+
+# ---- PPO (the baseline RLOO is compared with): per-token rewards, GAE, clipped value loss ---------------------
+
+def per_token_rewards(scores: Tensor, kl: Tensor, mask: Tensor, kl_coef: float) -> Tensor:
+    """PPO's reward: -kl_coef * KL_t on every real token, plus the score on the last real token.
+
+    scores [N], kl [N, T], mask [N, T] (real tokens a prefix of each row) -> [N, T], 0 on padding.
+    """
+    mask = mask.bool()
+    rewards = torch.where(mask, -kl_coef * _upcast(kl), torch.zeros_like(_upcast(kl)))  # r_t = -beta KL_t
+    last = (mask.sum(1) - 1).clamp(min=0)                                              # [N] last real token
+    rows = torch.arange(rewards.shape[0], device=rewards.device)
+    has_tokens = mask.any(1)
+    rewards[rows, last] += torch.where(has_tokens, _upcast(scores), torch.zeros_like(_upcast(scores)))  # r_T += s
+    return rewards
+
+
+def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016) over each completion.
+
+    rewards / values / mask [N, T] -> (advantages [N, T], returns [N, T]), both 0 on padding.
+      delta_t = r_t + gamma * V_{t+1} - V_t           (V past the last real token is 0: the episode ends)
+      A_t     = delta_t + gamma * lam * A_{t+1}
+      G_t     = A_t + V_t                             (the value target)
+    """
+    mask = mask.to(torch.float32)
+    rewards, values = _upcast(rewards) * mask, _upcast(values) * mask
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros_like(rewards[:, 0])
+    next_advantage = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]        # TD error
+        advantages[:, t] = (delta + gamma * lam * next_advantage) * mask[:, t]
+        next_value, next_advantage = values[:, t], advantages[:, t]      # both 0 on padding
+    return advantages, (advantages + values) * mask
+
+
+def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
+                       clip_range_value: float) -> tuple[Tensor, Tensor]:
+    """PPO's clipped value loss: 0.5 * masked_mean(max((V - G)^2, (V_clip - G)^2)).
+
+    values / old_values / returns / mask [N, T] -> (scalar loss, fraction of tokens where the clipped term wins).
+    V_clip = V_old + clip(V - V_old, -eps_v, eps_v): the value may not move further than eps_v per rollout.
+    """
+    values, old_values, returns = _upcast(values), _upcast(old_values.detach()), _upcast(returns.detach())
+    clipped = old_values + torch.clamp(values - old_values, -clip_range_value, clip_range_value)
+    unclipped_error, clipped_error = (values - returns) ** 2, (clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(unclipped_error, clipped_error), mask)
+    clipfrac = masked_mean((clipped_error > unclipped_error).to(values.dtype), mask).detach()
+    return loss, clipfrac
+
+
+def explained_variance(predicted: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    """1 - Var(target - predicted) / Var(target) over real tokens: 1 is perfect, 0 no better than a constant."""
+    var_target = masked_var(target, mask, unbiased=False)
+    var_error = masked_var(_upcast(target) - _upcast(predicted), mask, unbiased=False)
+    return torch.where(var_target > 0, 1 - var_error / var_target.clamp(min=1e-12), torch.zeros_like(var_target))

@@ -8,6 +8,7 @@ Token layout: prompts are left-padded to P, completions right-padded to T, so ro
 from __future__ import annotations
 
 import contextlib
+import time
 from functools import partial
 from dataclasses import dataclass, fields
 
@@ -38,8 +39,10 @@ class Rollout:
     ref_logprobs: Tensor        # [N, T] log pi_ref(y_t | .) at temperature, 0 on padding
     scores: Tensor              # [N] reward-model score at the last real token (before any penalty)
     logprobs: Tensor | None = None     # [N, T] old log pi(y_t | .); only when the rollout is reused for >1 update
-    rewards: Tensor | None = None      # [N] R_i, filled by the algorithm
-    advantages: Tensor | None = None   # [N] A_i, filled by the algorithm
+    rewards: Tensor | None = None      # filled by the algorithm: RLOO [N] R_i; PPO [N, T] per-token r_t
+    advantages: Tensor | None = None   # filled by the algorithm: RLOO [N] A_i; PPO [N, T] GAE A_t
+    values: Tensor | None = None       # PPO: [N, T] V_t of the value model at rollout time
+    returns: Tensor | None = None      # PPO: [N, T] value targets G_t = A_t + V_t
 
     @property
     def input_ids(self) -> Tensor:  # [N, P+T]
@@ -154,6 +157,28 @@ def reward_scores(reward_model: PreTrainedModel, input_ids: Tensor, attention_ma
     return reward_model.score(hidden[torch.arange(hidden.shape[0]), last]).squeeze(-1).float()
 
 
+def token_values(value_model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int) -> Tensor:
+    """PPO's value of each completion token, `[N, T]`: the value head on the hidden state that predicts token t."""
+    hidden = value_model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                    position_ids=position_ids_for(attention_mask), use_cache=False).last_hidden_state
+    return value_model.score(hidden[:, -completion_len - 1:-1]).squeeze(-1).float()
+
+
+class PhaseTimer:
+    """Wall seconds per named phase, summed over calls: `with timer("generate"): ...`."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+
+
 def chunked(fn, batch_size: int, *tensors: Tensor) -> Tensor:
     """Apply `fn` to row chunks of `tensors` and concatenate along rows."""
     n = tensors[0].shape[0]
@@ -164,23 +189,31 @@ def chunked(fn, batch_size: int, *tensors: Tensor) -> Tensor:
 def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_model: PreTrainedModel,
                     prompt_ids: Tensor, prompt_mask: Tensor, k: int, sampling: SamplingConfig,
                     eos_token_id: int, pad_token_id: int, forward_batch_size: int,
-                    keep_old_logprobs: bool) -> Rollout:
+                    keep_old_logprobs: bool, timer: PhaseTimer | None = None) -> Rollout:
     """Repeat each prompt k times, sample, truncate, and compute reference log-probs and scores.
 
     The policy's own log-probs are computed here only when the rollout feeds more than one update
     (`keep_old_logprobs`); otherwise the update's forward pass provides them.
+    `timer`, if given, receives the seconds of the phases generate / ref_logprobs / old_logprobs / scores.
     """
+    timer = timer or PhaseTimer()
     prompt_ids = prompt_ids.repeat_interleave(k, dim=0)    # [B*k, P]
     prompt_mask = prompt_mask.repeat_interleave(k, dim=0)  # [B*k, P]
-    completion_ids, completion_mask, ended = sample_completions(policy, prompt_ids, prompt_mask, sampling, eos_token_id,
-                                                                pad_token_id, forward_batch_size)
+    with timer("generate"):
+        completion_ids, completion_mask, ended = sample_completions(policy, prompt_ids, prompt_mask, sampling,
+                                                                    eos_token_id, pad_token_id, forward_batch_size)
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention_mask = torch.cat([prompt_mask, completion_mask], 1)
     lp_args = (input_ids, attention_mask, completion_ids, completion_mask)
-    ref_logprobs = chunked(partial(completion_logprobs, reference, temperature=sampling.temperature), forward_batch_size, *lp_args)
+    with timer("ref_logprobs"):
+        ref_logprobs = chunked(partial(completion_logprobs, reference, temperature=sampling.temperature),
+                               forward_batch_size, *lp_args)
     logprobs = None
     if keep_old_logprobs:
-        logprobs = chunked(partial(completion_logprobs, policy, temperature=sampling.temperature), forward_batch_size, *lp_args)
-    scores = chunked(partial(reward_scores, reward_model), forward_batch_size, input_ids, attention_mask)
+        with timer("old_logprobs"):
+            logprobs = chunked(partial(completion_logprobs, policy, temperature=sampling.temperature),
+                               forward_batch_size, *lp_args)
+    with timer("scores"):
+        scores = chunked(partial(reward_scores, reward_model), forward_batch_size, input_ids, attention_mask)
     return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, ref_logprobs.float(), scores,
                    logprobs=None if logprobs is None else logprobs.float())

@@ -63,11 +63,10 @@ def run(cfg: DictConfig) -> dict:
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from rloo.algorithms.rloo import RLOOConfig, RLOOModule
     from rloo.callbacks import HeldOutEval, SampleTable
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
-    from rloo.models import load_policy, load_reward_model, load_tokenizer, reference_from
+    from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model, reference_from
     from rloo.rollout import SamplingConfig
 
     started = time.time()
@@ -108,9 +107,8 @@ def run(cfg: DictConfig) -> dict:
     policy = load_policy(model_src["policy"], tokenizer)
     reference = reference_from(policy, model_src["reference"], model_src["frozen_dtype"])
     reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer)
-    rloo_config = RLOOConfig(**{f.name: cfg[f.name] for f in fields(RLOOConfig) if f.name != "total_steps"},
-                             total_steps=num_rollouts)
-    module = RLOOModule(policy, reference, reward_model, tokenizer, rloo_config)
+    module = build_module(cfg, policy, reference, reward_model, tokenizer, num_rollouts,
+                          value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer))
     for logger in loggers or []:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
@@ -134,6 +132,23 @@ def run(cfg: DictConfig) -> dict:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         print_summary(summary, log)
     return summary
+
+
+def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, num_rollouts: int, value_model):
+    """The LightningModule of `cfg.algorithm`, its settings read from the config (`value_model`: a loader, PPO only)."""
+    if cfg.algorithm == "ppo":
+        from rloo.algorithms.ppo import PPOConfig, PPOModule
+
+        return PPOModule(policy, reference, reward_model, value_model(), tokenizer,
+                         algorithm_config(PPOConfig, cfg, num_rollouts))
+    from rloo.algorithms.rloo import RLOOConfig, RLOOModule
+
+    return RLOOModule(policy, reference, reward_model, tokenizer, algorithm_config(RLOOConfig, cfg, num_rollouts))
+
+
+def algorithm_config(config_class, cfg: DictConfig, num_rollouts: int):
+    return config_class(**{f.name: cfg[f.name] for f in fields(config_class) if f.name != "total_steps"},
+                        total_steps=num_rollouts)
 
 
 def print_summary(summary: dict, log=print) -> None:

@@ -86,6 +86,10 @@ def test_cfg_job_for_the_real_recipe_composes_without_downloading():
     ("data.train.path=/nonexistent/prompts.jsonl", "data.train.path='/nonexistent/prompts.jsonl'", "does not exist"),
     ("judge=gpt5", "judge='gpt5'", "hf, none, openai, oracle, reward_model"),
     ("eval_every=-1", "eval_every=-1", "integer >= 0"),
+    ("algo=a2c", "algo='a2c'", "ppo, rloo"),
+    ("algo=ppo loss=reinforce", "loss='reinforce'", "ppo_clip with algo=ppo"),
+    ("algo=ppo lam=1.5", "lam=1.5", "number in"),
+    ("algo=ppo value_model=/nonexistent/vm", "value_model='/nonexistent/vm'", "does not exist"),
     ("judge=hf", "judge.path", "required"),
     ("judge=openai judge.base_url=http://127.0.0.1:9/v1 judge.max_retries=-1", "judge.max_retries=-1", "integer >= 0"),
 ])
@@ -96,6 +100,17 @@ def test_bad_values_fail_fast_with_one_line_naming_the_key(override, key, allowe
     assert len(lines) == 1, result.stderr
     assert key in lines[0] and allowed in lines[0]
     assert not (tmp_path / "run" / "policy").exists()  # nothing trained, nothing loaded
+
+
+@pytest.mark.parametrize("model", group_options("model"))
+def test_algo_ppo_takes_its_own_defaults_over_a_recipe(model, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    cfg = composed(f"model={model}", "algo=ppo")
+    assert cfg.algorithm == "ppo" and cfg.k == 1 and cfg.num_ppo_epochs == 4 and cfg.num_mini_batches == 1
+    assert (cfg.vf_coef, cfg.cliprange_value, cfg.gamma, cfg.lam) == (0.1, 0.2, 1.0, 0.95)
+    assert cfg.normalize_advantages is True and cfg.value_model is None
+    validate_train_config(cfg)
+    assert composed(f"model={model}").algorithm == "rloo"
 
 
 def test_reinforce_refuses_reused_rollouts():
