@@ -112,7 +112,9 @@ def run(cfg: DictConfig) -> dict:
     for logger in loggers or []:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
+    fit_started = time.time()
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    fit_seconds = time.time() - fit_started
 
     summary = {
         "initial": eval_callback.initial,
@@ -121,7 +123,9 @@ def run(cfg: DictConfig) -> dict:
         "judge": None if eval_callback.judge is None else repr(eval_callback.judge),
         "steps": trainer.global_step,
         "episodes": module.episodes,
+        "algorithm": cfg.algorithm,
         "wall_seconds": round(time.time() - started, 2),
+        "fit_seconds": round(fit_seconds, 2),  # trainer.fit alone: training steps and the evaluations inside it
         "output_dir": str(out),
         "policy_dir": str(out / "policy"),
         "bootstrap": bootstrap_report,

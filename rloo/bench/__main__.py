@@ -1,0 +1,227 @@
+"""python -m rloo.bench: RLOO vs PPO (and vs TRL's trainers when installed), side by side, one process each.
+
+    python -m rloo.bench                                   # presets tiny, small, pythia-160m on CPU
+    python -m rloo.bench --presets small --steps 3         # one preset, fewer steps
+    python -m rloo.bench --presets pythia-1b --device cuda --precision bf16-true
+
+Writes <out>/results.json and <out>/results.md (default out: outputs/bench/<date>/<time>) and prints the table.
+Every configuration runs in a fresh interpreter, so one's memory never counts against another's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from rloo.bench.presets import PRESETS, get_preset
+
+DEFAULT_PRESETS = ("tiny", "small", "pythia-160m")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line naming it (no usage block)."""
+
+    def error(self, message: str):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = OneLineParser(prog="python -m rloo.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("mode", nargs="?", default="speed", choices=("speed",), help="what to measure")
+    parser.add_argument("--presets", default=",".join(DEFAULT_PRESETS),
+                        help=f"comma-separated, from: {', '.join(PRESETS)}")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration, after the warm-up")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--ppo-epochs", default="4", help="comma-separated PPO epochs to run (TRL's default: 4)")
+    parser.add_argument("--precision", default="32-true", help="Lightning precision of our runs (TRL runs fp32 on CPU)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads in every configuration")
+    parser.add_argument("--peers", choices=("auto", "none"), default="auto",
+                        help="auto: also run TRL's trainers where an interpreter with TRL is found")
+    parser.add_argument("--trl-python", default=os.environ.get("RLOO_BENCH_TRL_PYTHON"),
+                        help="interpreter with TRL (>= 1.16) for RLOOTrainer (default: this one, if it has TRL)")
+    parser.add_argument("--trl-ppo-python", default=os.environ.get("RLOO_BENCH_TRL_PPO_PYTHON"),
+                        help="interpreter with a TRL that still has PPOTrainer (1.12) (default: this one, if it has it)")
+    parser.add_argument("--out", default=None, help="output dir (default: outputs/bench/<date>/<time>)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per configuration")
+    args = parser.parse_args(argv)
+    for name in args.presets.split(","):
+        if name not in PRESETS:
+            parser.error(f"--presets: {name!r} is not a preset; choose from {', '.join(PRESETS)}")
+        if get_preset(name).needs_gpu and args.device != "cuda":
+            parser.error(f"--presets: {name!r} is sized for a GPU; add --device cuda or choose a CPU preset")
+    try:
+        args.ppo_epochs = [int(e) for e in args.ppo_epochs.split(",")]
+    except ValueError:
+        parser.error(f"--ppo-epochs: {args.ppo_epochs!r} is not a comma-separated list of integers")
+    return args
+
+
+def configurations(args) -> list[dict]:
+    """Every (preset, implementation, algorithm) to run, with the command that runs it."""
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    peers = {}
+    if args.peers == "auto" and args.device == "cpu":
+        from rloo.bench.peers import trl_version
+
+        for algorithm, python in (("rloo", args.trl_python or sys.executable), ("ppo", args.trl_ppo_python or sys.executable)):
+            version = trl_version(python)
+            if version is not None:
+                peers[algorithm] = (python, version)
+    runs = []
+    for preset in args.presets.split(","):
+        ours = [sys.executable, "-m", "rloo.bench.worker", "--preset", preset, *common,
+                "--precision", args.precision, "--device", args.device]
+        runs.append(dict(preset=preset, implementation="rloo", algorithm="rloo", command=[*ours, "--algorithm", "rloo"]))
+        for epochs in args.ppo_epochs:
+            runs.append(dict(preset=preset, implementation="rloo", algorithm="ppo", ppo_epochs=epochs,
+                             command=[*ours, "--algorithm", "ppo", "--ppo-epochs", str(epochs)]))
+        theirs = ["-m", "rloo.bench.peers", "--preset", preset, *common]
+        if "rloo" in peers:
+            python, version = peers["rloo"]
+            runs.append(dict(preset=preset, implementation=f"trl-{version}", algorithm="rloo",
+                             command=[python, *theirs, "--algorithm", "rloo"]))
+        if "ppo" in peers:
+            python, version = peers["ppo"]
+            for epochs in args.ppo_epochs:
+                runs.append(dict(preset=preset, implementation=f"trl-{version}", algorithm="ppo", ppo_epochs=epochs,
+                                 command=[python, *theirs, "--algorithm", "ppo", "--ppo-epochs", str(epochs)]))
+    return runs
+
+
+def run_one(run: dict, out_dir: Path, timeout: int) -> dict:
+    name = f"{run['preset']}-{run['implementation']}-{run['algorithm']}" + (f"-{run['ppo_epochs']}ep" if "ppo_epochs" in run else "")
+    result_path = out_dir / "runs" / f"{name}.json"
+    result_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
+           "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    print(f"bench: {name} ...", flush=True)
+    started = time.time()
+    try:
+        proc = subprocess.run([*run["command"], "--out", str(result_path)], env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**_identity(run), "name": name, "error": f"timed out after {timeout} s"}
+    (out_dir / "runs" / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not result_path.exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {**_identity(run), "name": name, "error": f"exit {proc.returncode}: {tail[0]}"}
+    result = json.loads(result_path.read_text())
+    print(f"bench: {name}: {result['step_seconds_median']:.3f} s/step, peak RSS {result['peak_rss_mb']:.0f} MB "
+          f"({time.time() - started:.0f} s)", flush=True)
+    return {**result, **_identity(run), "name": name}
+
+
+def _identity(run: dict) -> dict:
+    return {k: run[k] for k in ("preset", "implementation", "algorithm", "ppo_epochs") if k in run}
+
+
+def memory_mb(result: dict) -> float | None:
+    """The memory compared in the ratios: GPU peak allocated on GPU; on CPU the peak RSS above the post-import
+    baseline (what the training itself costs, as max_memory_allocated leaves out the CUDA context)."""
+    if result.get("peak_gpu_mb") is not None:
+        return result["peak_gpu_mb"]
+    return result.get("peak_rss_above_baseline_mb")
+
+
+def ratios(results: list[dict]) -> list[dict]:
+    """Per preset: our RLOO over our PPO (each epoch count) and over TRL's RLOO, time and memory."""
+    rows = []
+    ok = [r for r in results if "error" not in r]
+    for preset in dict.fromkeys(r["preset"] for r in ok):
+        ours = next((r for r in ok if r["preset"] == preset and r["implementation"] == "rloo" and r["algorithm"] == "rloo"), None)
+        if ours is None:
+            continue
+        for other in ok:
+            if other["preset"] != preset or other is ours:
+                continue
+            if other["implementation"] != "rloo" and other["algorithm"] != "rloo":
+                continue  # our RLOO vs the peer's RLOO; vs PPO only our own (same rollout code)
+            rows.append({
+                "preset": preset, "rloo": "rloo RLOO", "vs": label(other),
+                "time_ratio": ours["step_seconds_median"] / other["step_seconds_median"],
+                "memory_ratio": _ratio(memory_mb(ours), memory_mb(other)),
+                "peak_rss_ratio": _ratio(ours.get("peak_rss_mb"), other.get("peak_rss_mb")),
+                "model_state_ratio": _ratio(ours["model_state_mb"]["total"], other["model_state_mb"]["total"]),
+            })
+    return rows
+
+
+def _ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def label(result: dict) -> str:
+    name = f"{result['implementation']} {result['algorithm'].upper()}"
+    return name + (f" ({result['ppo_epochs']} ep)" if result["algorithm"] == "ppo" else "")
+
+
+def machine() -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def _fmt(value, digits=3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, {m['gpu'] or 'no GPU'}; torch {m['torch']}, "
+             f"{report['args']['threads']} threads, precision {report['args']['precision']}; "
+             f"median of {report['args']['steps']} steps after {report['args']['warmup']} warm-up; {report['date']}.", "",
+             "| preset | trainer | s/step | rollout s | update s | tokens/s | peak RSS MB | above baseline MB | model state MB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        if "error" in r:
+            lines.append(f"| {r['preset']} | {label(r)} | failed: {r['error']} | | | | | | |")
+            continue
+        lines.append(f"| {r['preset']} | {label(r)} | {_fmt(r['step_seconds_median'])} | {_fmt(r.get('rollout_seconds_median'))} "
+                     f"| {_fmt(r.get('update_seconds_median'))} | {_fmt(r['tokens_per_second'], 0)} | {_fmt(r['peak_rss_mb'], 0)} "
+                     f"| {_fmt(r['peak_rss_above_baseline_mb'], 0)} | {_fmt(r['model_state_mb']['total'], 0)} |")
+    lines += ["", "| preset | rloo RLOO vs | time ratio | memory ratio | peak RSS ratio | model state ratio |", "|---|---|---|---|---|---|"]
+    for row in report["ratios"]:
+        lines.append(f"| {row['preset']} | {row['vs']} | {_fmt(row['time_ratio'], 2)} | {_fmt(row['memory_ratio'], 2)} "
+                     f"| {_fmt(row['peak_rss_ratio'], 2)} | {_fmt(row['model_state_ratio'], 2)} |")
+    lines += ["", "Memory ratio: GPU peak allocated on GPU; on CPU the peak RSS above the process's RSS after imports."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    now = datetime.now()
+    out_dir = Path(args.out or Path("outputs") / "bench" / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = [run_one(run, out_dir, args.timeout) for run in configurations(args)]
+    report = {"date": now.isoformat(timespec="seconds"), "machine": machine(),
+              "args": {k: v for k, v in vars(args).items() if k not in ("trl_python", "trl_ppo_python")},
+              "results": results, "ratios": ratios(results)}
+    (out_dir / "results.json").write_text(json.dumps(report, indent=2))
+    table = markdown(report)
+    (out_dir / "results.md").write_text(table)
+    print("\n" + table + f"\nbench: wrote {out_dir / 'results.json'} and {out_dir / 'results.md'}")
+    if any("error" in r for r in results):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

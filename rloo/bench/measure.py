@@ -1,0 +1,55 @@
+"""What the benchmark measures, shared by our worker and the peer workers: memory, medians, model-state bytes."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+
+import torch
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, MiB (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def current_rss_mb() -> float:
+    """Resident memory now, MiB (from /proc; falls back to the peak elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * resource.getpagesize() / (1024 * 1024)
+    except OSError:
+        return peak_rss_mb()
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def model_state_mb(models: list[torch.nn.Module], optimizer: torch.optim.Optimizer | None) -> dict[str, float]:
+    """MiB held by parameters (every model, frozen ones too), by gradients and by optimiser state.
+
+    Gradients are counted as one per trainable parameter, as at the optimiser step (they are freed after it).
+    """
+    seen, params = set(), []
+    for model in models:
+        for p in model.parameters():
+            if id(p) not in seen:  # tied or shared tensors count once
+                seen.add(id(p))
+                params.append(p)
+    state = []
+    if optimizer is not None:
+        for per_param in optimizer.state.values():
+            state += [v for v in per_param.values() if torch.is_tensor(v)]
+    mib = 1024 * 1024
+    out = {"parameters": tensor_bytes(params) / mib, "gradients": tensor_bytes(p for p in params if p.requires_grad) / mib,
+           "optimizer": tensor_bytes(state) / mib}
+    out["total"] = sum(out.values())
+    return out

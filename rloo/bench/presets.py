@@ -1,0 +1,97 @@
+"""Benchmark presets: a GPT-NeoX (Pythia) architecture with random weights plus the batch it is timed at.
+
+Random weights are enough for cost: step time and memory depend on shapes, not on what the weights know.
+Random policies almost never sample EOS, so completions run to `response_length` on every side alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification, PreTrainedTokenizerFast
+
+PAD_TOKEN, EOS_TOKEN = "[PAD]", "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    about: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    vocab_size: int
+    prompts_per_step: int        # prompts per rollout (PPO: prompts_per_step * k prompts, one completion each)
+    k: int                       # completions per prompt for RLOO
+    prompt_length: int           # tokens per prompt (all prompts the same length: no padding to blur the cost)
+    response_length: int         # new tokens per completion
+    kl_coef: float = 0.05
+    needs_gpu: bool = False
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.k
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"completions_per_step": self.completions_per_step}
+
+
+PRESETS = {p.name: p for p in (
+    Preset("tiny", "the embedded task's architecture at its default batch", 128, 4, 4, 512, 512,
+           prompts_per_step=16, k=4, prompt_length=24, response_length=16),
+    Preset("small", "the peer-figure settings of ANCHORS section 8 (hidden 256, 4 layers)", 256, 4, 4, 1024, 512,
+           prompts_per_step=16, k=4, prompt_length=8, response_length=32),
+    Preset("pythia-160m", "Pythia-160m architecture, a CPU-sized batch", 768, 12, 12, 3072, 50304,
+           prompts_per_step=4, k=4, prompt_length=32, response_length=16),
+    Preset("pythia-1b", "Pythia-1b architecture, GPU", 2048, 16, 8, 8192, 50304,
+           prompts_per_step=16, k=4, prompt_length=128, response_length=53, needs_gpu=True),
+    Preset("pythia-6.9b", "Pythia-6.9b architecture, GPU", 4096, 32, 32, 16384, 50304,
+           prompts_per_step=8, k=4, prompt_length=128, response_length=53, needs_gpu=True),
+)}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"preset {name!r} is not known: choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer of exactly `vocab_size` ids: [PAD]=0, EOS=1, then "w2" ... "w{V-1}".
+
+    Text round-trips exactly ("w5 w17" <-> [5, 17]), so trainers that decode and re-tokenise see the same ids.
+    """
+    vocab = {PAD_TOKEN: 0, EOS_TOKEN: 1} | {f"w{i}": i for i in range(2, vocab_size)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=PAD_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN,
+                                   bos_token=EOS_TOKEN, padding_side="left", model_max_length=4096)
+
+
+def neox_config(preset: Preset, **overrides) -> GPTNeoXConfig:
+    """Pythia's architecture: rotary on 25% of head dims, parallel residual, untied embeddings, no dropout."""
+    values = dict(vocab_size=preset.vocab_size, hidden_size=preset.hidden_size, num_hidden_layers=preset.num_layers,
+                  num_attention_heads=preset.num_heads, intermediate_size=preset.intermediate_size,
+                  max_position_embeddings=2048, rotary_pct=0.25, use_parallel_residual=True,
+                  tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0,
+                  pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    return GPTNeoXConfig(**(values | overrides))
+
+
+def build_models(preset: Preset, seed: int = 0) -> tuple[GPTNeoXForCausalLM, GPTNeoXForSequenceClassification]:
+    """A random-weight policy and reward model (fp32) of the preset's architecture."""
+    torch.manual_seed(seed)
+    policy = GPTNeoXForCausalLM(neox_config(preset))
+    torch.manual_seed(seed + 1)
+    reward_model = GPTNeoXForSequenceClassification(neox_config(preset, num_labels=1))
+    return policy, reward_model
+
+
+def random_prompts(preset: Preset, num_prompts: int, seed: int = 0) -> torch.Tensor:
+    """[num_prompts, prompt_length] ids drawn from the ordinary tokens (never PAD or EOS)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(2, preset.vocab_size, (num_prompts, preset.prompt_length), generator=generator)

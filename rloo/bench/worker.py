@@ -1,0 +1,164 @@
+"""One benchmark configuration of `rloo` in its own process: W warm-up + N timed training steps, then JSON.
+
+    python -m rloo.bench.worker --algorithm rloo --preset small --steps 5 --warmup 2 --out result.json
+
+The step is the real one: RLOOModule / PPOModule inside a Lightning Trainer, on the preset's random-weight models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import time
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+
+import rloo.algorithms.ppo  # noqa: E402,F401  (imported before the baseline is read: imports are not the step's memory)
+import rloo.algorithms.rloo  # noqa: E402,F401
+from rloo.bench.measure import current_rss_mb, median, model_state_mb, peak_rss_mb  # noqa: E402
+from rloo.bench.presets import build_models, build_tokenizer, get_preset, random_prompts  # noqa: E402
+
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m rloo.bench.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--algorithm", choices=("rloo", "ppo"), required=True)
+    parser.add_argument("--preset", required=True)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps after the warm-up")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--ppo-epochs", type=int, default=4, help="PPO passes over each rollout")
+    parser.add_argument("--precision", choices=PRECISIONS, default="32-true")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="where the JSON result goes")
+    return parser.parse_args(argv)
+
+
+class StepClock:
+    """Wall time of every Lightning step (one rollout + its updates) and the module's phase split."""
+
+    def __init__(self):
+        self.steps: list[dict[str, float]] = []
+        self._started = 0.0
+
+    def callback(self):
+        from lightning import Callback
+
+        clock = self
+
+        class _Clock(Callback):
+            def on_train_batch_start(self, trainer, module, batch, batch_idx):
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                clock._started = time.perf_counter()
+
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                tokens = float(module.last_rollout.completion_mask.sum())
+                clock.steps.append(dict(module.last_timings, wall=time.perf_counter() - clock._started, tokens=tokens))
+
+        return _Clock()
+
+
+def build_module(args, preset, tokenizer, policy, reward_model):
+    from rloo.models import freeze
+
+    reference = freeze(copy.deepcopy(policy))
+    freeze(reward_model)
+    completions = preset.completions_per_step
+    shared = dict(kl_coef=preset.kl_coef, response_length=preset.response_length, temperature=0.7,
+                  rollout_batch_size=completions, micro_batch_size=completions, generation_batch_size=completions,
+                  lr=1e-6, warmup_ratio=0.0, lr_schedule="constant", total_steps=args.steps + args.warmup)
+    if args.algorithm == "rloo":
+        from rloo.algorithms.rloo import RLOOConfig, RLOOModule
+
+        return RLOOModule(policy, reference, reward_model, tokenizer, RLOOConfig(k=preset.k, **shared)), preset.k
+    from rloo.algorithms.ppo import PPOConfig, PPOModule
+
+    value_model = copy.deepcopy(reward_model).requires_grad_(True)  # initialised from the reward model
+    return PPOModule(policy, reference, reward_model, value_model, tokenizer,
+                     PPOConfig(k=1, num_ppo_epochs=args.ppo_epochs, **shared)), 1
+
+
+def run(args) -> dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    baseline_rss = current_rss_mb()  # after the imports, before any model: the framework's own cost, not the step's
+    preset = get_preset(args.preset)
+    tokenizer = build_tokenizer(preset.vocab_size)
+    policy, reward_model = build_models(preset, args.seed)
+    module, k = build_module(args, preset, tokenizer, policy, reward_model)
+    prompts_per_step = preset.completions_per_step // k
+    num_steps = args.steps + args.warmup
+    prompts = random_prompts(preset, prompts_per_step * num_steps, args.seed)
+    batches = [{"prompt_ids": chunk, "prompt_mask": torch.ones_like(chunk)} for chunk in prompts.split(prompts_per_step)]
+    clock = StepClock()
+    trainer = L.Trainer(accelerator="gpu" if args.device == "cuda" else "cpu", devices=1, precision=args.precision,
+                        max_steps=num_steps, max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[clock.callback()],
+                        num_sanity_val_steps=0)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+
+    timed = clock.steps[args.warmup:]
+    phases = sorted({key for step in timed for key in step} - {"wall", "tokens", "step"})
+    models = [m for m in (module.policy, module.reference, module.reward_model, getattr(module, "value_model", None)) if m is not None]
+    peak_rss = peak_rss_mb()
+    step_median = median([s["wall"] for s in timed])
+    result = {
+        "implementation": "rloo",
+        "algorithm": args.algorithm,
+        "preset": preset.name,
+        "settings": preset.as_dict() | {"num_ppo_epochs": args.ppo_epochs if args.algorithm == "ppo" else 1,
+                                        "num_mini_batches": 1, "completions_per_prompt": k,
+                                        "prompts_per_step": prompts_per_step, "precision": args.precision},
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "steps": len(timed),
+        "warmup": args.warmup,
+        "step_seconds": [s["wall"] for s in timed],
+        "step_seconds_median": step_median,
+        "rollout_seconds_median": median([s["rollout"] for s in timed]),
+        "update_seconds_median": median([s["update"] for s in timed]),
+        "phase_seconds_median": {phase: median([s.get(phase, 0.0) for s in timed]) for phase in phases},
+        "tokens_per_step": median([s["tokens"] for s in timed]),
+        "tokens_per_second": median([s["tokens"] / s["wall"] for s in timed]),
+        "baseline_rss_mb": baseline_rss,
+        "peak_rss_mb": peak_rss,
+        "peak_rss_above_baseline_mb": peak_rss - baseline_rss,
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else None,
+        "model_state_mb": model_state_mb(models, module.optimizers().optimizer),
+        "python": platform.python_version(),
+        "versions": {"torch": torch.__version__, "lightning": L.__version__, "transformers": _version("transformers")},
+    }
+    return result
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    result = run(args)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""python -m rloo.bench: a smoke run of every configuration (fields, not timings), and the memory accounting."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rloo.bench.measure import model_state_mb
+from rloo.bench.presets import PRESETS, build_models, build_tokenizer, random_prompts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "rloo.bench", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_bench_smoke_run_writes_every_field(tmp_path):
+    result = bench("--presets", "tiny", "--steps", "2", "--warmup", "1", "--ppo-epochs", "1,2", "--peers", "none",
+                   "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert {"date", "machine", "args", "results", "ratios"} <= set(report)
+    assert report["machine"]["cores"] >= 1 and report["machine"]["torch"] == torch.__version__
+    runs = {(r["algorithm"], r.get("ppo_epochs")): r for r in report["results"]}
+    assert set(runs) == {("rloo", None), ("ppo", 1), ("ppo", 2)}
+    for r in runs.values():
+        assert "error" not in r, r
+        assert r["steps"] == 2 and len(r["step_seconds"]) == 2 and r["warmup"] == 1
+        assert r["step_seconds_median"] > 0 and r["rollout_seconds_median"] > 0 and r["update_seconds_median"] > 0
+        assert r["rollout_seconds_median"] + r["update_seconds_median"] <= r["step_seconds_median"] * 1.01
+        assert {"generate", "ref_logprobs", "scores"} <= set(r["phase_seconds_median"])
+        assert r["peak_rss_mb"] >= r["baseline_rss_mb"] > 0 and r["peak_gpu_mb"] is None
+        assert r["tokens_per_second"] > 0 and 0 < r["tokens_per_step"] <= 64 * 16
+        assert r["settings"]["completions_per_step"] == 64  # equal completions per update for every algorithm
+    assert runs[("rloo", None)]["settings"]["completions_per_prompt"] == 4
+    assert runs[("ppo", 1)]["settings"]["completions_per_prompt"] == 1
+    assert "values" in runs[("ppo", 1)]["phase_seconds_median"] and "old_logprobs" in runs[("ppo", 1)]["phase_seconds_median"]
+    # PPO holds one more model and trains two: more parameter, gradient and optimiser bytes
+    rloo_state, ppo_state = runs[("rloo", None)]["model_state_mb"], runs[("ppo", 1)]["model_state_mb"]
+    added_parameters = ppo_state["parameters"] - rloo_state["parameters"]  # the value model
+    assert added_parameters > 0
+    assert ppo_state["gradients"] - rloo_state["gradients"] == pytest.approx(added_parameters, rel=1e-3)
+    assert (ppo_state["optimizer"] - rloo_state["optimizer"]) / 2 == pytest.approx(added_parameters, rel=1e-3)  # Adam: 2 moments
+    vs = {row["vs"]: row for row in report["ratios"]}
+    assert set(vs) == {"rloo PPO (1 ep)", "rloo PPO (2 ep)"}
+    row = vs["rloo PPO (1 ep)"]
+    assert row["time_ratio"] == pytest.approx(runs[("rloo", None)]["step_seconds_median"] / runs[("ppo", 1)]["step_seconds_median"])
+    table = (tmp_path / "results.md").read_text()
+    assert "| tiny | rloo RLOO |" in table and "rloo PPO (2 ep)" in table and "Machine:" in table
+
+
+def test_bench_rejects_an_unknown_preset_in_one_line(tmp_path):
+    result = bench("--presets", "gpt-9", "--out", str(tmp_path / "b"), timeout=60)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--presets" in lines[0] and "pythia-160m" in lines[0]
+    assert not (tmp_path / "b").exists()
+
+
+def test_gpu_presets_need_cuda(tmp_path):
+    result = bench("--presets", "pythia-1b", "--out", str(tmp_path / "b"), timeout=60)
+    assert result.returncode == 2 and "--device cuda" in result.stderr
+
+
+def test_model_state_counts_each_tensor_once_and_adam_state():
+    a = torch.nn.Linear(10, 10)          # 110 params
+    b = torch.nn.Linear(10, 5).requires_grad_(False)  # 55 frozen params
+    shared = torch.nn.Sequential(a, a)   # the same tensors twice
+    optimizer = torch.optim.AdamW(a.parameters())
+    a(torch.ones(1, 10)).sum().backward()
+    optimizer.step()
+    mib = 1024 * 1024
+    state = model_state_mb([shared, a, b], optimizer)
+    assert state["parameters"] == pytest.approx((110 + 55) * 4 / mib)
+    assert state["gradients"] == pytest.approx(110 * 4 / mib)  # trainable only
+    # AdamW: exp_avg and exp_avg_sq per parameter, plus a scalar step per tensor
+    assert state["optimizer"] == pytest.approx((2 * 110 * 4 + 2 * 4) / mib)
+
+
+def test_presets_build_the_architecture_they_name():
+    policy, reward_model = build_models(PRESETS["pythia-160m"])
+    parameters = sum(p.numel() for p in policy.parameters())
+    assert 160e6 < parameters < 170e6  # Pythia-160m: 162M with its untied 50304-token embeddings
+    assert policy.config.rope_parameters["partial_rotary_factor"] == 0.25 and policy.config.use_parallel_residual
+    tokenizer = build_tokenizer(512)
+    prompts = random_prompts(PRESETS["small"], 3)
+    text = tokenizer.batch_decode(prompts)
+    assert torch.equal(torch.tensor(tokenizer(text, add_special_tokens=False).input_ids), prompts)
+    assert (prompts >= 2).all()  # never PAD or EOS
