@@ -35,7 +35,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m rloo.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", default="speed", choices=("speed",), help="what to measure")
+    parser.add_argument("mode", nargs="?", default="speed", choices=("speed", "quality"),
+                        help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock")
+    parser.add_argument("overrides", nargs="*", help="quality mode: extra `python -m rloo.train` overrides for both runs")
     parser.add_argument("--presets", default=",".join(DEFAULT_PRESETS),
                         help=f"comma-separated, from: {', '.join(PRESETS)}")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration, after the warm-up")
@@ -52,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="interpreter with a TRL that still has PPOTrainer (1.12) (default: this one, if it has it)")
     parser.add_argument("--out", default=None, help="output dir (default: outputs/bench/<date>/<time>)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per configuration")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     for name in args.presets.split(","):
         if name not in PRESETS:
             parser.error(f"--presets: {name!r} is not a preset; choose from {', '.join(PRESETS)}")
@@ -211,6 +213,15 @@ def main(argv=None) -> None:
     now = datetime.now()
     out_dir = Path(args.out or Path("outputs") / "bench" / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.mode == "quality":
+        from rloo.bench import quality
+
+        report = quality.run_quality(out_dir.resolve(), args.overrides, args.timeout)
+        (out_dir / "quality.json").write_text(json.dumps(report, indent=2))
+        table = quality.markdown(report)
+        (out_dir / "quality.md").write_text(table)
+        print("\n" + table + f"\nbench: wrote {out_dir / 'quality.json'} and {out_dir / 'quality.md'}")
+        return
     results = [run_one(run, out_dir, args.timeout) for run in configurations(args)]
     report = {"date": now.isoformat(timespec="seconds"), "machine": machine(),
               "args": {k: v for k, v in vars(args).items() if k not in ("trl_python", "trl_ppo_python")},
