@@ -5,6 +5,7 @@ Shapes: N = num_prompts * k completions, T = completion length.
 Completions are laid out prompt-major: rows p*k ... p*k+k-1 belong to prompt p.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -198,18 +199,33 @@ def _clipped_objective(adv: Tensor, ratio: Tensor, clip_range: float) -> tuple[T
 
 
 def sequence_ppo_clip_loss(
-    advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float
+    advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float,
+    length_normalized: bool = False, token_weights: Tensor | None = None, sequence_weights: Tensor | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """Sequence-level PPO-clip, one importance ratio per completion.
 
     advantages [N], logprobs / old_logprobs / mask [N, T] -> (scalar loss, stats).
-    log_ratio_i = sum_t (logprob - old_logprob); ratio_i = exp(log_ratio_i)
-    L = mean_i max(-A_i ratio_i, -A_i clip(ratio_i, 1-eps, 1+eps)).
+    log_ratio_i = sum_t (logprob - old_logprob)      (length_normalized: mean_t, GSPO's exp(mean_t log r_t))
+    ratio_i = exp(log_ratio_i);  L = mean_i w_i * max(-A_i ratio_i, -A_i clip(ratio_i, 1-eps, 1+eps)).
+    token_weights [N, T] (detached) scale each token's share of the gradient, not the ratio's value:
+    d ratio_i = ratio_i * sum_t w_t d logprob_t. sequence_weights [N] (detached) scale whole sequences.
     """
     # difference before summing: equal inputs give exactly 0, hence ratio exactly 1
-    log_ratio = masked_sum(_upcast(logprobs) - _upcast(old_logprobs.detach()), mask, dim=1)
+    token_log_ratio = _upcast(logprobs) - _upcast(old_logprobs.detach())
+    log_ratio = masked_sum(token_log_ratio, mask, dim=1)
+    if length_normalized:
+        log_ratio = log_ratio / mask.sum(1).clamp(min=1).to(log_ratio.dtype)  # mean_t log r_t
     ratio = torch.exp(log_ratio)  # r_i = pi(y_i) / pi_old(y_i)
+    if token_weights is not None:
+        # same value as ratio; gradient ratio * sum_t w_t d logprob_t (w enters only through the gradient)
+        live = _upcast(logprobs) - _upcast(logprobs).detach()  # 0 in value, d logprob in gradient
+        weighted = masked_sum(_upcast(token_weights.detach()) * live, mask, dim=1)
+        if length_normalized:
+            weighted = weighted / mask.sum(1).clamp(min=1).to(weighted.dtype)
+        ratio = ratio.detach() * torch.exp(weighted)
     objective, is_clipped = _clipped_objective(_upcast(advantages.detach()), ratio, clip_range)
+    if sequence_weights is not None:
+        objective = objective * _upcast(sequence_weights.detach())
     with torch.no_grad():
         stats = PolicyLossStats(
             clipfrac=is_clipped.float().mean(),
@@ -221,13 +237,25 @@ def sequence_ppo_clip_loss(
     return objective.mean(), stats
 
 
+def token_clip_fraction(advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float) -> Tensor:
+    """The fraction of real tokens whose gradient a token-level PPO clip would null, for comparison with the
+    sequence-level clip. advantages [N] (one per sequence, broadcast) or [N, T] -> scalar."""
+    ratio = torch.exp(_upcast(logprobs.detach()) - _upcast(old_logprobs.detach()))
+    adv = _upcast(advantages.detach())
+    adv = adv[:, None].expand_as(ratio) if adv.dim() == 1 else adv
+    _, is_clipped = _clipped_objective(adv, ratio, clip_range)
+    return masked_mean(is_clipped.to(ratio.dtype), mask)
+
+
 def token_ppo_clip_loss(
-    advantages_per_token: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float
+    advantages_per_token: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float,
+    token_weights: Tensor | None = None, sequence_weights: Tensor | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """Token-level PPO-clip (as in PPO), one ratio per token.
 
     advantages_per_token / logprobs / old_logprobs / mask [N, T] -> (scalar loss, stats).
-    r_t = exp(logprob_t - old_logprob_t); L = masked_mean(max(-A r, -A clip(r))).
+    r_t = exp(logprob_t - old_logprob_t); L = masked_mean(w_t * max(-A r, -A clip(r))).
+    token_weights [N, T] and sequence_weights [N] (detached, e.g. importance corrections) scale the objective.
     Stats are over real tokens only (ratio_min/max are +inf/-inf if the mask is empty).
     """
     real = mask.bool()
@@ -236,6 +264,10 @@ def token_ppo_clip_loss(
     log_ratio = torch.where(real, log_ratio, torch.zeros_like(log_ratio))
     ratio = torch.exp(log_ratio)  # r_t = pi(y_t) / pi_old(y_t)
     objective, is_clipped = _clipped_objective(_upcast(advantages_per_token.detach()), ratio, clip_range)
+    if token_weights is not None:
+        objective = objective * _upcast(token_weights.detach())
+    if sequence_weights is not None:
+        objective = objective * _upcast(sequence_weights.detach())[:, None]
     loss = masked_mean(objective, mask)
     with torch.no_grad():
         inf = torch.tensor(float("inf"), dtype=ratio.dtype)
@@ -305,3 +337,63 @@ def explained_variance(predicted: Tensor, target: Tensor, mask: Tensor) -> Tenso
     var_target = masked_var(target, mask, unbiased=False)
     var_error = masked_var(_upcast(target) - _upcast(predicted), mask, unbiased=False)
     return torch.where(var_target > 0, 1 - var_error / var_target.clamp(min=1e-12), torch.zeros_like(var_target))
+
+
+# ---- rollout / training mismatch: diagnostics and importance-sampling corrections -------------------------------
+
+IS_CORRECTIONS = ("none", "tis_token", "tis_sequence", "mask_token", "mask_sequence", "geometric")
+
+
+def logprob_mismatch(train_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """How far the rollout-time log-probs are from the training forward's, over real tokens only.
+
+    train_logprobs / rollout_logprobs / mask [N, T] -> scalars:
+      abs_mean / abs_max            mean and max of |delta_t|, delta_t = log pi_train - log pi_rollout
+      token_mult_prob_error         mean_t exp(|delta_t|)   (NeMo-RL's rule of thumb: look into it above 1.05)
+      seq_log_ratio_mean/min/max    sum_t delta_t per sequence
+    """
+    real = mask.bool()
+    delta = torch.where(real, _upcast(train_logprobs.detach()) - _upcast(rollout_logprobs.detach()), 0.0)
+    seq = delta.sum(1)
+    zero = torch.zeros((), dtype=delta.dtype, device=delta.device)
+    return {
+        "abs_mean": masked_mean(delta.abs(), mask),
+        "abs_max": delta.abs().max() if real.any() else zero,
+        "token_mult_prob_error": masked_mean(torch.exp(delta.abs()), mask),
+        "seq_log_ratio_mean": seq.mean(),
+        "seq_log_ratio_min": seq.min(),
+        "seq_log_ratio_max": seq.max(),
+    }
+
+
+def importance_weights(train_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, correction: str,
+                       cap: float = 2.0, low: float = 0.5, high: float = 2.0) -> tuple[Tensor | None, Tensor | None]:
+    """Corrections for sampling from pi_rollout while training pi_train: rho = pi_train / pi_rollout (detached).
+
+    train_logprobs / rollout_logprobs / mask [N, T] -> (token_weights [N, T] or None, sequence_weights [N] or None):
+      none           no weights
+      tis_token      w_t = min(rho_t, cap)                     truncated IS per token (TIS)
+      tis_sequence   w_i = min(prod_t rho_t, cap)              truncated IS per sequence
+      mask_token     w_t = 1 if rho_t in [low, high] else 0    drop tokens (IcePop)
+      mask_sequence  w_i = 1 if prod_t rho_t in [low, high]    drop sequences (MIS)
+      geometric      w_i = 1 if (prod_t rho_t)^(1/T) in [low, high]   geometric-mean filter
+    """
+    if correction not in IS_CORRECTIONS:
+        raise ValueError(f"is_correction must be one of {', '.join(IS_CORRECTIONS)}, got {correction!r}")
+    if correction == "none":
+        return None, None
+    real = mask.bool()
+    log_rho = torch.where(real, _upcast(train_logprobs.detach()) - _upcast(rollout_logprobs.detach()), 0.0)
+    ones = real.to(log_rho.dtype)
+    if correction == "tis_token":
+        return torch.clamp(torch.exp(log_rho), max=cap) * ones, None            # min(rho_t, C)
+    if correction == "mask_token":
+        rho = torch.exp(log_rho)
+        return ((rho >= low) & (rho <= high)).to(log_rho.dtype) * ones, None
+    seq_log_rho = log_rho.sum(1)                                                  # log prod_t rho_t
+    if correction == "tis_sequence":
+        return None, torch.exp(torch.clamp(seq_log_rho, max=math.log(cap)))      # min(prod rho, C), no overflow
+    if correction == "geometric":
+        seq_log_rho = seq_log_rho / real.sum(1).clamp(min=1)                      # log of the geometric mean
+    inside = (seq_log_rho >= math.log(low)) & (seq_log_rho <= math.log(high))
+    return None, inside.to(log_rho.dtype)
