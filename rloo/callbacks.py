@@ -114,3 +114,25 @@ class SampleTable(Callback):
         with self.path.open("a") as f:
             for row in rows:
                 f.write(json.dumps(dict(zip(columns, row))) + "\n")
+
+
+class MismatchHistograms(Callback):
+    """With log_histograms: W&B histograms of the per-token delta logp (training forward - sampler) and of the
+    sequence log-ratio, every `every` steps. Other loggers have no histogram type and are skipped."""
+
+    def __init__(self, every: int):
+        self.every = every
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        kept = getattr(module, "last_mismatch", None)
+        if not kept or step % self.every != 0 or not trainer.is_global_zero:
+            return
+        from lightning.pytorch.loggers import WandbLogger
+
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                import wandb
+
+                logger.experiment.log({f"mismatch/{name}_hist": wandb.Histogram(torch.cat(values).numpy())
+                                       for name, values in kept.items()} | {"trainer/global_step": step})

@@ -13,12 +13,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rloo.objectives import IS_CORRECTIONS, KL_ESTIMATORS
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger", "algo")
 LOSSES = ("ppo_clip", "reinforce")
-KL_ESTIMATORS = ("k1", "k2", "k3")
 LR_SCHEDULES = ("linear", "constant", "cosine")
 FROZEN_DTYPES = ("float32", "bfloat16", "float16")
+OLD_LOGPROBS = ("recompute", "generation")
+SEQUENCE_RATIOS = ("sum", "mean")
 
 
 class ConfigError(ValueError):
@@ -123,6 +126,14 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     _require(cfg.lr_schedule in LR_SCHEDULES, "lr_schedule", f"one of {', '.join(LR_SCHEDULES)}", cfg.lr_schedule)
     _require(cfg.stop_token in ("eos", None), "stop_token", "eos or null", cfg.stop_token)
     _require(cfg.model.frozen_dtype in FROZEN_DTYPES, "model.frozen_dtype", f"one of {', '.join(FROZEN_DTYPES)}", cfg.model.frozen_dtype)
+    _require(cfg.old_logprobs in OLD_LOGPROBS, "old_logprobs", f"one of {', '.join(OLD_LOGPROBS)}", cfg.old_logprobs)
+    _require(cfg.sequence_ratio in SEQUENCE_RATIOS, "sequence_ratio", f"one of {', '.join(SEQUENCE_RATIOS)}", cfg.sequence_ratio)
+    _require(cfg.is_correction in IS_CORRECTIONS, "is_correction", f"one of {', '.join(IS_CORRECTIONS)}", cfg.is_correction)
+    for key in ("lean_decode", "fp32_lm_head", "log_histograms"):
+        _require(isinstance(cfg[key], bool), key, "true or false", cfg[key])
+    _number(cfg, "is_cap", 0.0, low_open=True)
+    _number(cfg, "is_low", 0.0, 1.0, low_open=True)
+    _number(cfg, "is_high", 1.0)
 
     rollout, micro, minis = cfg.rollout_batch_size, cfg.micro_batch_size, cfg.num_mini_batches
     _require(rollout % k == 0, "rollout_batch_size", f"a multiple of k={k} (it is prompts per rollout times k)", rollout)

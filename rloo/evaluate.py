@@ -40,7 +40,7 @@ def run(cfg: DictConfig) -> dict:
     from rloo.judges import build_judge
     from rloo.models import load_policy, load_reward_model, load_tokenizer
     from rloo.rollout import SamplingConfig
-    from rloo.train import quiet_lightning_logs, resolve_sources
+    from rloo.train import precision_arguments, quiet_lightning_logs, resolve_sources
 
     started = time.time()
     quiet_lightning_logs()
@@ -64,7 +64,8 @@ def run(cfg: DictConfig) -> dict:
     if not rows:
         raise ConfigError(f"data.validation: no prompts left from {spec.path} (max_prompt_length={cfg.data.max_prompt_length})")
 
-    fabric = L.Fabric(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.precision.trainer)
+    fabric = L.Fabric(accelerator=cfg.trainer.accelerator, devices=1,
+                      **precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator, fabric=True))
     L.seed_everything(cfg.seed, verbose=False)
     sampling = SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, greedy=cfg.eval.greedy,
                               stop_at_eos=cfg.stop_token == "eos")

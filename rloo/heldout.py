@@ -22,7 +22,7 @@ def complete(policy, tokenizer, rows: list[dict], sampling: SamplingConfig, batc
     """Completions of each row's prompt: texts, and the prompt/completion tensors in rollout layout."""
     ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
     ids, mask = ids.to(device), mask.to(device)
-    completion_ids, completion_mask, ended = sample_completions(policy, ids, mask, sampling, tokenizer.eos_token_id,
+    completion_ids, completion_mask, ended, _ = sample_completions(policy, ids, mask, sampling, tokenizer.eos_token_id,
                                                                 tokenizer.pad_token_id, batch_size)
     return {"texts": tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
             "input_ids": torch.cat([ids, completion_ids], 1), "attention_mask": torch.cat([mask, completion_mask], 1),

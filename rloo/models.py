@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,3 +71,27 @@ def _fit_embeddings(model: PreTrainedModel, tokenizer) -> None:
     # Pythia checkpoints pad the embedding to 50304, so the added [PAD] usually fits without a resize.
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
+
+
+class FP32Head(torch.nn.Linear):
+    """An LM head whose logits are computed in float32 whatever the autocast or weight dtype.
+
+    bf16 logits carry ~3 significant digits; log-softmax over them is where rollout and training forward
+    disagree most (MiniMax-M1: fp32 head, train/inference probability correlation 0.9 -> 0.99).
+    Installed by swapping the head's class, so parameter names, checkpoints and save_pretrained are unchanged.
+    """
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(hidden.float(), self.weight.float(), bias)
+
+
+def use_fp32_lm_head(model: PreTrainedModel) -> PreTrainedModel:
+    """Make `model`'s output projection an FP32Head (in place); a no-op when it already is one."""
+    head = model.get_output_embeddings()
+    if head is None or not isinstance(head, torch.nn.Linear):
+        raise ValueError(f"fp32_lm_head: {type(model).__name__} has no linear output head")
+    if not isinstance(head, FP32Head):
+        head.__class__ = FP32Head
+    return model

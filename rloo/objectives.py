@@ -168,13 +168,20 @@ def group_reward_std(rewards: Tensor, k: int) -> Tensor:
     return _groups(rewards, k, min_k=2).std(dim=1)
 
 
-def reinforce_loss(advantages: Tensor, logprobs: Tensor, mask: Tensor) -> Tensor:
+def reinforce_loss(advantages: Tensor, logprobs: Tensor, mask: Tensor, token_weights: Tensor | None = None,
+                   sequence_weights: Tensor | None = None) -> Tensor:
     """On-policy REINFORCE: mean_i(-A_i * sum_t logprob_{i,t}) -> scalar.
 
-    advantages [N] (treated as constants), logprobs [N, T], mask [N, T].
+    advantages [N] (treated as constants), logprobs [N, T], mask [N, T]; optional detached importance
+    weights: token_weights [N, T] inside the sum, sequence_weights [N] outside it.
     """
+    if token_weights is not None:
+        logprobs = _upcast(logprobs) * _upcast(token_weights.detach())
     seq_logprob = masked_sum(logprobs, mask, dim=1)  # log pi(y_i | x_i), summed in fp32
-    return (-_upcast(advantages.detach()) * seq_logprob).mean()  # L = -mean(A * log pi)
+    objective = -_upcast(advantages.detach()) * seq_logprob  # L = -mean(A * log pi)
+    if sequence_weights is not None:
+        objective = objective * _upcast(sequence_weights.detach())
+    return objective.mean()
 
 
 @dataclass

@@ -13,6 +13,7 @@ from functools import partial
 from dataclasses import dataclass, fields
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from transformers import GenerationConfig, PreTrainedModel
 
@@ -27,6 +28,7 @@ class SamplingConfig:
     top_p: float = 1.0        # 1.0: off
     greedy: bool = False
     stop_at_eos: bool = True
+    lean_decode: bool = True  # rloo.decode's KV-cache loop where the architecture has one (GPT-NeoX), else HF generate
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Rollout:
     ended_with_eos: Tensor      # [N] bool
     ref_logprobs: Tensor        # [N, T] log pi_ref(y_t | .) at temperature, 0 on padding
     scores: Tensor              # [N] reward-model score at the last real token (before any penalty)
+    generation_logprobs: Tensor | None = None  # [N, T] log pi(y_t | .) as the sampler saw it, 0 on padding
     logprobs: Tensor | None = None     # [N, T] old log pi(y_t | .); only when the rollout is reused for >1 update
     rewards: Tensor | None = None      # filled by the algorithm: RLOO [N] R_i; PPO [N, T] per-token r_t
     advantages: Tensor | None = None   # filled by the algorithm: RLOO [N] A_i; PPO [N, T] GAE A_t
@@ -128,11 +131,47 @@ def truncate_after_stop(completion_ids: Tensor, stop_token_id: int | None, pad_t
     return torch.where(mask, completion_ids, pad_token_id), mask.long(), ended
 
 
+def generate_with_logprobs(policy: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
+                           eos_token_id: int, pad_token_id: int, batch_size: int) -> tuple[Tensor, Tensor]:
+    """Sampled completions `[N, T]` and the log-probs the sampler gave each token `[N, T]` (float32).
+
+    The log-probs are log softmax(logits / temperature) of the sampling pass itself (temperature 1 when
+    greedy): compared with a training forward they measure the rollout / training mismatch.
+    """
+    from rloo import decode  # decode builds on this module's SamplingConfig
+
+    chunks = []
+    for start in range(0, prompt_ids.shape[0], batch_size):
+        ids, mask = prompt_ids[start:start + batch_size], prompt_mask[start:start + batch_size]
+        if sampling.lean_decode and decode.supports_lean_decode(policy):
+            chunks.append(decode.lean_generate(policy, ids, mask, sampling, eos_token_id, pad_token_id))
+        else:
+            chunks.append(_hf_generate_with_logprobs(policy, ids, mask, sampling, eos_token_id, pad_token_id))
+    width = max(c[0].shape[1] for c in chunks)
+    completion_ids = torch.cat([F.pad(ids, (0, width - ids.shape[1]), value=pad_token_id) for ids, _ in chunks])
+    logprobs = torch.cat([F.pad(lp, (0, width - lp.shape[1])) for _, lp in chunks])
+    return completion_ids, logprobs
+
+
+@torch.no_grad()
+def _hf_generate_with_logprobs(policy, ids, mask, sampling, eos_token_id, pad_token_id) -> tuple[Tensor, Tensor]:
+    config = generation_config_for(sampling, eos_token_id, pad_token_id)
+    with _own_generation_config(policy, config):
+        output = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                 output_logits=True, return_dict_in_generate=True)
+    completion = output.sequences[:, ids.shape[1]:]
+    temperature = 1.0 if sampling.greedy else sampling.temperature
+    logits = torch.stack(output.logits, dim=1).float() / temperature  # [B, T, V] raw logits of each step
+    return completion, token_logprobs(logits, completion)
+
+
 def sample_completions(policy: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
-                       eos_token_id: int, pad_token_id: int, batch_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """generate, then truncate at the stop token: completion ids `[N, T]`, mask `[N, T]`, ended `[N]`."""
-    raw = generate(policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, batch_size)
-    return truncate_after_stop(raw, eos_token_id if sampling.stop_at_eos else None, pad_token_id)
+                       eos_token_id: int, pad_token_id: int, batch_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Sample, then truncate at the stop token: ids `[N, T]`, mask `[N, T]`, ended `[N]`, generation log-probs `[N, T]`."""
+    raw, logprobs = generate_with_logprobs(policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, batch_size)
+    completion_ids, completion_mask, ended = truncate_after_stop(raw, eos_token_id if sampling.stop_at_eos else None,
+                                                                 pad_token_id)
+    return completion_ids, completion_mask, ended, logprobs * completion_mask
 
 
 def completion_logits(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int) -> Tensor:
@@ -200,8 +239,8 @@ def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_
     prompt_ids = prompt_ids.repeat_interleave(k, dim=0)    # [B*k, P]
     prompt_mask = prompt_mask.repeat_interleave(k, dim=0)  # [B*k, P]
     with timer("generate"):
-        completion_ids, completion_mask, ended = sample_completions(policy, prompt_ids, prompt_mask, sampling,
-                                                                    eos_token_id, pad_token_id, forward_batch_size)
+        completion_ids, completion_mask, ended, generation_logprobs = sample_completions(
+            policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, forward_batch_size)
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention_mask = torch.cat([prompt_mask, completion_mask], 1)
     lp_args = (input_ids, attention_mask, completion_ids, completion_mask)
@@ -216,4 +255,4 @@ def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_
     with timer("scores"):
         scores = chunked(partial(reward_scores, reward_model), forward_batch_size, input_ids, attention_mask)
     return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, ref_logprobs.float(), scores,
-                   logprobs=None if logprobs is None else logprobs.float())
+                   generation_logprobs=generation_logprobs, logprobs=None if logprobs is None else logprobs.float())

@@ -63,10 +63,10 @@ def run(cfg: DictConfig) -> dict:
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from rloo.callbacks import HeldOutEval, SampleTable
+    from rloo.callbacks import HeldOutEval, MismatchHistograms, SampleTable
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
-    from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model, reference_from
+    from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model, reference_from, use_fp32_lm_head
     from rloo.rollout import SamplingConfig
 
     started = time.time()
@@ -82,11 +82,13 @@ def run(cfg: DictConfig) -> dict:
     checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
                                   every_n_train_steps=cfg.checkpoint_every or None, save_top_k=-1, save_last=True)
     eval_sampling = SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
-                                   greedy=cfg.eval.greedy, stop_at_eos=cfg.stop_token == "eos")
+                                   greedy=cfg.eval.greedy, stop_at_eos=cfg.stop_token == "eos", lean_decode=cfg.lean_decode)
     eval_callback = HeldOutEval([], eval_sampling, cfg.eval.batch_size, None, cfg.eval.before, cfg.eval.after,
                                 cfg.eval_every, out / "eval_samples.jsonl", log=log)
-    trainer = L.Trainer(**trainer_args, precision=cfg.precision.trainer, logger=loggers, default_root_dir=out,
-                        callbacks=[checkpoints, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl")],
+    trainer = L.Trainer(**trainer_args, **precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator),
+                        logger=loggers, default_root_dir=out,
+                        callbacks=[checkpoints, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
+                                   MismatchHistograms(cfg.log_every)],
                         max_epochs=1, log_every_n_steps=cfg.log_every, num_sanity_val_steps=0)
     validate_train_config(cfg, world_size=trainer.world_size)
     num_rollouts = cfg.total_episodes // (cfg.rollout_batch_size * trainer.world_size)
@@ -106,6 +108,8 @@ def run(cfg: DictConfig) -> dict:
 
     policy = load_policy(model_src["policy"], tokenizer)
     reference = reference_from(policy, model_src["reference"], model_src["frozen_dtype"])
+    for model in (policy, reference) if cfg.fp32_lm_head else ():
+        use_fp32_lm_head(model)
     reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer)
     module = build_module(cfg, policy, reference, reward_model, tokenizer, num_rollouts,
                           value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer))
@@ -136,6 +140,21 @@ def run(cfg: DictConfig) -> dict:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         print_summary(summary, log)
     return summary
+
+
+def precision_arguments(precision: str, accelerator: str, fabric: bool = False) -> dict:
+    """Trainer (or Fabric) arguments for `precision`. Lightning turns 16-mixed on CPU into bf16-mixed
+    without asking; fp16 with loss scaling is the alternative to bf16 worth comparing, so on CPU it gets a
+    real fp16 autocast plugin with a loss scaler."""
+    if precision == "16-mixed" and accelerator == "cpu":
+        import torch
+
+        if fabric:
+            from lightning.fabric.plugins.precision import MixedPrecision
+        else:
+            from lightning.pytorch.plugins.precision import MixedPrecision
+        return {"plugins": [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]}
+    return {"precision": precision}
 
 
 def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, num_rollouts: int, value_model):

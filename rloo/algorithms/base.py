@@ -16,10 +16,25 @@ from lightning import LightningModule
 from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
+from rloo.objectives import importance_weights, logprob_mismatch
 from rloo.rollout import PhaseTimer, Rollout, SamplingConfig, collect_rollout
 
-EXTREMES = {"ratio_min": min, "ratio_max": max}  # statistics aggregated over micro-batches by min / max
-FIRST_PASS_ONLY = ("entropy",)                    # measured on the first pass over the rollout only
+# statistics aggregated over micro-batches by min / max rather than by mean
+EXTREMES = {"ratio_min": min, "ratio_max": max, "mismatch_abs_max": max,
+            "mismatch_seq_log_ratio_min": min, "mismatch_seq_log_ratio_max": max}
+FIRST_PASS_PREFIXES = ("entropy", "mismatch_", "first_epoch_")  # measured on the first pass over the rollout only
+
+# metric names of the statistics both algorithms report
+COMMON_NAMES = {"entropy": "objective/entropy", "loss": "loss/policy_avg", "clipfrac": "policy/clipfrac_avg",
+                "token_clipfrac": "policy/token_clipfrac_avg", "approxkl": "policy/approxkl_avg",
+                "first_epoch_clipfrac": "policy/clipfrac_first_epoch",
+                "ratio": "val/ratio", "ratio_min": "val/ratio_min", "ratio_max": "val/ratio_max",
+                "is_weight": "is/weight_mean",
+                "mismatch_abs_mean": "mismatch/logprob_abs_mean", "mismatch_abs_max": "mismatch/logprob_abs_max",
+                "mismatch_token_mult_prob_error": "mismatch/token_mult_prob_error",
+                "mismatch_seq_log_ratio_mean": "mismatch/seq_log_ratio_mean",
+                "mismatch_seq_log_ratio_min": "mismatch/seq_log_ratio_min",
+                "mismatch_seq_log_ratio_max": "mismatch/seq_log_ratio_max"}
 
 
 @dataclass
@@ -46,6 +61,14 @@ class OnlineRLConfig:
     warmup_ratio: float = 0.03
     lr_schedule: str = "linear"
     max_grad_norm: float | None = 1.0
+    lean_decode: bool = True
+    old_logprobs: str = "recompute"
+    sequence_ratio: str = "sum"
+    is_correction: str = "none"
+    is_cap: float = 2.0
+    is_low: float = 0.5
+    is_high: float = 2.0
+    log_histograms: bool = False
     total_steps: int = 1          # rollouts; set by train.py from total_episodes
 
     @property
@@ -59,7 +82,11 @@ class OnlineRLConfig:
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.response_length, self.temperature, self.top_k, self.top_p,
-                              greedy=False, stop_at_eos=self.stop_token == "eos")
+                              greedy=False, stop_at_eos=self.stop_token == "eos", lean_decode=self.lean_decode)
+
+    @property
+    def old_logprobs_from_generation(self) -> bool:
+        return self.old_logprobs == "generation"
 
 
 MicroBatchLoss = Callable[[Rollout, Tensor, bool], tuple[Tensor, dict[str, float]]]
@@ -81,6 +108,7 @@ class OnlineRLModule(LightningModule):
         self.episodes = 0                    # completions trained on, summed over devices
         self.last_rollout: Rollout | None = None
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
+        self.last_mismatch: dict[str, list[Tensor]] = {}  # per-token delta logp, sequence log-ratio (log_histograms)
 
     # ---- shared pieces of a step ---------------------------------------------------------------------------
     def collect(self, batch: dict[str, Tensor], keep_old_logprobs: bool) -> tuple[Rollout, PhaseTimer]:
@@ -92,6 +120,35 @@ class OnlineRLModule(LightningModule):
             keep_old_logprobs=keep_old_logprobs, timer=timer)
         return rollout, timer
 
+    def mismatch_and_weights(self, part: Rollout, logprobs: Tensor, old_logprobs: Tensor, first_epoch: bool
+                             ) -> tuple[Tensor | None, Tensor | None, dict[str, float]]:
+        """Rollout / training mismatch of a micro-batch and the importance weights that correct for it.
+
+        logprobs: this micro-batch's training forward `[n, T]`. The mismatch compares the training-style
+        log-probs at the rollout policy (the recomputed old log-probs, else this forward) with the sampler's.
+        Measured on the first pass only, where the training forward still sees the rollout policy.
+        Returns (token_weights, sequence_weights, stats).
+        """
+        cfg, stats = self.config, {}
+        if part.generation_logprobs is None:
+            return None, None, stats
+        recomputed = part.logprobs is not None and not cfg.old_logprobs_from_generation
+        train_side = part.logprobs if recomputed else logprobs.detach()
+        if first_epoch:
+            mismatch = logprob_mismatch(logprobs, part.generation_logprobs, part.completion_mask)
+            stats.update({f"mismatch_{key}": value.item() for key, value in mismatch.items()})
+            if cfg.log_histograms:  # kept for the W&B histograms (rloo.callbacks.MismatchHistograms)
+                diff = (logprobs.detach() - part.generation_logprobs) * part.completion_mask
+                self.last_mismatch.setdefault("delta_logp", []).append(diff[part.completion_mask.bool()].float().cpu())
+                self.last_mismatch.setdefault("seq_log_ratio", []).append(diff.sum(1).float().cpu())
+        token_weights, sequence_weights = importance_weights(train_side, part.generation_logprobs, part.completion_mask,
+                                                             cfg.is_correction, cfg.is_cap, cfg.is_low, cfg.is_high)
+        if token_weights is not None:
+            stats["is_weight"] = (token_weights.sum() / part.completion_mask.sum().clamp(min=1)).item()
+        elif sequence_weights is not None:
+            stats["is_weight"] = sequence_weights.mean().item()
+        return token_weights, sequence_weights, stats
+
     def run_updates(self, rollout: Rollout, micro_batch_loss: MicroBatchLoss, shuffle: bool) -> dict[str, float]:
         """num_ppo_epochs x num_mini_batches optimiser steps over the rollout; returns mean loss statistics.
 
@@ -100,6 +157,7 @@ class OnlineRLModule(LightningModule):
         """
         cfg = self.config
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        self.last_mismatch = {}
         n = rollout.scores.shape[0]
         mini_size = n // cfg.num_mini_batches
         totals: dict[str, float] = {}
@@ -119,7 +177,7 @@ class OnlineRLModule(LightningModule):
                 self._optimizer_step(optimizer, last=epoch == cfg.num_ppo_epochs - 1 and m == cfg.num_mini_batches - 1)
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-        passes = {key: 1 if key in FIRST_PASS_ONLY else cfg.num_ppo_epochs for key in totals}
+        passes = {key: 1 if key.startswith(FIRST_PASS_PREFIXES) else cfg.num_ppo_epochs for key in totals}
         return {key: value if key in EXTREMES else value / (n * passes[key]) for key, value in totals.items()}
 
     def record_timings(self, timer: PhaseTimer, started: float, rollout_done: float) -> None:

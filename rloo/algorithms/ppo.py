@@ -21,7 +21,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import OnlineRLConfig, OnlineRLModule
+from rloo.algorithms.base import COMMON_NAMES, OnlineRLConfig, OnlineRLModule
 from rloo.objectives import (
     apply_missing_eos_penalty,
     clipped_value_loss,
@@ -68,7 +68,9 @@ class PPOModule(OnlineRLModule):
         started = time.perf_counter()
 
         # 1. rollout (old log-probs always: PPO reuses it num_ppo_epochs times), then the values V_t
-        rollout, timer = self.collect(batch, keep_old_logprobs=True)
+        rollout, timer = self.collect(batch, keep_old_logprobs=not cfg.old_logprobs_from_generation)
+        if cfg.old_logprobs_from_generation:
+            rollout.logprobs = rollout.generation_logprobs
         mask = rollout.completion_mask
         with timer("values"), torch.no_grad():
             values = chunked(partial(token_values, self.value_model, completion_len=mask.shape[1]),
@@ -99,14 +101,18 @@ class PPOModule(OnlineRLModule):
         mask, length = part.completion_mask, part.completion_ids.shape[1]
         logits = completion_logits(self.policy, part.input_ids, part.attention_mask, length) / cfg.temperature
         logprobs = token_logprobs(logits, part.completion_ids) * mask                   # [n, T]
-        policy_loss, clip = token_ppo_clip_loss(part.advantages, logprobs, part.logprobs, mask, cfg.clip_range)
+        token_w, sequence_w, mismatch = self.mismatch_and_weights(part, logprobs, part.logprobs, first_epoch)
+        policy_loss, clip = token_ppo_clip_loss(part.advantages, logprobs, part.logprobs, mask, cfg.clip_range,
+                                                token_w, sequence_w)
         values = token_values(self.value_model, part.input_ids, part.attention_mask, length)   # [n, T]
         value_loss, value_clipfrac = clipped_value_loss(values, part.values, part.returns, mask, cfg.cliprange_value)
         loss = policy_loss + cfg.vf_coef * value_loss                                   # L = L_pi + c_v L_V
         stats = {"loss": policy_loss.item(), "value_loss": value_loss.item(), "clipfrac": clip.clipfrac.item(),
                  "value_clipfrac": value_clipfrac.item(), "approxkl": clip.approxkl.item(),
-                 "ratio": clip.ratio_mean.item(), "ratio_min": clip.ratio_min.item(), "ratio_max": clip.ratio_max.item()}
+                 "ratio": clip.ratio_mean.item(), "ratio_min": clip.ratio_min.item(), "ratio_max": clip.ratio_max.item(),
+                 **mismatch}
         if first_epoch:
+            stats["first_epoch_clipfrac"] = stats["clipfrac"]
             with torch.no_grad():
                 stats["entropy"] = masked_mean(entropy_from_logits(logits), mask).item()
         return loss, stats
@@ -122,9 +128,6 @@ class PPOModule(OnlineRLModule):
             "val/value_mse": masked_mean((rollout.values - rollout.returns) ** 2, mask),  # rollout-time value error
             "val/explained_variance": explained_variance(rollout.values, rollout.returns, mask),
         }
-        names = {"entropy": "objective/entropy", "loss": "loss/policy_avg", "value_loss": "loss/value_avg",
-                 "clipfrac": "policy/clipfrac_avg", "value_clipfrac": "val/clipfrac_avg",
-                 "approxkl": "policy/approxkl_avg", "ratio": "val/ratio", "ratio_min": "val/ratio_min",
-                 "ratio_max": "val/ratio_max"}
+        names = COMMON_NAMES | {"value_loss": "loss/value_avg", "value_clipfrac": "val/clipfrac_avg"}
         metrics.update({names[key]: value for key, value in stats.items()})
         self.log_metrics(metrics, batch_size=rollout.scores.shape[0])

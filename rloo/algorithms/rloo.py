@@ -4,6 +4,7 @@
     reward    : R_i = score_i - beta * sum_t KL_t(y_i)                                   (KL inside R, as the paper)
     advantage : A_i = R_i - mean_{j != i} R_j, within each prompt's k completions         (leave-one-out)
     loss      : REINFORCE  -A_i * log pi(y_i|x),  or its sequence-level PPO-clip form
+    mismatch  : rollout-time vs training log-probs logged every step; optional importance corrections
     update    : num_ppo_epochs x num_mini_batches optimiser steps, micro-batches accumulate gradients
 
 One Lightning step is one rollout, whatever the number of optimiser steps inside it.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import OnlineRLConfig, OnlineRLModule
+from rloo.algorithms.base import COMMON_NAMES, OnlineRLConfig, OnlineRLModule
 from rloo.objectives import (
     apply_missing_eos_penalty,
     entropy_from_logits,
@@ -29,6 +30,7 @@ from rloo.objectives import (
     reinforce_loss,
     sequence_ppo_clip_loss,
     sequence_rewards,
+    token_clip_fraction,
     token_logprobs,
 )
 from rloo.rollout import Rollout, completion_logits
@@ -50,6 +52,8 @@ class RLOOModule(OnlineRLModule):
 
         # 1. rollout: k completions per prompt, reference log-probs, scores; old log-probs only if reused
         rollout, timer = self.collect(batch, keep_old_logprobs=self._needs_old_logprobs())
+        if self.config.old_logprobs_from_generation:
+            rollout.logprobs = rollout.generation_logprobs  # the peer's 2024 behaviour, kept to reproduce its failure
         rollout_done = time.perf_counter()
 
         # 2-3. rewards and advantages now if the old log-probs exist; else from the update's own forward pass
@@ -75,7 +79,7 @@ class RLOOModule(OnlineRLModule):
         cfg = self.config
         # whitening needs every advantage before the first backward, so micro-batches cannot compute their own
         whiten_all = cfg.normalize_advantages and cfg.micro_batch_size < cfg.rollout_batch_size
-        return cfg.reuses_rollout or whiten_all
+        return (cfg.reuses_rollout or whiten_all) and not cfg.old_logprobs_from_generation
 
     def _rewards_and_advantages(self, rollout: Rollout, logprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """R = score - beta * sum_t KL_t and the leave-one-out A, for whole prompt groups. Returns R, A, sum_t KL."""
@@ -105,12 +109,21 @@ class RLOOModule(OnlineRLModule):
         if first_epoch:
             with torch.no_grad():
                 stats["entropy"] = masked_mean(entropy_from_logits(logits), part.completion_mask).item()
+        # rollout / training mismatch diagnostics, and the importance weights of is_correction (none: no weights)
+        token_w, sequence_w, mismatch = self.mismatch_and_weights(part, logprobs, old_logprobs, first_epoch)
+        stats.update(mismatch)
         if cfg.loss == "reinforce":
-            loss = reinforce_loss(advantages, logprobs, part.completion_mask)   # -mean_i A_i * sum_t log pi
+            # -mean_i A_i * sum_t log pi
+            loss = reinforce_loss(advantages, logprobs, part.completion_mask, token_w, sequence_w)
         else:
-            loss, clip = sequence_ppo_clip_loss(advantages, logprobs, old_logprobs, part.completion_mask, cfg.clip_range)
+            loss, clip = sequence_ppo_clip_loss(advantages, logprobs, old_logprobs, part.completion_mask, cfg.clip_range,
+                                                cfg.sequence_ratio == "mean", token_w, sequence_w)
             stats.update(clipfrac=clip.clipfrac.item(), approxkl=clip.approxkl.item(), ratio=clip.ratio_mean.item(),
-                         ratio_min=clip.ratio_min.item(), ratio_max=clip.ratio_max.item())
+                         ratio_min=clip.ratio_min.item(), ratio_max=clip.ratio_max.item(),
+                         token_clipfrac=token_clip_fraction(advantages, logprobs, old_logprobs, part.completion_mask,
+                                                            cfg.clip_range).item())
+            if first_epoch:  # before the policy has moved much: what the mismatch alone nulls
+                stats["first_epoch_clipfrac"] = stats["clipfrac"]
         stats["loss"] = loss.item()
         return loss, stats
 
@@ -126,8 +139,5 @@ class RLOOModule(OnlineRLModule):
             "objective/advantage_std": rollout.advantages.std(),
             "frac_reward_zero_std": (group_reward_std(scores, cfg.k) < 1e-6).float().mean(),
         }
-        names = {"entropy": "objective/entropy", "loss": "loss/policy_avg", "clipfrac": "policy/clipfrac_avg",
-                 "approxkl": "policy/approxkl_avg", "ratio": "val/ratio", "ratio_min": "val/ratio_min",
-                 "ratio_max": "val/ratio_max"}
-        metrics.update({names[key]: value for key, value in stats.items()})
+        metrics.update({COMMON_NAMES[key]: value for key, value in stats.items()})
         self.log_metrics(metrics, batch_size=rollout.scores.shape[0])

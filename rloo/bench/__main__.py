@@ -35,11 +35,14 @@ class OneLineParser(argparse.ArgumentParser):
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m rloo.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", default="speed", choices=("speed", "quality"),
-                        help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock")
-    parser.add_argument("overrides", nargs="*", help="quality mode: extra `python -m rloo.train` overrides for both runs")
-    parser.add_argument("--presets", default=",".join(DEFAULT_PRESETS),
-                        help=f"comma-separated, from: {', '.join(PRESETS)}")
+    parser.add_argument("mode", nargs="?", default="speed", choices=("speed", "quality", "stability"),
+                        help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock; "
+                             "stability: the bf16 mismatch, peer-like vs rloo defaults")
+    parser.add_argument("overrides", nargs="*", help="quality, stability: extra `python -m rloo.train` overrides for every run")
+    parser.add_argument("--presets", default=None,
+                        help=f"comma-separated, from: {', '.join(PRESETS)} (default: {','.join(DEFAULT_PRESETS)}; "
+                             f"stability: pythia-160m besides the embedded task)")
+    parser.add_argument("--precisions", default="fp32,bf16", help="stability: comma-separated, from fp32, bf16, bf16-true")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration, after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--ppo-epochs", default="4", help="comma-separated PPO epochs to run (TRL's default: 4)")
@@ -55,6 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="output dir (default: outputs/bench/<date>/<time>)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per configuration")
     args = parser.parse_intermixed_args(argv)
+    if args.presets is None:
+        args.presets = "pythia-160m" if args.mode == "stability" else ",".join(DEFAULT_PRESETS)
+    for precision in args.precisions.split(","):
+        if precision not in ("fp32", "bf16", "bf16-true"):
+            parser.error(f"--precisions: {precision!r} is not one of fp32, bf16, bf16-true")
     for name in args.presets.split(","):
         if name not in PRESETS:
             parser.error(f"--presets: {name!r} is not a preset; choose from {', '.join(PRESETS)}")
@@ -221,6 +229,17 @@ def main(argv=None) -> None:
         table = quality.markdown(report)
         (out_dir / "quality.md").write_text(table)
         print("\n" + table + f"\nbench: wrote {out_dir / 'quality.json'} and {out_dir / 'quality.md'}")
+        return
+    if args.mode == "stability":
+        from rloo.bench import stability
+
+        report = stability.run_stability(out_dir.resolve(), args.presets.split(","), args.precisions.split(","),
+                                         args.steps, args.warmup, args.threads, args.overrides, args.timeout)
+        report |= {"date": now.isoformat(timespec="seconds"), "machine": machine()}
+        (out_dir / "stability.json").write_text(json.dumps(report, indent=2))
+        table = stability.markdown(report)
+        (out_dir / "stability.md").write_text(table)
+        print("\n" + table + f"\nbench: wrote {out_dir / 'stability.json'} and {out_dir / 'stability.md'}")
         return
     results = [run_one(run, out_dir, args.timeout) for run in configurations(args)]
     report = {"date": now.isoformat(timespec="seconds"), "machine": machine(),

@@ -38,15 +38,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train.yaml key of the algorithm (e.g. old_logprobs=generation, num_ppo_epochs=2), "
+                             "or fp32_lm_head=true|false; repeatable")
     parser.add_argument("--out", required=True, help="where the JSON result goes")
     return parser.parse_args(argv)
 
 
 class StepClock:
-    """Wall time of every Lightning step (one rollout + its updates) and the module's phase split."""
+    """Wall time of every Lightning step (one rollout + its updates), the module's phase split and its metrics."""
 
     def __init__(self):
         self.steps: list[dict[str, float]] = []
+        self.metrics: list[dict[str, float]] = []
         self._started = 0.0
 
     def callback(self):
@@ -65,28 +69,51 @@ class StepClock:
                     torch.cuda.synchronize()
                 tokens = float(module.last_rollout.completion_mask.sum())
                 clock.steps.append(dict(module.last_timings, wall=time.perf_counter() - clock._started, tokens=tokens))
+                clock.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1})
 
         return _Clock()
 
 
-def build_module(args, preset, tokenizer, policy, reward_model):
-    from rloo.models import freeze
+def parse_settings(pairs: list[str]) -> dict:
+    import yaml
 
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"error: --set {pair!r} is not KEY=VALUE")
+        settings[key] = yaml.safe_load(value)
+    return settings
+
+
+def build_module(args, preset, tokenizer, policy, reward_model):
+    from dataclasses import fields
+
+    from rloo.models import freeze, use_fp32_lm_head
+
+    settings = parse_settings(args.settings)
     reference = freeze(copy.deepcopy(policy))
     freeze(reward_model)
+    for model in (policy, reference) if settings.pop("fp32_lm_head", True) else ():  # train.yaml's default: on
+        use_fp32_lm_head(model)
     completions = preset.completions_per_step
     shared = dict(kl_coef=preset.kl_coef, response_length=preset.response_length, temperature=0.7,
                   rollout_batch_size=completions, micro_batch_size=completions, generation_batch_size=completions,
                   lr=1e-6, warmup_ratio=0.0, lr_schedule="constant", total_steps=args.steps + args.warmup)
-    if args.algorithm == "rloo":
-        from rloo.algorithms.rloo import RLOOConfig, RLOOModule
-
-        return RLOOModule(policy, reference, reward_model, tokenizer, RLOOConfig(k=preset.k, **shared)), preset.k
     from rloo.algorithms.ppo import PPOConfig, PPOModule
+    from rloo.algorithms.rloo import RLOOConfig, RLOOModule
 
+    config_class = RLOOConfig if args.algorithm == "rloo" else PPOConfig
+    known = {f.name for f in fields(config_class)}
+    unknown = set(settings) - known
+    if unknown:
+        raise SystemExit(f"error: --set {sorted(unknown)[0]} is not a {config_class.__name__} key")
+    if args.algorithm == "rloo":
+        config = RLOOConfig(**(dict(k=preset.k) | shared | settings))
+        return RLOOModule(policy, reference, reward_model, tokenizer, config), config
     value_model = copy.deepcopy(reward_model).requires_grad_(True)  # initialised from the reward model
-    return PPOModule(policy, reference, reward_model, value_model, tokenizer,
-                     PPOConfig(k=1, num_ppo_epochs=args.ppo_epochs, **shared)), 1
+    config = PPOConfig(**(dict(k=1, num_ppo_epochs=args.ppo_epochs) | shared | settings))
+    return PPOModule(policy, reference, reward_model, value_model, tokenizer, config), config
 
 
 def run(args) -> dict:
@@ -96,13 +123,17 @@ def run(args) -> dict:
     preset = get_preset(args.preset)
     tokenizer = build_tokenizer(preset.vocab_size)
     policy, reward_model = build_models(preset, args.seed)
-    module, k = build_module(args, preset, tokenizer, policy, reward_model)
+    module, config = build_module(args, preset, tokenizer, policy, reward_model)
+    k = config.k
     prompts_per_step = preset.completions_per_step // k
     num_steps = args.steps + args.warmup
     prompts = random_prompts(preset, prompts_per_step * num_steps, args.seed)
     batches = [{"prompt_ids": chunk, "prompt_mask": torch.ones_like(chunk)} for chunk in prompts.split(prompts_per_step)]
     clock = StepClock()
-    trainer = L.Trainer(accelerator="gpu" if args.device == "cuda" else "cpu", devices=1, precision=args.precision,
+    from rloo.train import precision_arguments
+
+    accelerator = "gpu" if args.device == "cuda" else "cpu"
+    trainer = L.Trainer(accelerator=accelerator, devices=1, **precision_arguments(args.precision, accelerator),
                         max_steps=num_steps, max_epochs=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[clock.callback()],
                         num_sanity_val_steps=0)
@@ -119,9 +150,9 @@ def run(args) -> dict:
         "implementation": "rloo",
         "algorithm": args.algorithm,
         "preset": preset.name,
-        "settings": preset.as_dict() | {"num_ppo_epochs": args.ppo_epochs if args.algorithm == "ppo" else 1,
-                                        "num_mini_batches": 1, "completions_per_prompt": k,
-                                        "prompts_per_step": prompts_per_step, "precision": args.precision},
+        "settings": preset.as_dict() | {"num_ppo_epochs": config.num_ppo_epochs, "num_mini_batches": config.num_mini_batches,
+                                        "completions_per_prompt": k, "prompts_per_step": prompts_per_step,
+                                        "precision": args.precision, "overrides": parse_settings(args.settings)},
         "device": args.device,
         "threads": torch.get_num_threads(),
         "steps": len(timed),
@@ -138,6 +169,8 @@ def run(args) -> dict:
         "peak_rss_above_baseline_mb": peak_rss - baseline_rss,
         "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else None,
         "model_state_mb": model_state_mb(models, module.optimizers().optimizer),
+        "metrics_mean": {key: sum(m[key] for m in clock.metrics[args.warmup:]) / len(timed)
+                         for key in clock.metrics[-1] if all(key in m for m in clock.metrics[args.warmup:])},
         "python": platform.python_version(),
         "versions": {"torch": torch.__version__, "lightning": L.__version__, "transformers": _version("transformers")},
     }

@@ -26,7 +26,7 @@ def greedy_completions(policy, tokenizer, prompts: list[str], max_new_tokens: in
     """Greedy completions: decoded texts, plus the prompt and completion tensors (rollout layout) and ended `[N]`."""
     policy.eval()
     prompt_ids, prompt_mask = left_pad(tokenizer(prompts, add_special_tokens=False)["input_ids"], tokenizer.pad_token_id)
-    completion_ids, completion_mask, ended = sample_completions(
+    completion_ids, completion_mask, ended, _ = sample_completions(
         policy, prompt_ids, prompt_mask, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
         tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)

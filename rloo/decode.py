@@ -1,0 +1,265 @@
+"""A lean KV-cache sampling loop for GPT-NeoX (Pythia) causal LMs, in place of HF `generate` in the rollout.
+
+On small models HF `generate` spends about 30% of its time in framework code (cache objects, mask building,
+logits processors, stopping criteria). This loop runs the model's own weights through the arithmetic of
+`transformers.models.gpt_neox.modeling_gpt_neox` (fused qkv laid out per head as q|k|v, partial rotary on the
+first `rotary_ndims` dims, parallel or sequential residual, final layer norm, untied LM head):
+prefill the left-padded prompt in one forward, then one token per step into a preallocated KV cache,
+dropping rows from the batch once they have ended.
+Sampling follows HF's order: logits / temperature -> top-k -> top-p -> multinomial(softmax).
+Plain torch + transformers; no Lightning or Hydra.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import GPTNeoXForCausalLM
+
+from rloo.rollout import SamplingConfig, position_ids_for
+
+
+class _Layer(NamedTuple):
+    """One GPTNeoXLayer's weights, read once per call so the step loop does no module look-ups."""
+    ln_attn: tuple[Tensor, Tensor, float]   # input_layernorm (weight, bias, eps)
+    ln_mlp: tuple[Tensor, Tensor, float]    # post_attention_layernorm
+    qkv: tuple[Tensor, Tensor | None]       # query_key_value: hidden -> 3 * hidden, per head q|k|v
+    dense: tuple[Tensor, Tensor | None]
+    up: tuple[Tensor, Tensor]               # mlp.dense_h_to_4h
+    down: tuple[Tensor, Tensor]             # mlp.dense_4h_to_h
+    act: object                             # mlp.act (the config's hidden_act)
+    parallel: bool                          # use_parallel_residual
+
+
+class _Shape(NamedTuple):
+    heads: int
+    head_dim: int
+    rotary_dims: int
+
+
+def supports_lean_decode(model) -> bool:
+    """True for a GPTNeoXForCausalLM with plain rotary (scaled rope types recompute frequencies per length)."""
+    return isinstance(model, GPTNeoXForCausalLM) and model.gpt_neox.rotary_emb.rope_type == "default"
+
+
+def _layers(model: GPTNeoXForCausalLM) -> list[_Layer]:
+    def norm(ln):
+        return ln.weight, ln.bias, ln.eps
+
+    return [_Layer(norm(layer.input_layernorm), norm(layer.post_attention_layernorm),
+                   (layer.attention.query_key_value.weight, layer.attention.query_key_value.bias),
+                   (layer.attention.dense.weight, layer.attention.dense.bias),
+                   (layer.mlp.dense_h_to_4h.weight, layer.mlp.dense_h_to_4h.bias),
+                   (layer.mlp.dense_4h_to_h.weight, layer.mlp.dense_4h_to_h.bias),
+                   layer.mlp.act, layer.use_parallel_residual)
+            for layer in model.gpt_neox.layers]
+
+
+def _shape(model: GPTNeoXForCausalLM) -> _Shape:
+    attention = model.gpt_neox.layers[0].attention
+    return _Shape(model.config.num_attention_heads, attention.head_size, attention.rotary_ndims)
+
+
+def rotary_tables(model: GPTNeoXForCausalLM, length: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and signed sin `[length, rotary_dims]` for positions 0..length-1, as GPTNeoXRotaryEmbedding makes them.
+
+    The sin table carries rotate_half's sign (-sin on the first half), so that
+    x*cos + swap_halves(x)*sin_signed == x*cos + rotate_half(x)*sin exactly ((-a)*b == a*(-b) in IEEE).
+    """
+    rotary = model.gpt_neox.rotary_emb
+    inv_freq = rotary.inv_freq.float()
+    freqs = torch.arange(length, device=inv_freq.device).float()[:, None] * inv_freq  # [L, rot/2]
+    emb = torch.cat((freqs, freqs), dim=-1)                                            # [L, rot]
+    cos, sin = emb.cos() * rotary.attention_scaling, emb.sin() * rotary.attention_scaling
+    half = sin.shape[-1] // 2
+    sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    return cos.to(dtype), sin_signed.to(dtype)  # HF casts the tables to the hidden states' dtype
+
+
+def _linear_dtype(weight: Tensor) -> torch.dtype:
+    """The dtype F.linear returns here: autocast's when it is on (the cache then holds what SDPA would see)."""
+    device_type = weight.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+
+
+def _rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """x*cos + rotate_half(x)*sin over the last dim (the rotary dims)."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * sin_signed
+
+
+def _attention(x: Tensor, layer: _Layer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int,
+               mask: Tensor) -> Tensor:
+    """Causal self-attention of x `[B, T, D]` (positions start..start+T-1) over the cache; writes k|v there.
+
+    cos, sin: `[B, T, 1, 1, rot]`; kv_cache: `[B, H, S, 2*hd]` holding k|v side by side, as they lie in the
+    fused qkv output, so one copy stores both; mask: bool `[B, 1, T, start+T]`, True where a query may attend.
+    """
+    batch, length, _ = x.shape
+    qkv = F.linear(x, *layer.qkv).view(batch, length, shape.heads, 3, shape.head_dim)  # [B, T, H, q|k|v, hd]
+    if shape.rotary_dims:
+        qk = qkv[..., :2, :shape.rotary_dims]  # q and k rotated in one op
+        qk.copy_(_rotate(qk, cos, sin))
+    end = start + length
+    kv_cache[:, :, start:end] = qkv[..., 1:, :].flatten(-2).transpose(1, 2)  # [B, H, T, 2*hd]
+    keys, values = kv_cache[:, :, :end, :shape.head_dim], kv_cache[:, :, :end, shape.head_dim:]
+    out = F.scaled_dot_product_attention(qkv[..., 0, :].transpose(1, 2), keys, values, attn_mask=mask,
+                                         scale=shape.head_dim ** -0.5)  # [B, H, T, hd]
+    return F.linear(out.transpose(1, 2).reshape(batch, length, -1), *layer.dense)
+
+
+def _layer_forward(x: Tensor, layer: _Layer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int,
+                   mask: Tensor) -> Tensor:
+    """GPTNeoXLayer.forward, additions in its order (float addition is not associative)."""
+    attn = _attention(F.layer_norm(x, x.shape[-1:], *layer.ln_attn), layer, shape, cos, sin, kv_cache, start, mask)
+    if layer.parallel:
+        mlp = F.linear(layer.act(F.linear(F.layer_norm(x, x.shape[-1:], *layer.ln_mlp), *layer.up)), *layer.down)
+        return mlp + attn + x  # x + attn(ln1(x)) + mlp(ln2(x))
+    attn = attn + x
+    mlp = F.linear(layer.act(F.linear(F.layer_norm(attn, attn.shape[-1:], *layer.ln_mlp), *layer.up)), *layer.down)
+    return mlp + attn
+
+
+def _last_logits(model: GPTNeoXForCausalLM, hidden: Tensor) -> Tensor:
+    """LM head on the last position only: `[B, T, D]` -> `[B, V]`."""
+    norm = model.gpt_neox.final_layer_norm
+    last = F.layer_norm(hidden[:, -1], hidden.shape[-1:], norm.weight, norm.bias, norm.eps)
+    return F.linear(last, model.lm_head.weight, model.lm_head.bias)
+
+
+def filter_logits(scores: Tensor, top_k: int, top_p: float) -> Tensor:
+    """HF's TopKLogitsWarper then TopPLogitsWarper (min_tokens_to_keep=1): removed tokens get -inf. `[B, V]`.
+
+    top-k keeps every token tied with the k-th score; top-p removes, in ascending order, the tokens whose
+    cumulative probability is <= 1 - top_p, and never the most likely one.
+    """
+    if top_k > 0:
+        # the k-th largest score; the smallest of an unsorted top-k is the same value and skips the sort
+        kth = torch.topk(scores, min(top_k, scores.shape[-1]), sorted=False).values.amin(-1, keepdim=True)  # [B, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cumulative = sorted_scores.softmax(-1).cumsum(-1)
+        remove_sorted = cumulative <= 1 - top_p
+        remove_sorted[..., -1:] = False
+        scores = scores.masked_fill(remove_sorted.scatter(1, order, remove_sorted), float("-inf"))
+    return scores
+
+
+def sample_tokens(logits: Tensor, sampling: SamplingConfig) -> tuple[Tensor, Tensor]:
+    """Next tokens `[B]` and their log-probs `[B]` (float32) under softmax(logits / temperature), unfiltered."""
+    scores = logits.float()  # HF samples from float32 logits
+    if sampling.greedy:
+        tokens = scores.argmax(-1)
+    else:
+        scores = scores / sampling.temperature
+        probs = filter_logits(scores, sampling.top_k, sampling.top_p).softmax(-1)
+        tokens = torch.multinomial(probs, 1).squeeze(1)
+    picked = scores.gather(1, tokens[:, None]).squeeze(1)
+    return tokens, picked - scores.logsumexp(-1)  # log p(y) = z_y - log sum_v exp(z_v), as token_logprobs
+
+
+def _prefill_mask(prompt_mask: Tensor) -> Tensor:
+    """bool `[N, 1, P, P]`: causal, never onto left padding; a pad query sees itself, so no softmax row is empty
+    (an all-masked row gives NaN, which would reach the real tokens through the pad's v in the next layer)."""
+    length = prompt_mask.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=prompt_mask.device).tril()
+    mask = (causal & prompt_mask.bool()[:, None, :]) | torch.eye(length, dtype=torch.bool, device=prompt_mask.device)
+    return mask[:, None]
+
+
+@torch.no_grad()
+def lean_generate(model: GPTNeoXForCausalLM, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
+                  eos_token_id: int, pad_token_id: int, *, drop_finished: bool = True) -> tuple[Tensor, Tensor]:
+    """Sample completions like `rloo.rollout.generate` (HF generate) with a hand-written KV-cache loop.
+
+    prompt_ids, prompt_mask: `[N, P]` left-padded. Returns completion ids `[N, T]` (T <= max_new_tokens; stops
+    once every row has ended; pad_token_id after a row's EOS) and generation log-probs `[N, T]` float32:
+    log softmax(logits / temperature) of each sampled token (temperature 1 when greedy), 0 after the row ended.
+    drop_finished=False keeps ended rows in the forward, fed pad as generate does (the reference the tests compare
+    against); either way only live rows draw, in row order, so both settings consume the random stream alike.
+    """
+    if sampling.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
+    layers, shape = _layers(model), _shape(model)
+    num_rows, prompt_len = prompt_ids.shape
+    device, max_new = prompt_ids.device, sampling.max_new_tokens
+    stop_id = eos_token_id if sampling.stop_at_eos else None
+
+    embed = model.gpt_neox.embed_in.weight
+    hidden = F.embedding(prompt_ids, embed)  # [N, P, D]
+    cos_table, sin_table = rotary_tables(model, prompt_len + max_new + 1, hidden.dtype)
+    positions = position_ids_for(prompt_mask)  # [N, P]
+    key_valid = torch.ones(num_rows, prompt_len + max_new, dtype=torch.bool, device=device)  # [N, S]
+    key_valid[:, :prompt_len] = prompt_mask.bool()
+
+    # prefill: one forward over the prompt; each layer's cache is sized for the whole completion
+    kv_caches = []
+    mask = _prefill_mask(prompt_mask)
+    cos, sin = cos_table[positions][:, :, None, None], sin_table[positions][:, :, None, None]  # [N, P, 1, 1, rot]
+    for layer in layers:
+        kv_caches.append(torch.empty(num_rows, shape.heads, prompt_len + max_new, 2 * shape.head_dim,
+                                     dtype=_linear_dtype(layer.qkv[0]), device=device))
+        hidden = _layer_forward(hidden, layer, shape, cos, sin, kv_caches[-1], 0, mask)
+    logits = _last_logits(model, hidden)  # [N, V]
+
+    completion_ids = torch.full((num_rows, max_new), pad_token_id, dtype=prompt_ids.dtype, device=device)
+    generation_logprobs = torch.zeros(num_rows, max_new, dtype=torch.float32, device=device)
+    rows = torch.arange(num_rows, device=device)  # [B] original row of each batch slot
+    next_position = positions[:, -1] + 1           # [B] as generate: the last prompt position + 1
+    live = torch.ones(num_rows, dtype=torch.bool, device=device)  # [B] only without dropping: False once ended
+    num_live = num_rows                            # python int: the loop never syncs to count
+    # the slots that draw, in original row order, so the random stream falls on rows as it would without
+    # dropping (and as in generate while no row has ended); None: every slot, already in that order
+    draw = None
+    width = max_new
+    for step in range(max_new):
+        if draw is None:
+            new_tokens, logprobs = sample_tokens(logits, sampling)  # [B]
+            drawn_rows, tokens = rows, new_tokens
+        else:
+            new_tokens, logprobs = sample_tokens(logits.index_select(0, draw), sampling)  # [A]
+            drawn_rows = rows.index_select(0, draw)
+            tokens = torch.full_like(rows, pad_token_id).index_copy_(0, draw, new_tokens)  # ended rows: pad
+        completion_ids[drawn_rows, step] = new_tokens
+        generation_logprobs[drawn_rows, step] = logprobs
+        if step == max_new - 1:
+            break
+
+        ended = None if stop_id is None else new_tokens == stop_id  # [A]
+        num_ended = 0 if ended is None else int(ended.sum())
+        if num_ended:
+            num_live -= num_ended
+            if num_live == 0:
+                width = step + 1
+                break
+            ended_slots = ended.nonzero().squeeze(1) if draw is None else draw[ended]
+            if drop_finished:
+                # the batch keeps its first B' slots: live rows from the tail move into the ended slots below B',
+                # so a drop copies only the moved rows, and every cache stays a contiguous prefix of its buffer
+                gone = torch.zeros(len(rows), dtype=torch.bool, device=device).index_fill_(0, ended_slots, True)
+                holes = gone[:num_live].nonzero().squeeze(1)                      # [M] ended slots below B'
+                movers = (~gone[num_live:]).nonzero().squeeze(1) + num_live      # [M] live slots from B' on
+                state = [tokens, rows, next_position, key_valid, *kv_caches]
+                for tensor in state:
+                    tensor.index_copy_(0, holes, tensor.index_select(0, movers))
+                tokens, rows, next_position, key_valid, *kv_caches = (tensor[:num_live] for tensor in state)
+                draw = rows.argsort()
+            else:
+                live[ended_slots] = False
+                draw = live.nonzero().squeeze(1)
+
+        # one decode step: the token just drawn goes into cache slot P + step
+        start = prompt_len + step
+        hidden = F.embedding(tokens[:, None], embed)  # [B, 1, D]
+        cos, sin = cos_table[next_position][:, None, None, None], sin_table[next_position][:, None, None, None]
+        mask = key_valid[:, None, None, :start + 1]   # [B, 1, 1, start+1]
+        for layer, kv_cache in zip(layers, kv_caches):
+            hidden = _layer_forward(hidden, layer, shape, cos, sin, kv_cache, start, mask)
+        logits = _last_logits(model, hidden)  # [B, V]
+        next_position += 1
+    return completion_ids[:, :width], generation_logprobs[:, :width]

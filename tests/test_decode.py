@@ -1,0 +1,227 @@
+"""rloo.decode.lean_generate against independent references: HF generate (greedy ids, seeded samples), the
+training forward's log-probs, HF's logits warpers, the model's own softmax (statistically), and itself without
+dropping finished rows."""
+
+import pytest
+import torch
+from transformers import GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from rloo.bench.presets import PRESETS, neox_config
+from rloo.decode import filter_logits, lean_generate, supports_lean_decode
+from rloo.rollout import SamplingConfig, completion_logprobs, generate, truncate_after_stop
+
+PAD, EOS = 0, 1  # the presets' tokenizer ids
+
+# (use_parallel_residual, rotary_pct): Pythia's layout, the sequential residual, and full rotary
+ARCHITECTURES = [(True, 0.25), (False, 0.25), (True, 1.0)]
+
+
+def tiny_model(parallel: bool = True, rotary_pct: float = 0.25, vocab_size: int = 512, seed: int = 0):
+    """A random GPT-NeoX: hidden 64, 4 heads of 16 dims (rotary on 4 of them at 0.25), 2 layers."""
+    torch.manual_seed(seed)
+    config = neox_config(PRESETS["tiny"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=256, vocab_size=vocab_size, use_parallel_residual=parallel,
+                         rotary_pct=rotary_pct)
+    return GPTNeoXForCausalLM(config).eval()
+
+
+def left_padded_prompts(num_rows: int, length: int, vocab_size: int, seed: int = 0):
+    """ids, mask `[N, P]`: row i has a real length cycling through 1..P, left-padded with PAD."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, vocab_size, (num_rows, length), generator=generator)
+    real = 1 + torch.arange(num_rows) % length                          # [N]
+    mask = (torch.arange(length)[None, :] >= length - real[:, None]).long()
+    return ids.masked_fill(mask == 0, PAD), mask
+
+
+def hf_generate(model, ids, mask, sampling, eos=EOS):
+    return generate(model, ids, mask, sampling, eos, PAD, batch_size=ids.shape[0])
+
+
+def pick_stop_token(completions: torch.Tensor) -> int:
+    """A token that greedy decoding reaches after step 0 in some rows and never in others, to use as EOS."""
+    for token in completions[:, 1:].unique().tolist():
+        hit = (completions == token).any(1)
+        first = (completions == token).int().argmax(1)
+        if 0 < hit.sum() < len(hit) and (first[hit] > 0).all():
+            return token
+    raise AssertionError("no token splits the rows; change the seed")
+
+
+def test_supports_lean_decode():
+    assert supports_lean_decode(tiny_model())
+    torch.manual_seed(0)
+    assert not supports_lean_decode(GPTNeoXForSequenceClassification(neox_config(PRESETS["tiny"], num_labels=1)))
+
+
+@pytest.mark.parametrize("parallel, rotary_pct", ARCHITECTURES)
+def test_greedy_ids_equal_hf_generate(parallel, rotary_pct):
+    model = tiny_model(parallel, rotary_pct)
+    ids, mask = left_padded_prompts(12, 6, model.config.vocab_size)
+    sampling = SamplingConfig(max_new_tokens=16, greedy=True)
+    free_run = hf_generate(model, ids, mask, SamplingConfig(max_new_tokens=16, greedy=True, stop_at_eos=False))
+    stop = pick_stop_token(free_run)
+
+    expected = hf_generate(model, ids, mask, sampling, eos=stop)
+    completions, logprobs = lean_generate(model, ids, mask, sampling, stop, PAD)
+    assert torch.equal(completions, expected)
+    ended = (completions == stop).any(1)
+    assert ended.any() and not ended.all()  # rows that stop early and rows that never stop
+    _, completion_mask, _ = truncate_after_stop(completions, stop, PAD)
+    assert (logprobs[completion_mask == 0] == 0).all()
+
+
+def test_no_eos_runs_to_max_new_tokens():
+    model = tiny_model(vocab_size=8)  # EOS is likely, but must not stop anything here
+    ids, mask = left_padded_prompts(16, 4, 8)
+    sampling = SamplingConfig(max_new_tokens=12, temperature=1.5, stop_at_eos=False)
+    torch.manual_seed(0)
+    completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
+    assert completions.shape == (16, 12) and (completions[:, :-1] == EOS).any()
+    assert (logprobs < 0).all()
+
+
+def bias_eos(model, logit_bias: float):
+    """Add `logit_bias` to EOS's logit exactly: final-norm dim 0 becomes the constant 1, read only by EOS's row."""
+    with torch.no_grad():
+        model.gpt_neox.final_layer_norm.weight[0] = 0.0
+        model.gpt_neox.final_layer_norm.bias[0] = 1.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[EOS, 0] = logit_bias
+    return model
+
+
+def test_stops_once_every_row_has_ended():
+    model = bias_eos(tiny_model(), 5.5)  # p(EOS) ~ 0.3 per step: every row ends long before 64 tokens
+    ids, mask = left_padded_prompts(16, 4, model.config.vocab_size)
+    torch.manual_seed(0)
+    completions, logprobs = lean_generate(model, ids, mask, SamplingConfig(max_new_tokens=64), EOS, PAD)
+    _, completion_mask, ended = truncate_after_stop(completions, EOS, PAD)
+    lengths = completion_mask.sum(1)
+    assert ended.all() and completions.shape[1] == lengths.max() < 64
+    assert lengths.min() < lengths.max()
+    assert (completions[completion_mask == 0] == PAD).all() and (logprobs[completion_mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize("parallel, rotary_pct", ARCHITECTURES)
+@pytest.mark.parametrize("temperature, top_k, top_p, greedy", [(0.7, 0, 1.0, False), (0.7, 5, 0.9, False),
+                                                               (1.0, 0, 1.0, True)])
+def test_logprobs_equal_training_forward(parallel, rotary_pct, temperature, top_k, top_p, greedy):
+    model = tiny_model(parallel, rotary_pct, vocab_size=24)  # a small vocabulary: EOS ends many rows
+    ids, mask = left_padded_prompts(16, 5, 24)
+    sampling = SamplingConfig(max_new_tokens=20, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
+    torch.manual_seed(0)
+    completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
+    completions, completion_mask, ended = truncate_after_stop(completions, EOS, PAD)
+    if not greedy:
+        assert ended.any()
+    expected = completion_logprobs(model, torch.cat([ids, completions], 1), torch.cat([mask, completion_mask], 1),
+                                   completions, completion_mask, 1.0 if greedy else temperature)
+    assert logprobs.dtype == torch.float32
+    torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
+    assert (logprobs[completion_mask == 0] == 0).all()
+
+
+def hf_warp(scores, temperature, top_k, top_p):
+    for warper in (TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k) if top_k else None,
+                   TopPLogitsWarper(top_p) if top_p < 1.0 else None):
+        if warper is not None:
+            scores = warper(None, scores)
+    return scores
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 0.9), (1.3, 10, 1.0), (0.7, 20, 0.5),
+                                                       (1.0, 0, 1e-4), (0.5, 7, 0.0), (0.9, 1, 0.3),
+                                                       (2.0, 200, 0.99)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_filter_equals_hf_warpers(temperature, top_k, top_p, ties):
+    generator = torch.Generator().manual_seed(0)
+    if ties:  # few distinct values: top-k keeps every tie of the k-th, top-p's <= boundary is hit
+        scores = torch.randint(0, 4, (64, 100), generator=generator).float()
+    else:
+        scores = 3 * torch.randn(64, 100, generator=generator)
+    expected = hf_warp(scores.clone(), temperature, top_k, top_p)
+    filtered = filter_logits(scores / temperature, top_k, top_p)
+    assert torch.equal(filtered.isinf(), expected.isinf())
+    assert torch.equal(filtered, expected)
+    torch.testing.assert_close(filtered.softmax(-1), expected.softmax(-1), atol=0, rtol=0)
+    if top_p <= 1e-4 and not ties:
+        assert ((~filtered.isinf()).sum(-1) == 1).all()  # top_p near 0 keeps the single most likely token
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (4, 1.0), (0, 0.6)])
+def test_first_step_frequencies_match_softmax(top_k, top_p):
+    model = tiny_model(vocab_size=16, seed=3)
+    ids = torch.tensor([[5, 9, 2, 7]])
+    rows, temperature = 20_000, 0.7
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, -1]
+    expected = filter_logits((logits / temperature)[None], top_k, top_p)[0].softmax(-1)  # [V]
+    sampling = SamplingConfig(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    torch.manual_seed(0)
+    completions, _ = lean_generate(model, ids.expand(rows, -1), torch.ones(rows, 4, dtype=torch.long), sampling,
+                                   EOS, PAD)
+    frequencies = torch.bincount(completions[:, 0], minlength=16).float() / rows
+    # 6 standard errors per token: a fixed seed never flakes, a wrong distribution is far outside
+    tolerance = 6 * (expected * (1 - expected) / rows).sqrt() + 1e-4
+    assert ((frequencies - expected).abs() <= tolerance).all(), (frequencies, expected)
+    assert (frequencies[expected == 0] == 0).all()
+
+
+@pytest.mark.parametrize("parallel, rotary_pct", ARCHITECTURES)
+@pytest.mark.parametrize("greedy", [False, True])
+def test_dropping_finished_rows_changes_nothing(parallel, rotary_pct, greedy):
+    model = tiny_model(parallel, rotary_pct, vocab_size=20)
+    ids, mask = left_padded_prompts(24, 6, 20)
+    sampling = SamplingConfig(max_new_tokens=24, temperature=1.0, top_k=12, top_p=0.95, greedy=greedy)
+    stop = EOS
+    if greedy:
+        stop = pick_stop_token(hf_generate(model, ids, mask, SamplingConfig(24, greedy=True, stop_at_eos=False)))
+    torch.manual_seed(1)
+    dropped, dropped_logprobs = lean_generate(model, ids, mask, sampling, stop, PAD)
+    torch.manual_seed(1)
+    kept, kept_logprobs = lean_generate(model, ids, mask, sampling, stop, PAD, drop_finished=False)
+    lengths = truncate_after_stop(dropped, stop, PAD)[1].sum(1)
+    assert lengths.min() < lengths.max()  # rows ended at different steps, so rows were dropped mid-run
+    assert torch.equal(dropped, kept)
+    torch.testing.assert_close(dropped_logprobs, kept_logprobs, atol=1e-6, rtol=0)
+
+
+def test_seeded_samples_follow_hf_generate():
+    """Same seed, no EOS stop: both draw multinomial over [N, V] float32 probabilities each step."""
+    model = tiny_model()
+    ids, mask = left_padded_prompts(32, 6, model.config.vocab_size)
+    sampling = SamplingConfig(max_new_tokens=12, temperature=0.8, top_k=50, top_p=0.9, stop_at_eos=False)
+    torch.manual_seed(7)
+    expected = hf_generate(model, ids, mask, sampling)
+    torch.manual_seed(7)
+    completions, _ = lean_generate(model, ids, mask, sampling, EOS, PAD)
+    # a last-ulp difference in one probability may flip one draw (and that row's continuation); rows are
+    # otherwise independent because both consume the random stream alike
+    assert (completions == expected).all(1).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("how", ["autocast", "bf16_weights"])
+def test_bf16_runs_with_finite_logprobs(how):
+    model = tiny_model(vocab_size=24)
+    ids, mask = left_padded_prompts(16, 5, 24)
+    sampling = SamplingConfig(max_new_tokens=16, temperature=0.7, top_k=10)
+    torch.manual_seed(0)
+    if how == "autocast":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
+            _, completion_mask, _ = truncate_after_stop(completions, EOS, PAD)
+            expected = completion_logprobs(model, torch.cat([ids, completions], 1),
+                                           torch.cat([mask, completion_mask], 1), completions, completion_mask, 0.7)
+    else:
+        model = model.to(torch.bfloat16)
+        completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
+        _, completion_mask, _ = truncate_after_stop(completions, EOS, PAD)
+        expected = completion_logprobs(model, torch.cat([ids, completions], 1), torch.cat([mask, completion_mask], 1),
+                                       completions, completion_mask, 0.7)
+    assert logprobs.dtype == torch.float32 and torch.isfinite(logprobs).all()
+    real = completion_mask == 1
+    assert (logprobs[real] < 0).all() and (logprobs[~real] == 0).all()
+    # bf16 rounds differently along the two paths (cache layout, batch shapes): close, not equal
+    assert (logprobs - expected.float()).abs().max() < 0.1
