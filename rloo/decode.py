@@ -4,8 +4,8 @@ On small models HF `generate` spends about 30% of its time in framework code (ca
 logits processors, stopping criteria). This loop runs the model's own weights through the arithmetic of
 `transformers.models.gpt_neox.modeling_gpt_neox` (fused qkv laid out per head as q|k|v, partial rotary on the
 first `rotary_ndims` dims, parallel or sequential residual, final layer norm, untied LM head):
-prefill the left-padded prompt in one forward, then one token per step into a preallocated KV cache,
-dropping rows from the batch once they have ended.
+prefill each distinct left-padded prompt in one forward, then one token per step into a preallocated cache
+per layer (`[B, heads, P + max_new, 2 * head_dim]`, k|v side by side), dropping rows from the batch once they end.
 Sampling follows HF's order: logits / temperature -> top-k -> top-p -> multinomial(softmax).
 Plain torch + transformers; no Lightning or Hydra.
 """
@@ -59,8 +59,9 @@ def _layers(model: GPTNeoXForCausalLM) -> list[_Layer]:
 
 
 def _shape(model: GPTNeoXForCausalLM) -> _Shape:
-    attention = model.gpt_neox.layers[0].attention
-    return _Shape(model.config.num_attention_heads, attention.head_size, attention.rotary_ndims)
+    # HF rotates as many dims as its cos table is wide (2 * len(inv_freq)), even where rotary_ndims is odd
+    rotary_dims = 2 * len(model.gpt_neox.rotary_emb.inv_freq)
+    return _Shape(model.config.num_attention_heads, model.gpt_neox.layers[0].attention.head_size, rotary_dims)
 
 
 def rotary_tables(model: GPTNeoXForCausalLM, length: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -128,7 +129,7 @@ def _last_logits(model: GPTNeoXForCausalLM, hidden: Tensor) -> Tensor:
     """LM head on the last position only: `[B, T, D]` -> `[B, V]`."""
     norm = model.gpt_neox.final_layer_norm
     last = F.layer_norm(hidden[:, -1], hidden.shape[-1:], norm.weight, norm.bias, norm.eps)
-    return F.linear(last, model.lm_head.weight, model.lm_head.bias)
+    return model.lm_head(last)  # the module, not its weight: a swapped head (rloo.models.FP32Head) must run as is
 
 
 def filter_logits(scores: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -172,6 +173,43 @@ def _prefill_mask(prompt_mask: Tensor) -> Tensor:
     return mask[:, None]
 
 
+def _prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """first `[U]`, inverse `[N]`: the first row of each distinct prompt, and the group of every row.
+
+    RLOO repeats every prompt k times, and rows that agree on the mask and on every real token have the same
+    prefill (ids under padding are never attended), so U = N / k prefills serve all N rows.
+    """
+    key = prompt_ids.masked_fill(prompt_mask == 0, -1)  # -1 is no token id: the mask is part of the key
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)  # [N]
+    rows = torch.arange(len(inverse), device=inverse.device)
+    first = torch.full((int(inverse.max()) + 1,), len(inverse), device=inverse.device)
+    return first.scatter_reduce_(0, inverse, rows, "amin"), inverse
+
+
+def _prefill(model: GPTNeoXForCausalLM, layers: list[_Layer], shape: _Shape, prompt_ids: Tensor, prompt_mask: Tensor,
+             cos_table: Tensor, sin_table: Tensor, cache_len: int) -> tuple[list[Tensor], Tensor]:
+    """One forward over left-padded prompts `[U, P]`: per layer a k|v cache `[U, H, cache_len, 2*hd]` with the
+    prompt in slots 0..P-1, and the logits `[U, V]` after the last prompt token."""
+    hidden = F.embedding(prompt_ids, model.gpt_neox.embed_in.weight)  # [U, P, D]
+    positions = position_ids_for(prompt_mask)  # [U, P]
+    cos, sin = cos_table[positions][:, :, None, None], sin_table[positions][:, :, None, None]  # [U, P, 1, 1, rot]
+    mask = _prefill_mask(prompt_mask)
+    kv_caches = []
+    for layer in layers:
+        kv_caches.append(torch.empty(len(prompt_ids), shape.heads, cache_len, 2 * shape.head_dim,
+                                     dtype=_linear_dtype(layer.qkv[0]), device=prompt_ids.device))
+        hidden = _layer_forward(hidden, layer, shape, cos, sin, kv_caches[-1], 0, mask)
+    return kv_caches, _last_logits(model, hidden)
+
+
+def _spread(group_cache: Tensor, inverse: Tensor, cache_len: int) -> Tensor:
+    """`[U, H, P, 2*hd]` -> `[N, H, cache_len, 2*hd]`: every row gets its prompt group's slots 0..P-1."""
+    heads, prompt_len, width = group_cache.shape[1:]
+    kv_cache = group_cache.new_empty(len(inverse), heads, cache_len, width)
+    kv_cache[:, :, :prompt_len] = group_cache[inverse]
+    return kv_cache
+
+
 @torch.no_grad()
 def lean_generate(model: GPTNeoXForCausalLM, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
                   eos_token_id: int, pad_token_id: int, *, drop_finished: bool = True) -> tuple[Tensor, Tensor]:
@@ -191,26 +229,24 @@ def lean_generate(model: GPTNeoXForCausalLM, prompt_ids: Tensor, prompt_mask: Te
     stop_id = eos_token_id if sampling.stop_at_eos else None
 
     embed = model.gpt_neox.embed_in.weight
-    hidden = F.embedding(prompt_ids, embed)  # [N, P, D]
-    cos_table, sin_table = rotary_tables(model, prompt_len + max_new + 1, hidden.dtype)
-    positions = position_ids_for(prompt_mask)  # [N, P]
+    cos_table, sin_table = rotary_tables(model, prompt_len + max_new, embed.dtype)  # [S, rot]
+    next_position = position_ids_for(prompt_mask)[:, -1] + 1  # [N] as generate: the last prompt position + 1
     key_valid = torch.ones(num_rows, prompt_len + max_new, dtype=torch.bool, device=device)  # [N, S]
     key_valid[:, :prompt_len] = prompt_mask.bool()
 
-    # prefill: one forward over the prompt; each layer's cache is sized for the whole completion
-    kv_caches = []
-    mask = _prefill_mask(prompt_mask)
-    cos, sin = cos_table[positions][:, :, None, None], sin_table[positions][:, :, None, None]  # [N, P, 1, 1, rot]
-    for layer in layers:
-        kv_caches.append(torch.empty(num_rows, shape.heads, prompt_len + max_new, 2 * shape.head_dim,
-                                     dtype=_linear_dtype(layer.qkv[0]), device=device))
-        hidden = _layer_forward(hidden, layer, shape, cos, sin, kv_caches[-1], 0, mask)
-    logits = _last_logits(model, hidden)  # [N, V]
+    first, inverse = _prompt_groups(prompt_ids, prompt_mask)  # [U], [N]
+    if len(first) == num_rows:
+        kv_caches, logits = _prefill(model, layers, shape, prompt_ids, prompt_mask, cos_table, sin_table,
+                                     prompt_len + max_new)
+    else:  # one prefill per distinct prompt, copied to its rows
+        group_caches, group_logits = _prefill(model, layers, shape, prompt_ids[first], prompt_mask[first], cos_table,
+                                              sin_table, prompt_len)
+        kv_caches = [_spread(group_cache, inverse, prompt_len + max_new) for group_cache in group_caches]
+        logits = group_logits[inverse]  # [N, V]
 
     completion_ids = torch.full((num_rows, max_new), pad_token_id, dtype=prompt_ids.dtype, device=device)
     generation_logprobs = torch.zeros(num_rows, max_new, dtype=torch.float32, device=device)
     rows = torch.arange(num_rows, device=device)  # [B] original row of each batch slot
-    next_position = positions[:, -1] + 1           # [B] as generate: the last prompt position + 1
     live = torch.ones(num_rows, dtype=torch.bool, device=device)  # [B] only without dropping: False once ended
     num_live = num_rows                            # python int: the loop never syncs to count
     # the slots that draw, in original row order, so the random stream falls on rows as it would without

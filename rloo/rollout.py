@@ -77,7 +77,7 @@ def generation_config_for(sampling: SamplingConfig, eos_token_id: int, pad_token
         min_new_tokens=0,
         do_sample=not sampling.greedy,
         temperature=None if sampling.greedy else sampling.temperature,
-        top_k=None if sampling.greedy or sampling.top_k == 0 else sampling.top_k,
+        top_k=None if sampling.greedy else sampling.top_k,  # 0 disables; None would let transformers fill in 50
         top_p=None if sampling.greedy or sampling.top_p >= 1.0 else sampling.top_p,
         num_beams=1,
         repetition_penalty=1.0,

@@ -17,11 +17,12 @@ PAD, EOS = 0, 1  # the presets' tokenizer ids
 ARCHITECTURES = [(True, 0.25), (False, 0.25), (True, 1.0)]
 
 
-def tiny_model(parallel: bool = True, rotary_pct: float = 0.25, vocab_size: int = 512, seed: int = 0):
+def tiny_model(parallel: bool = True, rotary_pct: float = 0.25, vocab_size: int = 512, seed: int = 0,
+               hidden_size: int = 64):
     """A random GPT-NeoX: hidden 64, 4 heads of 16 dims (rotary on 4 of them at 0.25), 2 layers."""
     torch.manual_seed(seed)
-    config = neox_config(PRESETS["tiny"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=256, vocab_size=vocab_size, use_parallel_residual=parallel,
+    config = neox_config(PRESETS["tiny"], hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=4 * hidden_size, vocab_size=vocab_size, use_parallel_residual=parallel,
                          rotary_pct=rotary_pct)
     return GPTNeoXForCausalLM(config).eval()
 
@@ -55,10 +56,12 @@ def test_supports_lean_decode():
     assert not supports_lean_decode(GPTNeoXForSequenceClassification(neox_config(PRESETS["tiny"], num_labels=1)))
 
 
-@pytest.mark.parametrize("parallel, rotary_pct", ARCHITECTURES)
-def test_greedy_ids_equal_hf_generate(parallel, rotary_pct):
-    model = tiny_model(parallel, rotary_pct)
+@pytest.mark.parametrize("parallel, rotary_pct, hidden_size", [*(a + (64,) for a in ARCHITECTURES), (True, 0.25, 48)])
+def test_greedy_ids_equal_hf_generate(parallel, rotary_pct, hidden_size):
+    # hidden 48: heads of 12 dims, rotary_ndims 3 but a cos table 4 wide, which is what HF rotates
+    model = tiny_model(parallel, rotary_pct, hidden_size=hidden_size)
     ids, mask = left_padded_prompts(12, 6, model.config.vocab_size)
+    ids, mask = torch.cat([ids, ids[:4]]), torch.cat([mask, mask[:4]])  # repeated prompts share one prefill
     sampling = SamplingConfig(max_new_tokens=16, greedy=True)
     free_run = hf_generate(model, ids, mask, SamplingConfig(max_new_tokens=16, greedy=True, stop_at_eos=False))
     stop = pick_stop_token(free_run)
@@ -191,7 +194,8 @@ def test_dropping_finished_rows_changes_nothing(parallel, rotary_pct, greedy):
 def test_seeded_samples_follow_hf_generate():
     """Same seed, no EOS stop: both draw multinomial over [N, V] float32 probabilities each step."""
     model = tiny_model()
-    ids, mask = left_padded_prompts(32, 6, model.config.vocab_size)
+    ids, mask = left_padded_prompts(8, 6, model.config.vocab_size)
+    ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)  # the rollout's k = 4 layout
     sampling = SamplingConfig(max_new_tokens=12, temperature=0.8, top_k=50, top_p=0.9, stop_at_eos=False)
     torch.manual_seed(7)
     expected = hf_generate(model, ids, mask, sampling)
@@ -225,3 +229,16 @@ def test_bf16_runs_with_finite_logprobs(how):
     assert (logprobs[real] < 0).all() and (logprobs[~real] == 0).all()
     # bf16 rounds differently along the two paths (cache layout, batch shapes): close, not equal
     assert (logprobs - expected.float()).abs().max() < 0.1
+
+
+def test_runs_the_models_own_lm_head():
+    """A swapped head class (rloo.models.use_fp32_lm_head) computes the logits, as in the training forward."""
+    from rloo.models import use_fp32_lm_head
+
+    model = use_fp32_lm_head(tiny_model(vocab_size=24))
+    dtypes = []
+    model.lm_head.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
+    ids, mask = left_padded_prompts(8, 5, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        completions, _ = lean_generate(model, ids, mask, SamplingConfig(max_new_tokens=6), EOS, PAD)
+    assert len(dtypes) == completions.shape[1] and set(dtypes) == {torch.float32}

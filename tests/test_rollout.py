@@ -140,3 +140,15 @@ def test_collect_rollout_lays_groups_prompt_major(policy, reward_model, tokenize
     # the reference is a copy of the policy, so its log-probs equal the policy's old log-probs
     assert torch.allclose(rollout.ref_logprobs, rollout.logprobs, atol=1e-6)
     assert rollout.scores.shape == (12,) and rollout.completion_mask.shape == rollout.completion_ids.shape
+
+
+def test_top_k_off_samples_from_the_whole_vocabulary(policy, tokenizer):
+    """top_k=0 must reach HF generate as 0: left unset, transformers fills in top_k=50."""
+    torch.manual_seed(0)
+    ids = torch.full((1500, 1), tokenizer.eos_token_id)
+    raw = generate(policy, ids, torch.ones_like(ids), SamplingConfig(max_new_tokens=1, temperature=1.0, top_k=0),
+                   tokenizer.eos_token_id, tokenizer.pad_token_id, 1500)
+    assert len(set(raw[:, 0].tolist())) > 100  # a random tiny model is near uniform over ~400 tokens
+    capped = generate(policy, ids, torch.ones_like(ids), SamplingConfig(max_new_tokens=1, temperature=1.0, top_k=50),
+                      tokenizer.eos_token_id, tokenizer.pad_token_id, 1500)
+    assert len(set(capped[:, 0].tolist())) <= 50
