@@ -57,9 +57,35 @@ def wandb_offline() -> bool:
         return True
 
 
+def sweep_group() -> str | None:
+    """The W&B group of a multirun job: the sweep's config name and start time (k_clip-2026-12-03-08-30-00),
+    shared by all its jobs; None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    hydra_cfg = HydraConfig.get()
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    return f"{hydra_cfg.job.config_name}-{sweep_dir.parent.name}-{sweep_dir.name}"
+
+
+def sweep_job_name() -> str | None:
+    """The W&B run name of a multirun job: its number and overrides, as its dir; None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    job = HydraConfig.get().job
+    return f"{job.num}_{job.override_dirname}"
+
+
 def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("wandb_offline"):
-        OmegaConf.register_new_resolver("wandb_offline", wandb_offline)
+    for name, resolver in (("wandb_offline", wandb_offline), ("sweep_group", sweep_group),
+                           ("sweep_job_name", sweep_job_name)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
 
 
 def _require(cond: bool, key: str, allowed: str, value) -> None:

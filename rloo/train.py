@@ -63,6 +63,7 @@ def run(cfg: DictConfig) -> dict:
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from rloo.bench.measure import peak_rss_mb
     from rloo.callbacks import HeldOutEval, MismatchHistograms, SampleTable
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
@@ -130,6 +131,8 @@ def run(cfg: DictConfig) -> dict:
         "algorithm": cfg.algorithm,
         "wall_seconds": round(time.time() - started, 2),
         "fit_seconds": round(fit_seconds, 2),  # trainer.fit alone: training steps and the evaluations inside it
+        "peak_rss_mb": round(peak_rss_mb(), 1),  # this process (rank) so far
+        "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
         "output_dir": str(out),
         "policy_dir": str(out / "policy"),
         "bootstrap": bootstrap_report,

@@ -1,0 +1,140 @@
+"""python -m rloo.report <multirun dir>: one table and two plots for a sweep, no notebook.
+
+    python -m rloo.report outputs/multirun/2026-12-03/08-30-00
+
+Reads every job dir (`<n>_<overrides>/`: .hydra/overrides.yaml, config.yaml, summary.json, csv/metrics.csv) and
+writes, into the multirun dir: report.md and report.csv (one row per job: overrides, status, final win rate
+with its interval, reward, KL, clip fraction, wall time, peak memory), win_rate_vs_k.png and kl_vs_k.png
+(one line per clip range). A job with no summary.json is reported as failed, never dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+COLUMNS = ["job", "overrides", "status", "k", "clip_range", "kl_coef", "win_rate", "win_rate_ci_low",
+           "win_rate_ci_high", "reward", "kl", "clipfrac", "wall_seconds", "peak_rss_mb", "peak_gpu_mb"]
+TAIL_STEPS = 10  # train metrics are averaged over the last steps: one step is noisy
+
+
+def job_dirs(multirun_dir: Path) -> list[Path]:
+    """Job dirs in job-number order: every subdir Hydra gave a .hydra/ (it writes it before the job runs)."""
+    dirs = [d for d in multirun_dir.iterdir() if d.is_dir() and (d / ".hydra").is_dir()]
+    return sorted(dirs, key=lambda d: (int(d.name.split("_")[0]) if d.name.split("_")[0].isdigit() else 1 << 30, d.name))
+
+
+def tail_mean(rows: list[dict], key: str) -> float | None:
+    values = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+    return statistics.fmean(values[-TAIL_STEPS:]) if values else None
+
+
+def job_row(job: Path) -> dict:
+    overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
+    config = yaml.safe_load((job / ".hydra" / "config.yaml").read_text()) or {}
+    row = {"job": job.name, "overrides": " ".join(overrides), "k": config.get("k"),
+           "clip_range": config.get("clip_range"), "kl_coef": config.get("kl_coef")}
+    summary_path = job / "summary.json"
+    if not summary_path.exists():
+        return row | {"status": "failed"}
+    summary = json.loads(summary_path.read_text())
+    final = summary.get("final") or {}
+    metrics_path = job / "csv" / "metrics.csv"
+    rows = list(csv.DictReader(metrics_path.open())) if metrics_path.exists() else []
+    return row | {
+        "status": "ok",
+        "win_rate": final.get("eval/win_rate"), "win_rate_ci_low": final.get("eval/win_rate_ci_low"),
+        "win_rate_ci_high": final.get("eval/win_rate_ci_high"),
+        "reward": tail_mean(rows, "objective/rlhf_reward"), "kl": tail_mean(rows, "objective/kl"),
+        "clipfrac": tail_mean(rows, "policy/clipfrac_avg"),
+        "wall_seconds": summary.get("wall_seconds"), "peak_rss_mb": summary.get("peak_rss_mb"),
+        "peak_gpu_mb": summary.get("peak_gpu_mb"),
+    }
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| job | status | win rate [95% CI] | reward | KL | clip frac | wall s | peak RSS MB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        win = "-" if r.get("win_rate") is None else \
+            f"{r['win_rate']:.3f} [{r['win_rate_ci_low']:.3f}, {r['win_rate_ci_high']:.3f}]"
+        lines.append(f"| {r['overrides'] or r['job']} | {r['status']} | {win} | {_cell(r.get('reward'))} "
+                     f"| {_cell(r.get('kl'))} | {_cell(r.get('clipfrac'))} | {_cell(r.get('wall_seconds'))} "
+                     f"| {_cell(r.get('peak_rss_mb'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_against_k(rows: list[dict], key: str, ylabel: str, path: Path) -> None:
+    """`key` of the finished jobs against k, one line per clip range (error bars for the win rate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(5, 3.5), dpi=120)
+    done = [r for r in rows if r["status"] == "ok" and r.get(key) is not None and r.get("k") is not None]
+    for clip in sorted({r["clip_range"] for r in done}, key=lambda c: (c is None, c)):
+        line = sorted((r for r in done if r["clip_range"] == clip), key=lambda r: r["k"])
+        ks, values = [r["k"] for r in line], [r[key] for r in line]
+        if key == "win_rate":
+            errors = [[v - r["win_rate_ci_low"] for v, r in zip(values, line)],
+                      [r["win_rate_ci_high"] - v for v, r in zip(values, line)]]
+            axes.errorbar(ks, values, yerr=errors, marker="o", capsize=3, label=f"clip_range={clip}")
+        else:
+            axes.plot(ks, values, marker="o", label=f"clip_range={clip}")
+    axes.set_xlabel("k (completions per prompt)")
+    axes.set_ylabel(ylabel)
+    if done:
+        axes.set_xticks(sorted({r["k"] for r in done}))
+        axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def report(multirun_dir: Path) -> list[dict]:
+    rows = [job_row(job) for job in job_dirs(multirun_dir)]
+    (multirun_dir / "report.md").write_text(markdown(rows))
+    with (multirun_dir / "report.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    plot_against_k(rows, "win_rate", "final win rate (95% CI)", multirun_dir / "win_rate_vs_k.png")
+    plot_against_k(rows, "kl", f"KL (mean of last {TAIL_STEPS} steps)", multirun_dir / "kl_vs_k.png")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("error: usage: python -m rloo.report <multirun dir> (e.g. outputs/multirun/<date>/<time>)", file=sys.stderr)
+        sys.exit(2)
+    multirun_dir = Path(argv[0])
+    if not multirun_dir.is_dir():
+        print(f"error: {argv[0]!r} is not a dir: give a multirun dir (outputs/multirun/<date>/<time>)", file=sys.stderr)
+        sys.exit(2)
+    if not job_dirs(multirun_dir):
+        print(f"error: {argv[0]!r} holds no Hydra job dirs (<n>_<overrides>/.hydra): is it a multirun dir?", file=sys.stderr)
+        sys.exit(2)
+    rows = report(multirun_dir)
+    print(markdown(rows))
+    print(f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished; wrote report.md, "
+          f"report.csv, win_rate_vs_k.png, kl_vs_k.png in {multirun_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""A real 2x1 multirun through `python -m rloo.train -m`, then `python -m rloo.report` on it."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import matplotlib.image
+import pytest
+from omegaconf import OmegaConf
+
+from tests.e2e import ROOT, TINY_BOOTSTRAP, TINY_RUN
+
+
+@pytest.fixture(scope="module")
+def multirun(finished_run):
+    """A sweep file as in sweeps/ (fixed settings in the file, the swept ones in hydra.sweeper.params)."""
+    base, _ = finished_run
+    sweep_dir = base / "multirun"
+    fixed = [arg for arg in TINY_BOOTSTRAP + TINY_RUN if not arg.startswith(("k=", "checkpoint_every"))]
+    settings = OmegaConf.from_dotlist([*fixed, "checkpoint_every=0", "eval_every=0", f"hydra.sweep.dir={sweep_dir}",
+                                       "hydra.sweeper.params.k=2,4", "hydra.sweeper.params.clip_range=0.2"])
+    (base / "sweeps").mkdir(exist_ok=True)
+    (base / "sweeps" / "tiny_sweep.yaml").write_text("defaults:\n  - train\n  - _self_\n\n" + OmegaConf.to_yaml(settings))
+    env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-m", "rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", "tiny_sweep"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return sweep_dir
+
+
+def report(path):
+    return subprocess.run([sys.executable, "-m", "rloo.report", str(path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_jobs_land_in_numbered_dirs_named_by_their_overrides_and_share_a_wandb_group(multirun):
+    jobs = sorted(p.name for p in multirun.iterdir() if p.is_dir() and (p / ".hydra").is_dir())
+    assert jobs == ["0_clip_range=0.2,k=2", "1_clip_range=0.2,k=4"]
+    groups = set()
+    for job in jobs:
+        config = (multirun / job / "config.yaml").read_text()
+        for line in config.splitlines():
+            if line.strip().startswith("group:"):
+                groups.add(line.split(":", 1)[1].strip())
+    assert len(groups) == 1 and groups.pop().startswith("tiny_sweep-")  # <sweep>-<date>-<time>, one per sweep
+
+
+def test_report_writes_one_row_per_job_and_valid_plots(multirun):
+    result = report(multirun)
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader((multirun / "report.csv").open()))
+    assert [(r["k"], r["clip_range"], r["status"]) for r in rows] == [("2", "0.2", "ok"), ("4", "0.2", "ok")]
+    for row, job in zip(rows, ("0_clip_range=0.2,k=2", "1_clip_range=0.2,k=4")):
+        summary = json.loads((multirun / job / "summary.json").read_text())
+        assert float(row["win_rate"]) == summary["final"]["eval/win_rate"]
+        assert float(row["win_rate_ci_low"]) <= float(row["win_rate"]) <= float(row["win_rate_ci_high"])
+        assert float(row["wall_seconds"]) == summary["wall_seconds"] and float(row["peak_rss_mb"]) > 0
+        for key in ("reward", "kl", "clipfrac"):
+            float(row[key])
+    table = (multirun / "report.md").read_text()
+    assert "| k=2 clip_range=0.2 | ok |" in table and "| k=4 clip_range=0.2 | ok |" in table
+    for name in ("win_rate_vs_k.png", "kl_vs_k.png"):
+        data = (multirun / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        image = matplotlib.image.imread(multirun / name)
+        assert image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_a_failed_job_is_reported_as_failed_not_dropped(multirun, tmp_path):
+    import shutil
+
+    copy = tmp_path / "sweep"
+    shutil.copytree(multirun, copy)
+    (copy / "1_clip_range=0.2,k=4" / "summary.json").unlink()  # as a job that died before writing it
+    result = report(copy)
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader((copy / "report.csv").open()))
+    assert [r["status"] for r in rows] == ["ok", "failed"] and rows[1]["win_rate"] == ""
+    assert "| failed |" in (copy / "report.md").read_text()
+
+
+def test_report_refuses_a_dir_that_is_not_a_multirun(tmp_path):
+    result = report(tmp_path)
+    assert result.returncode == 2 and "no Hydra job dirs" in result.stderr and len(result.stderr.splitlines()) == 1
