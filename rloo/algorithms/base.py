@@ -120,7 +120,7 @@ class OnlineRLModule(LightningModule):
             keep_old_logprobs=keep_old_logprobs, timer=timer)
         return rollout, timer
 
-    def mismatch_and_weights(self, part: Rollout, logprobs: Tensor, old_logprobs: Tensor, first_epoch: bool
+    def mismatch_and_weights(self, part: Rollout, logprobs: Tensor, first_epoch: bool
                              ) -> tuple[Tensor | None, Tensor | None, dict[str, float]]:
         """Rollout / training mismatch of a micro-batch and the importance weights that correct for it.
 

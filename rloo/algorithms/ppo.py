@@ -101,7 +101,7 @@ class PPOModule(OnlineRLModule):
         mask, length = part.completion_mask, part.completion_ids.shape[1]
         logits = completion_logits(self.policy, part.input_ids, part.attention_mask, length) / cfg.temperature
         logprobs = token_logprobs(logits, part.completion_ids) * mask                   # [n, T]
-        token_w, sequence_w, mismatch = self.mismatch_and_weights(part, logprobs, part.logprobs, first_epoch)
+        token_w, sequence_w, mismatch = self.mismatch_and_weights(part, logprobs, first_epoch)
         policy_loss, clip = token_ppo_clip_loss(part.advantages, logprobs, part.logprobs, mask, cfg.clip_range,
                                                 token_w, sequence_w)
         values = token_values(self.value_model, part.input_ids, part.attention_mask, length)   # [n, T]

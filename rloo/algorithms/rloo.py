@@ -110,7 +110,7 @@ class RLOOModule(OnlineRLModule):
             with torch.no_grad():
                 stats["entropy"] = masked_mean(entropy_from_logits(logits), part.completion_mask).item()
         # rollout / training mismatch diagnostics, and the importance weights of is_correction (none: no weights)
-        token_w, sequence_w, mismatch = self.mismatch_and_weights(part, logprobs, old_logprobs, first_epoch)
+        token_w, sequence_w, mismatch = self.mismatch_and_weights(part, logprobs, first_epoch)
         stats.update(mismatch)
         if cfg.loss == "reinforce":
             # -mean_i A_i * sum_t log pi
