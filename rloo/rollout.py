@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from functools import partial
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -99,19 +99,12 @@ def _own_generation_config(model: PreTrainedModel, config: GenerationConfig):
         model.generation_config = saved
 
 
-@torch.no_grad()
 def generate(policy: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
              eos_token_id: int, pad_token_id: int, batch_size: int) -> Tensor:
-    """Sample completions `[N, T]` (T <= max_new_tokens; generation stops once every row has ended)."""
-    config = generation_config_for(sampling, eos_token_id, pad_token_id)
-    chunks = []
-    with _own_generation_config(policy, config):
-        for start in range(0, prompt_ids.shape[0], batch_size):
-            ids, mask = prompt_ids[start:start + batch_size], prompt_mask[start:start + batch_size]
-            output = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-            chunks.append(output[:, ids.shape[1]:])
-    width = max(c.shape[1] for c in chunks)
-    return torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad_token_id) for c in chunks])
+    """HF generate's completions `[N, T]` (T <= max_new_tokens; stops once every row has ended): the reference
+    the lean decode is tested against."""
+    hf_only = replace(sampling, lean_decode=False)
+    return generate_with_logprobs(policy, prompt_ids, prompt_mask, hf_only, eos_token_id, pad_token_id, batch_size)[0]
 
 
 def truncate_after_stop(completion_ids: Tensor, stop_token_id: int | None, pad_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -188,18 +181,22 @@ def completion_logprobs(model: PreTrainedModel, input_ids: Tensor, attention_mas
     return token_logprobs(logits / temperature, completion_ids) * completion_mask
 
 
+def last_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """The transformer body of a sequence classifier (reward or value model), `[N, L, D]`."""
+    return model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=position_ids_for(attention_mask), use_cache=False).last_hidden_state
+
+
 def reward_scores(reward_model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Score `[N]` of each prompt+completion at its last real token (found from the mask, not from pad ids)."""
-    hidden = reward_model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                     position_ids=position_ids_for(attention_mask), use_cache=False).last_hidden_state
+    hidden = last_hidden_states(reward_model, input_ids, attention_mask)
     last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # [N] index of the last 1
     return reward_model.score(hidden[torch.arange(hidden.shape[0]), last]).squeeze(-1).float()
 
 
 def token_values(value_model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int) -> Tensor:
     """PPO's value of each completion token, `[N, T]`: the value head on the hidden state that predicts token t."""
-    hidden = value_model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                    position_ids=position_ids_for(attention_mask), use_cache=False).last_hidden_state
+    hidden = last_hidden_states(value_model, input_ids, attention_mask)
     return value_model.score(hidden[:, -completion_len - 1:-1]).squeeze(-1).float()
 
 
