@@ -92,3 +92,15 @@ def test_presets_build_the_architecture_they_name():
     text = tokenizer.batch_decode(prompts)
     assert torch.equal(torch.tensor(tokenizer(text, add_special_tokens=False).input_ids), prompts)
     assert (prompts >= 2).all()  # never PAD or EOS
+
+
+def test_stability_reports_what_the_fp32_head_removes():
+    from rloo.bench.stability import head_reductions
+
+    def cell(precision, config, mean):
+        return {"model": "m", "precision": precision, "config": config, "logprob_abs_mean": mean}
+
+    cells = [cell("fp32", "peer-like", 1e-7), cell("fp32", "rloo default", 1e-7),
+             cell("bf16", "peer-like", 8.4e-4), cell("bf16", "rloo default", 1.45e-4)]
+    assert head_reductions(cells) == {("m", "bf16"): pytest.approx(8.4e-4 / 1.45e-4)}  # 5.8x; fp32 has no head to compare
+    assert head_reductions(cells[:3]) == {}  # no default cell to compare with

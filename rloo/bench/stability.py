@@ -140,4 +140,20 @@ def markdown(report: dict) -> str:
                      f"| {_pct(c['nulled_fraction_first_epoch'])} | {_pct(c['token_clip_fraction'])} | {_num(c['logprob_abs_mean'])} | {_num(c['logprob_abs_max'])} "
                      f"| {_num(c['token_mult_prob_error'], 5)} | [{_num(c['seq_log_ratio_min'], 3)}, {_num(c['seq_log_ratio_max'], 3)}] "
                      f"| {_num(c['step_seconds'], 3)} | {win} |")
+    reductions = head_reductions(report["cells"])
+    if reductions:
+        lines += ["", "What the fp32 LM head removes (mean abs dlogp, peer-like / rloo default; depends on the CPU's bf16 kernels):", ""]
+        lines += [f"- {model}, {precision}: {factor:.1f}x" for (model, precision), factor in reductions.items()]
     return "\n".join(lines) + "\n"
+
+
+def head_reductions(cells: list[dict]) -> dict[tuple[str, str], float]:
+    """Per (model, 16-bit precision): the peer-like cell's mean abs dlogp over the default's. Both measure the
+    same training forward against the sampler; the peer-like one runs the LM head in bf16, the default in fp32."""
+    by_cell = {(c["model"], c["precision"], c["config"]): c for c in cells if "error" not in c}
+    factors = {}
+    for (model, precision, config), cell in by_cell.items():
+        default = by_cell.get((model, precision, "rloo default"))
+        if config == "peer-like" and precision != "fp32" and default and default["logprob_abs_mean"]:
+            factors[(model, precision)] = cell["logprob_abs_mean"] / default["logprob_abs_mean"]
+    return factors
