@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from rloo.objectives import IS_CORRECTIONS, KL_ESTIMATORS
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger", "algo")
+CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger", "algo", "experiment", "debug", "bootstrap")
 LOSSES = ("ppo_clip", "reinforce")
 LR_SCHEDULES = ("linear", "constant", "cosine")
 FROZEN_DTYPES = ("float32", "bfloat16", "float16")

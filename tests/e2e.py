@@ -7,14 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TINY_BOOTSTRAP = [
-    "bootstrap.task.n_train=128", "bootstrap.task.n_validation=32", "bootstrap.task.n_test=8",
-    "bootstrap.architecture.hidden_size=32", "bootstrap.architecture.intermediate_size=64",
-    "bootstrap.sft.epochs=1", "bootstrap.reward.num_pairs=128", "bootstrap.reward.num_heldout_pairs=32",
-    "bootstrap.reward.epochs=1",
-]
-TINY_RUN = ["k=2", "rollout_batch_size=8", "micro_batch_size=4", "generation_batch_size=8", "total_episodes=24",
-            "response_length=8", "eval.num_prompts=8", "sample_every=1", "checkpoint_every=1"]
+FAST = ["debug=fast"]  # conf/debug/fast.yaml: the tiny bootstrap (bootstrap=fast) and three 8-completion steps
 METRICS = ["objective/scores", "objective/kl", "objective/rlhf_reward", "objective/non_score_reward",
            "objective/entropy", "policy/clipfrac_avg", "policy/approxkl_avg", "loss/policy_avg", "val/ratio",
            "completions/mean_length", "completions/eos_frac", "frac_reward_zero_std", "time/rollout",
@@ -23,11 +16,11 @@ METRICS = ["objective/scores", "objective/kl", "objective/rlhf_reward", "objecti
 
 def train(run_dir: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *TINY_BOOTSTRAP, *TINY_RUN,
-                           *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
 def evaluate(run_dir: Path, cache: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "rloo.evaluate", f"hydra.run.dir={run_dir}", *TINY_BOOTSTRAP,
+    return subprocess.run([sys.executable, "-m", "rloo.evaluate", f"hydra.run.dir={run_dir}", "bootstrap=fast",
                            "response_length=8", *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -73,6 +73,36 @@ def test_cfg_job_for_the_real_recipe_composes_without_downloading():
     assert cfg.model.policy.endswith("6.9b-deduped__sft__tldr") and cfg.precision.trainer == "bf16-mixed"
 
 
+@pytest.mark.parametrize("command, saved", [
+    (["model=pythia6.9b", "precision=bf16"], "cfg_job_pythia6.9b_bf16.yaml"),
+    (["experiment=tldr_pythia6.9b", "precision=bf16"], "cfg_job_pythia6.9b_bf16.yaml"),
+    (["model=pythia1b", "precision=bf16"], "cfg_job_pythia1b_bf16.yaml"),
+    (["experiment=tldr_pythia1b"], "cfg_job_pythia1b_bf16.yaml"),
+    ([], "cfg_job_default.yaml"),
+])
+def test_the_commands_users_type_compose_what_they_composed_before_the_config_tree_moved(command, saved):
+    """tests/data/ holds `--cfg job` as printed before model/ was split into model/, experiment/, bootstrap/."""
+    result = run_train(*command, "--cfg", "job")
+    assert result.returncode == 0, result.stderr
+    now = OmegaConf.to_container(OmegaConf.create(result.stdout))
+    before = OmegaConf.to_container(OmegaConf.load(ROOT / "tests" / "data" / saved))
+    assert now == before
+
+
+@pytest.mark.parametrize("group", ["experiment", "debug", "bootstrap"])
+def test_every_experiment_debug_and_bootstrap_option_composes_and_validates(group, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    for option in group_options(group):
+        validate_train_config(composed(f"{group}={option}"))
+
+
+def test_model_files_hold_models_and_recipes_hold_the_rest():
+    for name in group_options("model"):
+        keys = set(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")) - {"defaults"}
+        assert keys == {"name", "policy", "reference", "reward_model", "tokenizer", "chat_template", "pad_token",
+                        "frozen_dtype"}, name
+
+
 @pytest.mark.parametrize("override, key, allowed", [
     ("k=1", "k=1", "integer >= 2"),
     ("rollout_batch_size=30", "rollout_batch_size=30", "multiple of k=4"),
@@ -87,6 +117,7 @@ def test_cfg_job_for_the_real_recipe_composes_without_downloading():
     ("judge=gpt5", "judge='gpt5'", "hf, none, openai, oracle, reward_model"),
     ("eval_every=-1", "eval_every=-1", "integer >= 0"),
     ("algo=a2c", "algo='a2c'", "ppo, rloo"),
+    ("experiment=tldr_gpt5", "experiment='tldr_gpt5'", "bf16_mismatch, tldr_pythia1b, tldr_pythia6.9b"),
     ("algo=ppo loss=reinforce", "loss='reinforce'", "ppo_clip with algo=ppo"),
     ("algo=ppo lam=1.5", "lam=1.5", "number in"),
     ("algo=ppo value_model=/nonexistent/vm", "value_model='/nonexistent/vm'", "does not exist"),

@@ -10,7 +10,7 @@ import matplotlib.image
 import pytest
 from omegaconf import OmegaConf
 
-from tests.e2e import ROOT, TINY_BOOTSTRAP, TINY_RUN
+from tests.e2e import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +18,10 @@ def multirun(finished_run):
     """A sweep file as in sweeps/ (fixed settings in the file, the swept ones in hydra.sweeper.params)."""
     base, _ = finished_run
     sweep_dir = base / "multirun"
-    fixed = [arg for arg in TINY_BOOTSTRAP + TINY_RUN if not arg.startswith(("k=", "checkpoint_every"))]
-    settings = OmegaConf.from_dotlist([*fixed, "checkpoint_every=0", "eval_every=0", f"hydra.sweep.dir={sweep_dir}",
+    settings = OmegaConf.from_dotlist(["checkpoint_every=0", "eval_every=0", f"hydra.sweep.dir={sweep_dir}",
                                        "hydra.sweeper.params.k=2,4", "hydra.sweeper.params.clip_range=0.2"])
     (base / "sweeps").mkdir(exist_ok=True)
-    (base / "sweeps" / "tiny_sweep.yaml").write_text("defaults:\n  - train\n  - _self_\n\n" + OmegaConf.to_yaml(settings))
+    (base / "sweeps" / "tiny_sweep.yaml").write_text("defaults:\n  - train\n  - override debug: fast\n  - _self_\n\n" + OmegaConf.to_yaml(settings))
     env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-m", "rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", "tiny_sweep"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
