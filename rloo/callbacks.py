@@ -1,4 +1,5 @@
-"""Lightning callbacks: held-out evaluation (before, every `eval_every` steps, after), and a table of rollout samples."""
+"""Lightning callbacks: held-out evaluation (before, every `eval_every` rollouts, after), a table of rollout samples,
+and the mismatch histograms. Each counts rollouts (`module.rollouts`), the x-axis of every logged metric."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from lightning import Callback
 
 from rloo.heldout import evaluate_policy, summarize_eval
 from rloo.judges import Judge
-from rloo.objectives import masked_mean
-from rloo.rollout import SamplingConfig
+from rloo.sampling import SamplingConfig
 
 class HeldOutEval(Callback):
-    """Evaluates the policy on fixed held-out prompts (greedy by default): before training, every `every` steps,
+    """Evaluates the policy on fixed held-out prompts (greedy by default): before training, every `every` rollouts,
     and after training. Logs eval/* (win rate with its 95% interval, counts, score, length), a W&B table of the
     judged samples, and appends those samples to `samples_path` (JSONL)."""
 
@@ -50,7 +50,7 @@ class HeldOutEval(Callback):
 
     def evaluate(self, trainer, module, label: str) -> dict[str, float]:
         summary, samples = self.run(trainer, module)
-        step = trainer.global_step
+        step = module.rollouts
         self.history.append({"step": step, **summary})
         for logger in trainer.loggers:
             logger.log_metrics(summary, step=step)
@@ -75,8 +75,8 @@ class HeldOutEval(Callback):
             self.initial = self.evaluate(trainer, module, "initial policy")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if self.every > 0 and step % self.every == 0 and step < trainer.max_steps:
+        step = module.rollouts
+        if self.every > 0 and step % self.every == 0 and step < module.config.total_rollouts:
             self.evaluate(trainer, module, "during training")
 
     def on_train_end(self, trainer, module) -> None:
@@ -88,13 +88,13 @@ SHOWN = ("win_rate", "win_rate_ci_low", "win_rate_ci_high", "invalid", "score", 
 
 
 class SampleTable(Callback):
-    """Every `every` steps: a few rollout completions with score and advantage, to W&B and samples.jsonl."""
+    """Every `every` rollouts: a few rollout completions with score and advantage, to W&B and samples.jsonl."""
 
     def __init__(self, every: int, num_rows: int, path: Path):
         self.every, self.num_rows, self.path = every, num_rows, Path(path)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
+        step = module.rollouts
         rollout = module.last_rollout
         if self.every <= 0 or rollout is None or step % self.every != 0 or not trainer.is_global_zero:
             return
@@ -102,9 +102,7 @@ class SampleTable(Callback):
         n = min(self.num_rows, rollout.scores.shape[0])
         prompts = tokenizer.batch_decode(rollout.prompt_ids[:n], skip_special_tokens=True)
         completions = tokenizer.batch_decode(rollout.completion_ids[:n], skip_special_tokens=True)
-        advantages = rollout.advantages[:n]
-        if advantages.dim() == 2:  # PPO's per-token advantages: their mean over the completion
-            advantages = masked_mean(advantages, rollout.completion_mask[:n], dim=1)
+        advantages = module.last_sequence_advantages[:n]  # PPO: the mean of its per-token advantages
         rows = [[step, p, c, float(s), float(a)] for p, c, s, a in
                 zip(prompts, completions, rollout.scores[:n].tolist(), advantages.tolist())]
         columns = ["step", "prompt", "completion", "score", "advantage"]
@@ -118,13 +116,13 @@ class SampleTable(Callback):
 
 class MismatchHistograms(Callback):
     """With log_histograms: W&B histograms of the per-token delta logp (training forward - sampler) and of the
-    sequence log-ratio, every `every` steps. Other loggers have no histogram type and are skipped."""
+    sequence log-ratio, every `every` rollouts. Other loggers have no histogram type and are skipped."""
 
     def __init__(self, every: int):
         self.every = every
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
+        step = module.rollouts
         kept = getattr(module, "last_mismatch", None)
         if not kept or step % self.every != 0 or not trainer.is_global_zero:
             return
@@ -134,5 +132,5 @@ class MismatchHistograms(Callback):
             if isinstance(logger, WandbLogger):
                 import wandb
 
-                logger.experiment.log({f"mismatch/{name}_hist": wandb.Histogram(torch.cat(values).numpy())
+                logger.experiment.log({f"mismatch/{name}_hist": wandb.Histogram(values.numpy())
                                        for name, values in kept.items()} | {"trainer/global_step": step})

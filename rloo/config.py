@@ -1,6 +1,8 @@
-"""Config checks that run before any model loads, and the OmegaConf resolvers the YAML uses.
+"""Config checks that run before any model loads, the typed settings built from a checked config, and the
+OmegaConf resolvers the YAML uses.
 
-Every error is one line naming the key and what is allowed (`ConfigError`).
+Every default lives in the YAML (conf/); the dataclasses built here have none. Every error is one line naming
+the key and what is allowed (`ConfigError`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rloo.errors import ConfigError
 from rloo.objectives import IS_CORRECTIONS, KL_ESTIMATORS
+from rloo.sampling import SamplingConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger", "algo", "experiment", "debug", "bootstrap")
@@ -22,10 +26,6 @@ LR_SCHEDULES = ("linear", "constant", "cosine")
 FROZEN_DTYPES = ("float32", "bfloat16", "float16")
 OLD_LOGPROBS = ("recompute", "generation")
 SEQUENCE_RATIOS = ("sum", "mean")
-
-
-class ConfigError(ValueError):
-    """A bad config value; the message is the whole one-line explanation."""
 
 
 def group_options(group: str) -> list[str]:
@@ -112,6 +112,40 @@ def updates_per_rollout(cfg: DictConfig) -> int:
     return cfg.num_ppo_epochs * cfg.num_mini_batches
 
 
+def num_rollouts(cfg: DictConfig, world_size: int) -> int:
+    """Rollouts (train-loop batches) of a run: total_episodes over the completions of one rollout on every device."""
+    return cfg.total_episodes // (cfg.rollout_batch_size * world_size)
+
+
+def compose_train_config(overrides: list[str]) -> DictConfig:
+    """conf/train.yaml with command-line style overrides, outside a Hydra run (the benchmark worker, tests)."""
+    from hydra import compose, initialize_config_dir
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def rollout_sampling(cfg: DictConfig) -> SamplingConfig:
+    """How rollouts sample (conf/sampling.yaml)."""
+    return SamplingConfig(cfg.response_length, cfg.temperature, cfg.top_k, cfg.top_p, greedy=False,
+                          stop_at_eos=cfg.stop_token == "eos", lean_decode=cfg.lean_decode)
+
+
+def eval_sampling(cfg: DictConfig) -> SamplingConfig:
+    """How held-out evaluation samples: greedy unless eval.greedy=false, up to eval.max_new_tokens."""
+    return SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, greedy=cfg.eval.greedy,
+                          stop_at_eos=cfg.stop_token == "eos", lean_decode=cfg.lean_decode)
+
+
+def algorithm_config(config_class, cfg: DictConfig, total_rollouts: int):
+    """The typed settings of `config_class` (RLOOConfig, PPOConfig) from a checked config: every field by name."""
+    from dataclasses import fields
+
+    given = {"sampling": rollout_sampling(cfg), "total_rollouts": total_rollouts}
+    return config_class(**{f.name: given[f.name] if f.name in given else cfg[f.name] for f in fields(config_class)})
+
+
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Check every key `rloo.train` reads; raises ConfigError with a one-line message."""
     ppo = cfg.get("algorithm") == "ppo"
@@ -119,6 +153,8 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     if ppo:
         _require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "an integer >= 1 (completions per prompt)", k)
         _require(cfg.loss == "ppo_clip", "loss", "ppo_clip with algo=ppo (its token-level clip; reinforce is RLOO's)", cfg.loss)
+        _require(cfg.sequence_ratio == "sum", "sequence_ratio",
+                 "sum with algo=ppo (its ratio is per token; mean is RLOO's length-normalised sequence ratio)", cfg.sequence_ratio)
         _number(cfg, "vf_coef", 0.0)
         _number(cfg, "cliprange_value", 0.0, low_open=True)
         _number(cfg, "gamma", 0.0, 1.0)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import GPTNeoXForCausalLM
 
-from rloo.rollout import SamplingConfig, position_ids_for
+from rloo.sampling import SamplingConfig, position_ids_for
 
 
 class _Layer(NamedTuple):

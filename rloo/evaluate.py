@@ -35,12 +35,12 @@ def run(cfg: DictConfig) -> dict:
     import lightning as L
     import torch
 
+    from rloo.assemble import precision_arguments, quiet_lightning_logs, resolve_sources
+    from rloo.config import eval_sampling
     from rloo.data import SplitSpec, load_split, tokenize_prompts
     from rloo.heldout import complete, evaluate_policy, summarize_eval
     from rloo.judges import build_judge
     from rloo.models import load_policy, load_reward_model, load_tokenizer
-    from rloo.rollout import SamplingConfig
-    from rloo.train import precision_arguments, quiet_lightning_logs, resolve_sources
 
     started = time.time()
     quiet_lightning_logs()
@@ -67,8 +67,7 @@ def run(cfg: DictConfig) -> dict:
     fabric = L.Fabric(accelerator=cfg.trainer.accelerator, devices=1,
                       **precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator, fabric=True))
     L.seed_everything(cfg.seed, verbose=False)
-    sampling = SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, greedy=cfg.eval.greedy,
-                              stop_at_eos=cfg.stop_token == "eos")
+    sampling = eval_sampling(cfg)
     judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
     if judge is not None:
         judge.setup(fabric.device)

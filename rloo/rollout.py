@@ -9,43 +9,30 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass, fields
 from functools import partial
-from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from transformers import GenerationConfig, PreTrainedModel
 
-from rloo.objectives import token_logprobs
-
-
-@dataclass
-class SamplingConfig:
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_k: int = 0            # 0: off
-    top_p: float = 1.0        # 1.0: off
-    greedy: bool = False
-    stop_at_eos: bool = True
-    lean_decode: bool = True  # rloo.decode's KV-cache loop where the architecture has one (GPT-NeoX), else HF generate
+from rloo import decode
+from rloo.objectives import entropy_from_logits, token_logprobs
+from rloo.sampling import SamplingConfig, position_ids_for
 
 
 @dataclass
 class Rollout:
+    """What was sampled and scored; what an algorithm derives from it (rewards, advantages) is its own record."""
     prompt_ids: Tensor          # [N, P] left-padded, N = prompts * k (prompt-major: rows p*k .. p*k+k-1 share a prompt)
     prompt_mask: Tensor         # [N, P]
     completion_ids: Tensor      # [N, T] pad after the stop token
     completion_mask: Tensor     # [N, T] 1 on real tokens, the stop token included
     ended_with_eos: Tensor      # [N] bool
-    ref_logprobs: Tensor        # [N, T] log pi_ref(y_t | .) at temperature, 0 on padding
+    generation_logprobs: Tensor  # [N, T] log pi(y_t | .) as the sampler saw it (float32), 0 on padding
+    ref_logprobs: Tensor        # [N, T] log pi_ref(y_t | .) at temperature (float32), 0 on padding
     scores: Tensor              # [N] reward-model score at the last real token (before any penalty)
-    generation_logprobs: Tensor | None = None  # [N, T] log pi(y_t | .) as the sampler saw it, 0 on padding
-    logprobs: Tensor | None = None     # [N, T] old log pi(y_t | .); only when the rollout is reused for >1 update
-    rewards: Tensor | None = None      # filled by the algorithm: RLOO [N] R_i; PPO [N, T] per-token r_t
-    advantages: Tensor | None = None   # filled by the algorithm: RLOO [N] A_i; PPO [N, T] GAE A_t
-    values: Tensor | None = None       # PPO: [N, T] V_t of the value model at rollout time
-    returns: Tensor | None = None      # PPO: [N, T] value targets G_t = A_t + V_t
 
     @property
     def input_ids(self) -> Tensor:  # [N, P+T]
@@ -59,15 +46,12 @@ class Rollout:
     def lengths(self) -> Tensor:  # [N] completion tokens, stop token included
         return self.completion_mask.sum(1)
 
+    def __len__(self) -> int:
+        return self.scores.shape[0]
+
     def select(self, index: Tensor | slice) -> "Rollout":
-        """The rows `index` of every tensor field (a micro-batch)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return Rollout(**{name: None if v is None else v[index] for name, v in values.items()})
-
-
-def position_ids_for(attention_mask: Tensor) -> Tensor:
-    """Positions that skip left padding, as `generate` uses them; a plain forward would count the pads."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        """The rows `index` of every field (a micro-batch)."""
+        return Rollout(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
 def generation_config_for(sampling: SamplingConfig, eos_token_id: int, pad_token_id: int) -> GenerationConfig:
@@ -99,14 +83,6 @@ def _own_generation_config(model: PreTrainedModel, config: GenerationConfig):
         model.generation_config = saved
 
 
-def generate(policy: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
-             eos_token_id: int, pad_token_id: int, batch_size: int) -> Tensor:
-    """HF generate's completions `[N, T]` (T <= max_new_tokens; stops once every row has ended): the reference
-    the lean decode is tested against."""
-    hf_only = replace(sampling, lean_decode=False)
-    return generate_with_logprobs(policy, prompt_ids, prompt_mask, hf_only, eos_token_id, pad_token_id, batch_size)[0]
-
-
 def truncate_after_stop(completion_ids: Tensor, stop_token_id: int | None, pad_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """Pad everything after the first stop token (which is kept). Returns ids `[N, T]`, mask `[N, T]`, ended `[N]`.
 
@@ -131,8 +107,6 @@ def generate_with_logprobs(policy: PreTrainedModel, prompt_ids: Tensor, prompt_m
     The log-probs are log softmax(logits / temperature) of the sampling pass itself (temperature 1 when
     greedy): compared with a training forward they measure the rollout / training mismatch.
     """
-    from rloo import decode  # decode builds on this module's SamplingConfig
-
     chunks = []
     for start in range(0, prompt_ids.shape[0], batch_size):
         ids, mask = prompt_ids[start:start + batch_size], prompt_mask[start:start + batch_size]
@@ -181,6 +155,17 @@ def completion_logprobs(model: PreTrainedModel, input_ids: Tensor, attention_mas
     return token_logprobs(logits / temperature, completion_ids) * completion_mask
 
 
+def completion_logprobs_and_entropy(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor,
+                                    completion_ids: Tensor, completion_mask: Tensor, temperature: float
+                                    ) -> tuple[Tensor, Tensor]:
+    """The training-style forward of the policy: log pi(y_t | x, y_<t) `[N, T]` at the sampling temperature and
+    the per-token entropy of that distribution `[N, T]` (detached), both 0 on padding."""
+    logits = completion_logits(model, input_ids, attention_mask, completion_ids.shape[1]) / temperature
+    with torch.no_grad():
+        entropy = entropy_from_logits(logits) * completion_mask
+    return token_logprobs(logits, completion_ids) * completion_mask, entropy
+
+
 def last_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """The transformer body of a sequence classifier (reward or value model), `[N, L, D]`."""
     return model.base_model(input_ids=input_ids, attention_mask=attention_mask,
@@ -225,12 +210,10 @@ def chunked(fn, batch_size: int, *tensors: Tensor) -> Tensor:
 def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_model: PreTrainedModel,
                     prompt_ids: Tensor, prompt_mask: Tensor, k: int, sampling: SamplingConfig,
                     eos_token_id: int, pad_token_id: int, forward_batch_size: int,
-                    keep_old_logprobs: bool, timer: PhaseTimer | None = None) -> Rollout:
+                    timer: PhaseTimer | None = None) -> Rollout:
     """Repeat each prompt k times, sample, truncate, and compute reference log-probs and scores.
 
-    The policy's own log-probs are computed here only when the rollout feeds more than one update
-    (`keep_old_logprobs`); otherwise the update's forward pass provides them.
-    `timer`, if given, receives the seconds of the phases generate / ref_logprobs / old_logprobs / scores.
+    `timer`, if given, receives the seconds of the phases generate / ref_logprobs / scores.
     """
     timer = timer or PhaseTimer()
     prompt_ids = prompt_ids.repeat_interleave(k, dim=0)    # [B*k, P]
@@ -240,16 +223,10 @@ def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_
             policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, forward_batch_size)
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention_mask = torch.cat([prompt_mask, completion_mask], 1)
-    lp_args = (input_ids, attention_mask, completion_ids, completion_mask)
     with timer("ref_logprobs"):
         ref_logprobs = chunked(partial(completion_logprobs, reference, temperature=sampling.temperature),
-                               forward_batch_size, *lp_args)
-    logprobs = None
-    if keep_old_logprobs:
-        with timer("old_logprobs"):
-            logprobs = chunked(partial(completion_logprobs, policy, temperature=sampling.temperature),
-                               forward_batch_size, *lp_args)
+                               forward_batch_size, input_ids, attention_mask, completion_ids, completion_mask)
     with timer("scores"):
         scores = chunked(partial(reward_scores, reward_model), forward_batch_size, input_ids, attention_mask)
-    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, ref_logprobs.float(), scores,
-                   generation_logprobs=generation_logprobs, logprobs=None if logprobs is None else logprobs.float())
+    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, generation_logprobs,
+                   ref_logprobs.float(), scores)

@@ -21,41 +21,6 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from rloo.config import ConfigError, exit_on_config_error, run_entry_point, validate_train_config  # noqa: E402
 
 
-def resolve_sources(cfg: DictConfig, log=print) -> tuple[dict, dict, dict]:
-    """Model and data locations, with the embedded task's bootstrap filling whatever is null."""
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    report: dict = {}
-    if cfg.get("bootstrap") is not None:
-        from rloo.toy.bootstrap import ensure_artifacts
-
-        artifacts = ensure_artifacts(OmegaConf.to_container(cfg.bootstrap, resolve=True), cfg.paths.cache_dir, log=log)
-        model["policy"] = model["policy"] or artifacts.policy
-        model["reward_model"] = model["reward_model"] or artifacts.reward_model
-        model["tokenizer"] = model["tokenizer"] or artifacts.tokenizer
-        data["train"]["path"] = data["train"]["path"] or artifacts.data["train"]
-        data["validation"]["path"] = data["validation"]["path"] or artifacts.data["validation"]
-        report = {"dir": str(artifacts.root), **artifacts.report}
-    model["tokenizer"] = model["tokenizer"] or model["policy"]
-    return model, data, report
-
-
-def quiet_lightning_logs() -> None:
-    """One copy of each Lightning message (Hydra's handler prints it), and no advertising."""
-    import logging
-    import warnings
-
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).handlers.clear()
-        logging.getLogger(name).propagate = True
-    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode.*")  # the three models stay in eval on purpose
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, one per model
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: "litlogger" not in record.getMessage())
-
-
 def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
     import lightning as L
@@ -63,12 +28,13 @@ def run(cfg: DictConfig) -> dict:
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from rloo.bench.measure import peak_rss_mb
+    from rloo.assemble import build_module, precision_arguments, quiet_lightning_logs, resolve_sources, world_size
     from rloo.callbacks import HeldOutEval, MismatchHistograms, SampleTable
+    from rloo.config import eval_sampling, num_rollouts, updates_per_rollout
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
+    from rloo.memory import peak_rss_mb
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model, reference_from, use_fp32_lm_head
-    from rloo.rollout import SamplingConfig
 
     started = time.time()
     quiet_lightning_logs()
@@ -78,30 +44,31 @@ def run(cfg: DictConfig) -> dict:
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
-    loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.logger else False
     trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
+    processes = world_size(trainer_args)
+    validate_train_config(cfg, world_size=processes)
+    # a batch of the train loop is one rollout; Lightning counts every optimiser step of it (global_step)
+    rollouts, updates = num_rollouts(cfg, processes), updates_per_rollout(cfg)
+    loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.logger else False
     checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
-                                  every_n_train_steps=cfg.checkpoint_every or None, save_top_k=-1, save_last=True)
-    eval_sampling = SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
-                                   greedy=cfg.eval.greedy, stop_at_eos=cfg.stop_token == "eos", lean_decode=cfg.lean_decode)
-    eval_callback = HeldOutEval([], eval_sampling, cfg.eval.batch_size, None, cfg.eval.before, cfg.eval.after,
+                                  every_n_train_steps=cfg.checkpoint_every * updates or None, save_top_k=-1, save_last=True)
+    eval_callback = HeldOutEval([], eval_sampling(cfg), cfg.eval.batch_size, None, cfg.eval.before, cfg.eval.after,
                                 cfg.eval_every, out / "eval_samples.jsonl", log=log)
     trainer = L.Trainer(**trainer_args, **precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator),
                         logger=loggers, default_root_dir=out,
                         callbacks=[checkpoints, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
                                    MismatchHistograms(cfg.log_every)],
-                        max_epochs=1, log_every_n_steps=cfg.log_every, num_sanity_val_steps=0)
-    validate_train_config(cfg, world_size=trainer.world_size)
-    num_rollouts = cfg.total_episodes // (cfg.rollout_batch_size * trainer.world_size)
-    # the sampler yields exactly num_rollouts batches; max_steps also bounds a resumed run
-    trainer.fit_loop.epoch_loop.max_steps = num_rollouts
+                        max_epochs=1, max_steps=rollouts * updates, log_every_n_steps=cfg.log_every, num_sanity_val_steps=0)
+    if trainer.world_size != processes:
+        raise ConfigError(f"trainer.devices={cfg.trainer.devices!r} runs {trainer.world_size} processes, not the "
+                          f"{processes} it was read as: give the device count as an integer")
 
     model_src, data_src, bootstrap_report = resolve_sources(cfg, log)
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # after the bootstrap: cold and warm runs match
     tokenizer = load_tokenizer(model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"])
     datamodule = PromptDataModule(
         tokenizer, SplitSpec(**data_src["train"]), SplitSpec(**data_src["validation"]), cfg.data.max_prompt_length,
-        cfg.data.truncate_prompts, cfg.rollout_batch_size // cfg.k, num_rollouts, cfg.seed, cfg.data.shuffle,
+        cfg.data.truncate_prompts, cfg.rollout_batch_size // cfg.k, rollouts, cfg.seed, cfg.data.shuffle,
         cfg.data.num_workers, log)
     datamodule.setup("fit")  # data errors surface before any model loads
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
@@ -112,7 +79,7 @@ def run(cfg: DictConfig) -> dict:
     for model in (policy, reference) if cfg.fp32_lm_head else ():
         use_fp32_lm_head(model)
     reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer)
-    module = build_module(cfg, policy, reference, reward_model, tokenizer, num_rollouts,
+    module = build_module(cfg, policy, reference, reward_model, tokenizer, rollouts,
                           value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer))
     for logger in loggers or []:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -126,7 +93,8 @@ def run(cfg: DictConfig) -> dict:
         "final": eval_callback.final,
         "eval_history": eval_callback.history,
         "judge": None if eval_callback.judge is None else repr(eval_callback.judge),
-        "steps": trainer.global_step,
+        "rollouts": module.rollouts,
+        "optimizer_steps": trainer.global_step,
         "episodes": module.episodes,
         "algorithm": cfg.algorithm,
         "wall_seconds": round(time.time() - started, 2),
@@ -145,40 +113,9 @@ def run(cfg: DictConfig) -> dict:
     return summary
 
 
-def precision_arguments(precision: str, accelerator: str, fabric: bool = False) -> dict:
-    """Trainer (or Fabric) arguments for `precision`. Lightning turns 16-mixed on CPU into bf16-mixed
-    without asking; fp16 with loss scaling is the alternative to bf16 worth comparing, so on CPU it gets a
-    real fp16 autocast plugin with a loss scaler."""
-    if precision == "16-mixed" and accelerator == "cpu":
-        import torch
-
-        if fabric:
-            from lightning.fabric.plugins.precision import MixedPrecision
-        else:
-            from lightning.pytorch.plugins.precision import MixedPrecision
-        return {"plugins": [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]}
-    return {"precision": precision}
-
-
-def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, num_rollouts: int, value_model):
-    """The LightningModule of `cfg.algorithm`, its settings read from the config (`value_model`: a loader, PPO only)."""
-    if cfg.algorithm == "ppo":
-        from rloo.algorithms.ppo import PPOConfig, PPOModule
-
-        return PPOModule(policy, reference, reward_model, value_model(), tokenizer,
-                         algorithm_config(PPOConfig, cfg, num_rollouts))
-    from rloo.algorithms.rloo import RLOOConfig, RLOOModule
-
-    return RLOOModule(policy, reference, reward_model, tokenizer, algorithm_config(RLOOConfig, cfg, num_rollouts))
-
-
-def algorithm_config(config_class, cfg: DictConfig, num_rollouts: int):
-    return config_class(**{f.name: cfg[f.name] for f in fields(config_class) if f.name != "total_steps"},
-                        total_steps=num_rollouts)
-
-
 def print_summary(summary: dict, log=print) -> None:
-    log(f"\nrloo: {summary['steps']} steps, {summary['episodes']} episodes in {summary['wall_seconds']:.0f} s")
+    log(f"\nrloo: {summary['rollouts']} rollouts ({summary['optimizer_steps']} optimiser steps), {summary['episodes']} episodes"
+        f" in {summary['wall_seconds']:.0f} s")
     log(f"  outputs: {summary['output_dir']}  (summary.json, policy/, checkpoints/, config.yaml, logs)")
     initial, final = summary["initial"] or {}, summary["final"] or {}
     def shown(evaluation: dict, key: str) -> str:

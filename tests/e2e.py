@@ -9,9 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 FAST = ["debug=fast"]  # conf/debug/fast.yaml: the tiny bootstrap (bootstrap=fast) and three 8-completion steps
 METRICS = ["objective/scores", "objective/kl", "objective/rlhf_reward", "objective/non_score_reward",
-           "objective/entropy", "policy/clipfrac_avg", "policy/approxkl_avg", "loss/policy_avg", "val/ratio",
-           "completions/mean_length", "completions/eos_frac", "frac_reward_zero_std", "time/rollout",
-           "time/update", "time/tokens_per_second", "lr", "episode", "epoch"]
+           "objective/entropy", "policy/clipfrac_avg", "policy/approxkl_avg", "loss/policy_avg", "policy/ratio",
+           "completions/mean_length", "completions/eos_frac", "objective/frac_reward_zero_std", "time/rollout",
+           "time/update", "time/tokens_per_second", "train/lr", "train/rollout", "train/episode", "train/epoch"]
 
 
 def train(run_dir: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ from tests.e2e import train
 
 DIAGNOSTICS = ["mismatch/logprob_abs_mean", "mismatch/logprob_abs_max", "mismatch/token_mult_prob_error",
                "mismatch/seq_log_ratio_mean", "mismatch/seq_log_ratio_min", "mismatch/seq_log_ratio_max",
-               "policy/clipfrac_avg", "policy/token_clipfrac_avg", "val/ratio", "val/ratio_min", "val/ratio_max"]
+               "policy/clipfrac_avg", "policy/token_clipfrac_avg", "policy/ratio", "policy/ratio_min", "policy/ratio_max"]
 
 
 def metrics(run) -> dict[str, list[float]]:
@@ -70,5 +70,5 @@ def test_generation_logprobs_break_the_on_policy_ratio_in_bf16_and_recompute_kee
     logged = metrics(run)
     # one update per rollout: with recomputed log-probs the ratio is exactly 1 (tests/test_module.py);
     # with the sampler's it is not
-    assert any(low < 1.0 or high > 1.0 for low, high in zip(logged["val/ratio_min"], logged["val/ratio_max"]))
+    assert any(low < 1.0 or high > 1.0 for low, high in zip(logged["policy/ratio_min"], logged["policy/ratio_max"]))
     assert len(logged["is/weight_mean"]) == 3 and all(0 < w <= 2.0 for w in logged["is/weight_mean"])

@@ -7,15 +7,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from rloo.algorithms.rloo import RLOOConfig, RLOOModule
+from rloo.algorithms.rloo import RLOOModule
 from rloo.data import PromptDataModule, SplitSpec
 from rloo.models import freeze
+from tests.builders import train_config
 
 
 def fit(assets, tokenizer, num_rollouts=3, module_class=RLOOModule, **overrides):
     values = dict(k=4, rollout_batch_size=16, micro_batch_size=8, generation_batch_size=16, response_length=6,
-                  lr=1e-2, warmup_ratio=0.0, total_steps=num_rollouts)
-    config = RLOOConfig(**{**values, **overrides})
+                  lr=1e-2, warmup_ratio=0.0, total_episodes=16 * num_rollouts)
+    config = train_config("rloo", num_rollouts, **{**values, **overrides})
+    torch.manual_seed(0)  # the sampling stream: equal settings draw equal rollouts
     policy = AutoModelForCausalLM.from_pretrained(assets / "policy")
     reference = freeze(copy.deepcopy(policy))
     reward_model = freeze(AutoModelForSequenceClassification.from_pretrained(assets / "reward_model", num_labels=1))
@@ -23,7 +25,8 @@ def fit(assets, tokenizer, num_rollouts=3, module_class=RLOOModule, **overrides)
     spec = SplitSpec(path=str(assets / "train.jsonl"), reference_column="reference")
     datamodule = PromptDataModule(tokenizer, spec, spec, 64, False, config.rollout_batch_size // config.k, num_rollouts,
                                   log=lambda *_: None)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=num_rollouts * config.updates_per_rollout,
+                        logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=datamodule)
     return trainer, module
@@ -37,9 +40,9 @@ def snapshot(model):
 def test_one_lightning_step_per_rollout_and_frozen_models_unchanged(tiny_run_assets, tokenizer, epochs, minis):
     policy_before = snapshot(AutoModelForCausalLM.from_pretrained(tiny_run_assets / "policy"))
     trainer, module = fit(tiny_run_assets, tokenizer, num_rollouts=3, num_ppo_epochs=epochs, num_mini_batches=minis)
-    assert trainer.global_step == 3  # rollouts, not optimiser steps
-    assert module.episodes == 3 * 16  # completions
-    assert module.lr_schedulers().last_epoch == 3 * epochs * minis  # every optimiser step was taken
+    assert module.rollouts == 3 and module.episodes == 3 * 16  # completions
+    assert trainer.global_step == 3 * epochs * minis  # Lightning counts every optimiser step
+    assert module.lr_schedulers().last_epoch == 3 * epochs * minis  # and the schedule followed each
     for name, value in snapshot(module.reference).items():
         assert torch.equal(value, policy_before[name]), name  # the reference is the untouched initial policy
     for model in (module.reference, module.reward_model):
@@ -60,9 +63,9 @@ def test_on_policy_ratio_is_exactly_one_and_nothing_is_clipped(tiny_run_assets, 
     seen = []
 
     class Spy(RLOOModule):
-        def _log_step(self, rollout, kl, stats, *args):
+        def log_step(self, rollout, targets, stats):
             seen.append(stats)
-            super()._log_step(rollout, kl, stats, *args)
+            super().log_step(rollout, targets, stats)
 
     fit(tiny_run_assets, tokenizer, num_rollouts=2, module_class=Spy)
     for stats in seen:
@@ -75,9 +78,10 @@ def test_reused_rollout_first_update_has_ratio_one_in_fp32(tiny_run_assets, toke
     ratios = []
 
     class Spy(RLOOModule):
-        def _micro_batch_loss(self, rollout, index, kl, first_epoch):
-            loss, stats = super()._micro_batch_loss(rollout, index, kl, first_epoch)
-            ratios.append((stats["ratio_min"], stats["ratio_max"]))
+        def ppo_clip(self, part, *args):
+            loss, stats = super().ppo_clip(part, *args)
+            if len(part) < 16:  # a micro-batch's; the whole rollout's is the first-epoch diagnostic
+                ratios.append((stats["ratio_min"].item(), stats["ratio_max"].item()))
             return loss, stats
 
     fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=Spy, num_ppo_epochs=2, num_mini_batches=2,
@@ -92,17 +96,64 @@ def test_logged_ratio_extremes_are_the_extremes_over_micro_batches(tiny_run_asse
     per_micro, logged = [], []
 
     class Spy(RLOOModule):
-        def _micro_batch_loss(self, rollout, index, kl, first_epoch):
-            loss, stats = super()._micro_batch_loss(rollout, index, kl, first_epoch)
-            per_micro.append(stats)
+        def ppo_clip(self, part, *args):
+            loss, stats = super().ppo_clip(part, *args)
+            if len(part) < 16:
+                per_micro.append({key: value.item() for key, value in stats.items()})
             return loss, stats
 
-        def _log_step(self, rollout, kl, stats, *args):
+        def log_step(self, rollout, targets, stats):
             logged.append(stats)
-            super()._log_step(rollout, kl, stats, *args)
+            super().log_step(rollout, targets, stats)
 
     fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=Spy, num_ppo_epochs=2, num_mini_batches=2,
         micro_batch_size=4)
-    assert logged[0]["ratio_min"] == min(s["ratio_min"] for s in per_micro)
-    assert logged[0]["ratio_max"] == max(s["ratio_max"] for s in per_micro)
+    assert logged[0]["ratio_min"] == pytest.approx(min(s["ratio_min"] for s in per_micro), abs=1e-7)
+    assert logged[0]["ratio_max"] == pytest.approx(max(s["ratio_max"] for s in per_micro), abs=1e-7)
     assert logged[0]["ratio_min"] < logged[0]["ratio_max"]
+
+
+def test_one_forward_per_micro_batch_gives_the_same_step_as_a_separate_forward(tiny_run_assets, tokenizer):
+    """Used once, a rollout takes log pi (for the KL) from the update's own forward; the same step with a separate
+    forward before the update must give the same rewards, advantages and weights."""
+    class SeparateForward(RLOOModule):
+        def takes_log_pi_from_the_update(self):
+            return False
+
+    _, fused = fit(tiny_run_assets, tokenizer, num_rollouts=1)
+    _, separate = fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=SeparateForward)
+    assert torch.equal(fused.last_rollout.completion_ids, separate.last_rollout.completion_ids)  # the same samples
+    for name in ("kl", "rewards", "advantages"):
+        torch.testing.assert_close(getattr(fused.last_targets, name), getattr(separate.last_targets, name),
+                                   atol=1e-5, rtol=0)
+    assert fused.last_targets.advantages.abs().sum() > 0
+    for (name, a), b in zip(fused.policy.named_parameters(), separate.policy.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
+
+
+def test_diagnostics_at_two_by_two_measure_the_policy_that_sampled(tiny_run_assets, tokenizer):
+    """At 2 epochs x 2 mini-batches the policy moves after the first mini-batch; mismatch/*, the entropy and the
+    first-epoch clip fraction must still describe the rollout policy (here: the initial one, in fp32)."""
+    from rloo.objectives import logprob_mismatch, masked_mean
+    from rloo.rollout import completion_logprobs_and_entropy
+
+    logged = []
+
+    class Spy(RLOOModule):
+        def log_step(self, rollout, targets, stats):
+            logged.append(stats)
+            super().log_step(rollout, targets, stats)
+
+    _, module = fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=Spy, num_ppo_epochs=2, num_mini_batches=2,
+                    micro_batch_size=4)
+    stats, rollout = logged[0], module.last_rollout
+    initial = AutoModelForCausalLM.from_pretrained(tiny_run_assets / "policy").eval()
+    with torch.no_grad():
+        logprobs, entropy = completion_logprobs_and_entropy(initial, rollout.input_ids, rollout.attention_mask,
+                                                            rollout.completion_ids, rollout.completion_mask, 0.7)
+    expected = logprob_mismatch(logprobs, rollout.generation_logprobs, rollout.completion_mask)
+    assert stats["mismatch_abs_max"] < 1e-4  # fp32: the sampler and the training forward agree (before: 0.2 and more)
+    assert stats["mismatch_abs_max"] == pytest.approx(expected["abs_max"].item(), abs=1e-6)
+    assert stats["entropy"] == pytest.approx(masked_mean(entropy, rollout.completion_mask).item(), abs=1e-5)
+    assert stats["first_epoch_clipfrac"] == 0.0  # old log-probs recomputed: the ratio at the rollout policy is 1
+    assert stats["clipfrac"] > 0  # while the later mini-batches, after a step at lr 1e-2, do clip

@@ -8,7 +8,7 @@ the baseline RLOO is measured against. The rollout is RLOO's; what PPO adds is a
     loss      : token-level PPO-clip + vf_coef * clipped value loss
     update    : num_ppo_epochs x num_mini_batches optimiser steps on shuffled rows
 
-One Lightning step is one rollout, whatever the number of optimiser steps inside it.
+One batch of the train loop is one rollout; Lightning counts each of its optimiser steps.
 """
 
 from __future__ import annotations
@@ -21,33 +21,38 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import COMMON_NAMES, OnlineRLConfig, OnlineRLModule
+from rloo.algorithms.base import METRIC_NAMES, OnlineRLConfig, OnlineRLModule, StepStats
 from rloo.objectives import (
     apply_missing_eos_penalty,
     clipped_value_loss,
-    entropy_from_logits,
     explained_variance,
     gae_advantages,
     kl_per_token,
     masked_mean,
     masked_whiten,
     per_token_rewards,
-    token_logprobs,
     token_ppo_clip_loss,
 )
-from rloo.rollout import Rollout, chunked, completion_logits, token_values
+from rloo.rollout import PhaseTimer, Rollout, chunked, token_values
+
+
+@dataclass(frozen=True)
+class PPOConfig(OnlineRLConfig):
+    """The PPO keys of conf/algo/ppo.yaml on top of the shared ones (documented there)."""
+    vf_coef: float
+    cliprange_value: float
+    gamma: float
+    lam: float
 
 
 @dataclass
-class PPOConfig(OnlineRLConfig):
-    """The PPO keys of conf/algo/ppo.yaml on top of the shared ones (documented there)."""
-    k: int = 1
-    num_ppo_epochs: int = 4
-    normalize_advantages: bool = True
-    vf_coef: float = 0.1
-    cliprange_value: float = 0.2
-    gamma: float = 1.0
-    lam: float = 0.95
+class PPOTargets:
+    """What PPO derives from a rollout, per token `[N, T]` (0 on padding)."""
+    kl: Tensor          # KL_t
+    values: Tensor      # V_t of the value model at rollout time
+    rewards: Tensor     # r_t = -beta KL_t (+ score on the last real token)
+    advantages: Tensor  # GAE A_t (whitened when normalize_advantages)
+    returns: Tensor     # value targets G_t = A_t + V_t
 
 
 class PPOModule(OnlineRLModule):
@@ -64,70 +69,76 @@ class PPOModule(OnlineRLModule):
         return itertools.chain(self.policy.parameters(), self.value_model.parameters())
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        cfg = self.config
-        started = time.perf_counter()
+        cfg, timer, started = self.config, PhaseTimer(), time.perf_counter()
 
-        # 1. rollout (old log-probs always: PPO reuses it num_ppo_epochs times), then the values V_t
-        rollout, timer = self.collect(batch, keep_old_logprobs=not cfg.old_logprobs_from_generation)
-        if cfg.old_logprobs_from_generation:
-            rollout.logprobs = rollout.generation_logprobs
-        mask = rollout.completion_mask
+        # 1. rollout; the training-style log-probs of the policy that sampled (the old ones), and the values V_t
+        rollout = self.collect(batch, timer)
+        n, mask = len(rollout), rollout.completion_mask
+        with timer("old_logprobs"):
+            rollout_policy_logprobs, entropy = self.rollout_policy_forward(rollout)
+        old_logprobs = rollout.generation_logprobs if cfg.old_logprobs == "generation" else rollout_policy_logprobs
         with timer("values"), torch.no_grad():
             values = chunked(partial(token_values, self.value_model, completion_len=mask.shape[1]),
-                             cfg.generation_batch_size, rollout.input_ids, rollout.attention_mask)
-        rollout.values = values * mask
+                             cfg.generation_batch_size, rollout.input_ids, rollout.attention_mask) * mask
         rollout_done = time.perf_counter()
 
         # 2. per-token rewards: r_t = -beta KL_t, plus the (penalised) score at the last real token
-        kl = kl_per_token(rollout.logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask   # [N, T]
+        kl = kl_per_token(old_logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask   # [N, T]
         scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
-        rollout.rewards = per_token_rewards(scores, kl, mask, cfg.kl_coef)
+        rewards = per_token_rewards(scores, kl, mask, cfg.kl_coef)
 
         # 3. GAE advantages and value targets; advantages whitened over the real tokens of the batch
-        advantages, rollout.returns = gae_advantages(rollout.rewards, rollout.values, mask, cfg.gamma, cfg.lam)
-        rollout.advantages = masked_whiten(advantages, mask) if cfg.normalize_advantages else advantages
+        advantages, returns = gae_advantages(rewards, values, mask, cfg.gamma, cfg.lam)
+        if cfg.normalize_advantages:
+            advantages = masked_whiten(advantages, mask)
+        targets = PPOTargets(kl, values, rewards, advantages, returns)
 
         # 4-5. token-level clipped policy loss + clipped value loss, num_ppo_epochs passes on shuffled rows
-        stats = self.run_updates(rollout, self._micro_batch_loss, shuffle=True)
-        self.record_timings(timer, started, rollout_done)
+        stats = StepStats()
+        for epoch in range(cfg.num_ppo_epochs):
+            for micro_batches in self.mini_batches(n, shuffle=True):
+                for i, index in enumerate(micro_batches):
+                    part = rollout.select(index)
+                    loss, part_stats = self.micro_batch_loss(part, targets, index, old_logprobs[index],
+                                                             rollout_policy_logprobs[index])
+                    self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
+                    stats.add(part_stats, len(index))
+                self.step_optimizer()
 
-        self.episodes += rollout.scores.shape[0] * self.trainer.world_size
-        self.last_rollout = rollout
-        self._log_step(rollout, scores, kl, stats)
+        self.finish_step(rollout, targets, masked_mean(advantages, mask, dim=1), timer, started, rollout_done)
+        # measured at the policy that sampled, whatever the epochs and mini-batches did after
+        diagnostics = self.rollout_diagnostics(rollout, rollout_policy_logprobs, entropy)
+        diagnostics["first_epoch_clipfrac"] = token_ppo_clip_loss(advantages, rollout_policy_logprobs, old_logprobs, mask,
+                                                                  cfg.clip_range)[1].clipfrac
+        self.log_step(rollout, scores, targets, stats.means() | diagnostics)
 
-    def _micro_batch_loss(self, rollout: Rollout, index: Tensor, first_epoch: bool) -> tuple[Tensor, dict]:
-        cfg = self.config
-        part = rollout.select(index)
-        mask, length = part.completion_mask, part.completion_ids.shape[1]
-        logits = completion_logits(self.policy, part.input_ids, part.attention_mask, length) / cfg.temperature
-        logprobs = token_logprobs(logits, part.completion_ids) * mask                   # [n, T]
-        token_w, sequence_w, mismatch = self.mismatch_and_weights(part, logprobs, first_epoch)
-        policy_loss, clip = token_ppo_clip_loss(part.advantages, logprobs, part.logprobs, mask, cfg.clip_range,
+    def micro_batch_loss(self, part: Rollout, targets: PPOTargets, index: Tensor, old_logprobs: Tensor,
+                         rollout_policy_logprobs: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """L = L_pi + vf_coef * L_V on the rows `index`."""
+        cfg, mask, length = self.config, part.completion_mask, part.completion_ids.shape[1]
+        logprobs, _ = self.policy_forward(part)                                                  # [n, T]
+        token_w, sequence_w, is_stats = self.importance_weights(part, rollout_policy_logprobs)
+        policy_loss, clip = token_ppo_clip_loss(targets.advantages[index], logprobs, old_logprobs, mask, cfg.clip_range,
                                                 token_w, sequence_w)
-        values = token_values(self.value_model, part.input_ids, part.attention_mask, length)   # [n, T]
-        value_loss, value_clipfrac = clipped_value_loss(values, part.values, part.returns, mask, cfg.cliprange_value)
-        loss = policy_loss + cfg.vf_coef * value_loss                                   # L = L_pi + c_v L_V
-        stats = {"loss": policy_loss.item(), "value_loss": value_loss.item(), "clipfrac": clip.clipfrac.item(),
-                 "value_clipfrac": value_clipfrac.item(), "approxkl": clip.approxkl.item(),
-                 "ratio": clip.ratio_mean.item(), "ratio_min": clip.ratio_min.item(), "ratio_max": clip.ratio_max.item(),
-                 **mismatch}
-        if first_epoch:
-            stats["first_epoch_clipfrac"] = stats["clipfrac"]
-            with torch.no_grad():
-                stats["entropy"] = masked_mean(entropy_from_logits(logits), mask).item()
-        return loss, stats
+        values = token_values(self.value_model, part.input_ids, part.attention_mask, length)      # [n, T]
+        value_loss, value_clipfrac = clipped_value_loss(values, targets.values[index], targets.returns[index], mask,
+                                                        cfg.cliprange_value)
+        loss = policy_loss + cfg.vf_coef * value_loss                                             # L = L_pi + c_v L_V
+        return loss, {"loss": policy_loss, "value_loss": value_loss, "clipfrac": clip.clipfrac,
+                      "value_clipfrac": value_clipfrac, "approxkl": clip.approxkl, "ratio": clip.ratio_mean,
+                      "ratio_min": clip.ratio_min, "ratio_max": clip.ratio_max, **is_stats}
 
-    def _log_step(self, rollout: Rollout, scores: Tensor, kl: Tensor, stats: dict) -> None:
+    def log_step(self, rollout: Rollout, scores: Tensor, targets: PPOTargets, stats: dict) -> None:
         cfg, mask = self.config, rollout.completion_mask
-        kl_sum = kl.sum(1)  # [N] sum_t KL_t
+        kl_sum = targets.kl.sum(1)  # [N] sum_t KL_t
         metrics = self.common_metrics(rollout) | {
             "objective/scores": scores.mean(),
             "objective/kl": kl_sum.mean(),
             "objective/non_score_reward": (-cfg.kl_coef * kl_sum).mean(),
             "objective/rlhf_reward": (scores - cfg.kl_coef * kl_sum).mean(),
-            "val/value_mse": masked_mean((rollout.values - rollout.returns) ** 2, mask),  # rollout-time value error
-            "val/explained_variance": explained_variance(rollout.values, rollout.returns, mask),
+            "value/mse": masked_mean((targets.values - targets.returns) ** 2, mask),  # rollout-time value error
+            "value/explained_variance": explained_variance(targets.values, targets.returns, mask),
         }
-        names = COMMON_NAMES | {"value_loss": "loss/value_avg", "value_clipfrac": "val/clipfrac_avg"}
+        names = METRIC_NAMES | {"value_loss": "loss/value_avg", "value_clipfrac": "value/clipfrac_avg"}
         metrics.update({names[key]: value for key, value in stats.items()})
-        self.log_metrics(metrics, batch_size=rollout.scores.shape[0])
+        self.log_metrics(metrics, batch_size=len(rollout))

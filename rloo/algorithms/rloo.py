@@ -1,13 +1,13 @@
-"""RLOO (Ahmadian et al. 2024): the whole training step, read top to bottom.
+"""RLOO (Ahmadian et al. 2024, after Kool et al. 2019): the whole training step, read top to bottom.
 
-    rollout   : k completions per prompt, reference log-probs, reward-model scores      (rloo/rollout.py)
-    reward    : R_i = score_i - beta * sum_t KL_t(y_i)                                   (KL inside R, as the paper)
-    advantage : A_i = R_i - mean_{j != i} R_j, within each prompt's k completions         (leave-one-out)
-    loss      : REINFORCE  -A_i * log pi(y_i|x),  or its sequence-level PPO-clip form
-    mismatch  : rollout-time vs training log-probs logged every step; optional importance corrections
-    update    : num_ppo_epochs x num_mini_batches optimiser steps, micro-batches accumulate gradients
+    1. rollout    : k completions per prompt, their reference log-probs and reward-model scores   (rloo/rollout.py)
+    2. reward     : R_i = score_i - beta * sum_t KL_t(y_i)                                   (KL inside R, as the paper)
+    3. advantage  : A_i = R_i - mean_{j != i} R_j, within each prompt's k completions         (leave-one-out)
+    4. loss       : REINFORCE  -A_i * sum_t log pi(y_i,t),  or its sequence-level PPO-clip form
+    5. step       : num_ppo_epochs x num_mini_batches optimiser steps; micro-batches accumulate gradients
 
-One Lightning step is one rollout, whatever the number of optimiser steps inside it.
+R needs log pi of the policy that sampled (for the KL). A rollout used for one update gets it from the
+update's own forward pass, one forward fewer; a reused rollout gets it from a forward before the first step.
 """
 
 from __future__ import annotations
@@ -18,71 +18,110 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import COMMON_NAMES, OnlineRLConfig, OnlineRLModule
+from rloo.algorithms.base import METRIC_NAMES, OnlineRLConfig, OnlineRLModule, StepStats
 from rloo.objectives import (
     apply_missing_eos_penalty,
-    entropy_from_logits,
     group_reward_std,
     kl_per_token,
     leave_one_out_advantages,
-    masked_mean,
     normalize_advantages,
     reinforce_loss,
     sequence_ppo_clip_loss,
     sequence_rewards,
     token_clip_fraction,
-    token_logprobs,
 )
-from rloo.rollout import Rollout, completion_logits
+from rloo.rollout import PhaseTimer, Rollout
+
+
+@dataclass(frozen=True)
+class RLOOConfig(OnlineRLConfig):
+    """The RLOO keys of conf/train.yaml on top of the shared ones (documented there)."""
+    loss: str
+    sequence_ratio: str
 
 
 @dataclass
-class RLOOConfig(OnlineRLConfig):
-    """The RLOO keys of conf/train.yaml on top of the shared ones (documented there)."""
-    normalize_advantages: bool = False
-    loss: str = "ppo_clip"
+class RLOOTargets:
+    """What RLOO derives from a rollout: the KL, the sequence rewards and the leave-one-out advantages."""
+    kl: Tensor          # [N] sum_t KL_t
+    rewards: Tensor     # [N] R_i
+    advantages: Tensor  # [N] A_i
+
+    @classmethod
+    def zeros(cls, n: int, device) -> "RLOOTargets":
+        return cls(*(torch.zeros(n, device=device) for _ in range(3)))
+
+    def assign(self, index: Tensor, part: "RLOOTargets") -> None:
+        self.kl[index], self.rewards[index], self.advantages[index] = part.kl, part.rewards, part.advantages
 
 
 class RLOOModule(OnlineRLModule):
     """Holds the trained policy, the frozen reference and the frozen reward model; `training_step` is one RLOO step."""
 
-    # ---- the RLOO step -------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        started = time.perf_counter()
+        cfg, timer, started = self.config, PhaseTimer(), time.perf_counter()
 
-        # 1. rollout: k completions per prompt, reference log-probs, scores; old log-probs only if reused
-        rollout, timer = self.collect(batch, keep_old_logprobs=self._needs_old_logprobs())
-        if self.config.old_logprobs_from_generation:
-            rollout.logprobs = rollout.generation_logprobs  # the peer's 2024 behaviour, kept to reproduce its failure
+        # 1. rollout: k completions per prompt, reference log-probs, scores                        [N = prompts * k]
+        rollout = self.collect(batch, timer)
+        n = len(rollout)
+
+        # log pi(y_t) of the policy that sampled, from a training-style forward [N, T]: the KL needs it, and so do
+        # the old log-probs of a reused rollout. Used once (`one_pass`), the update's own forward provides it.
+        one_pass = self.takes_log_pi_from_the_update()
+        if one_pass:
+            rollout_policy_logprobs, entropy = torch.zeros_like(rollout.ref_logprobs), torch.zeros_like(rollout.ref_logprobs)
+        else:
+            with timer("old_logprobs"):
+                rollout_policy_logprobs, entropy = self.rollout_policy_forward(rollout)
+        # old_logprobs=generation is the peer's 2024 behaviour, kept to reproduce its failure: the sampler's log-probs
+        old_logprobs = rollout.generation_logprobs if cfg.old_logprobs == "generation" else rollout_policy_logprobs
         rollout_done = time.perf_counter()
 
-        # 2-3. rewards and advantages now if the old log-probs exist; else from the update's own forward pass
-        if rollout.logprobs is not None:
-            rollout.rewards, rollout.advantages, kl = self._rewards_and_advantages(rollout, rollout.logprobs)
+        # 2-3. rewards and advantages of the whole rollout; in one pass, per micro-batch of whole groups in step 4
+        if one_pass:
+            targets = RLOOTargets.zeros(n, self.device)
         else:
-            rollout.rewards = torch.zeros_like(rollout.scores)
-            rollout.advantages = torch.zeros_like(rollout.scores)
-            kl = torch.zeros_like(rollout.scores)
+            targets = self.rewards_and_advantages(rollout, old_logprobs)
 
-        # 4-5. loss and optimiser steps; on-policy, micro-batches keep whole prompt groups (no shuffle)
-        def loss_of(rollout: Rollout, index: Tensor, first_epoch: bool):
-            return self._micro_batch_loss(rollout, index, kl, first_epoch)
+        # 4-5. loss and optimiser steps
+        stats = StepStats()
+        for epoch in range(cfg.num_ppo_epochs):
+            for micro_batches in self.mini_batches(n, shuffle=not one_pass):
+                for i, index in enumerate(micro_batches):
+                    part = rollout.select(index)
+                    logprobs, part_entropy = self.policy_forward(part)                             # [n, T]
+                    if one_pass:  # this forward is the rollout policy's: log pi, R and A come from it (detached)
+                        rollout_policy_logprobs[index], entropy[index] = logprobs.detach().float(), part_entropy.float()
+                        targets.assign(index, self.rewards_and_advantages(part, logprobs.detach()))
+                    part_old = logprobs.detach() if one_pass else old_logprobs[index]
+                    advantages = targets.advantages[index]
+                    token_w, sequence_w, is_stats = self.importance_weights(part, rollout_policy_logprobs[index])
+                    if cfg.loss == "reinforce":   # -mean_i A_i * sum_t log pi(y_i,t)
+                        loss, loss_stats = reinforce_loss(advantages, logprobs, part.completion_mask, token_w, sequence_w), {}
+                    else:                         # mean_i max(-A_i r_i, -A_i clip(r_i, 1-eps, 1+eps))
+                        loss, loss_stats = self.ppo_clip(part, advantages, logprobs, part_old, token_w, sequence_w)
+                    self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
+                    stats.add({"loss": loss, **loss_stats, **is_stats}, len(index))
+                self.step_optimizer()
 
-        stats = self.run_updates(rollout, loss_of, shuffle=self.config.reuses_rollout)
-        self.record_timings(timer, started, rollout_done)
+        self.finish_step(rollout, targets, targets.advantages, timer, started, rollout_done)
+        # measured at the policy that sampled, whatever the epochs and mini-batches did after
+        diagnostics = self.rollout_diagnostics(rollout, rollout_policy_logprobs, entropy)
+        if cfg.loss == "ppo_clip":  # what the mismatch alone nulls: the clip before any optimiser step
+            diagnostics["first_epoch_clipfrac"] = self.ppo_clip(rollout, targets.advantages, rollout_policy_logprobs,
+                                                                old_logprobs)[1]["clipfrac"]
+        self.log_step(rollout, targets, stats.means() | diagnostics)
 
-        self.episodes += rollout.scores.shape[0] * self.trainer.world_size
-        self.last_rollout = rollout
-        self._log_step(rollout, kl, stats)
-
-    def _needs_old_logprobs(self) -> bool:
+    # ---- the RLOO math, on tensors from rloo/objectives.py ------------------------------------------------
+    def takes_log_pi_from_the_update(self) -> bool:
+        """One forward pass serves the KL and the loss: one update per rollout, old log-probs recomputed, and no
+        whitening over more rows than one micro-batch holds."""
         cfg = self.config
-        # whitening needs every advantage before the first backward, so micro-batches cannot compute their own
-        whiten_all = cfg.normalize_advantages and cfg.micro_batch_size < cfg.rollout_batch_size
-        return (cfg.reuses_rollout or whiten_all) and not cfg.old_logprobs_from_generation
+        whitens_across_micro_batches = cfg.normalize_advantages and cfg.micro_batch_size < cfg.rollout_batch_size
+        return not cfg.reuses_rollout and cfg.old_logprobs == "recompute" and not whitens_across_micro_batches
 
-    def _rewards_and_advantages(self, rollout: Rollout, logprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """R = score - beta * sum_t KL_t and the leave-one-out A, for whole prompt groups. Returns R, A, sum_t KL."""
+    def rewards_and_advantages(self, rollout: Rollout, logprobs: Tensor) -> RLOOTargets:
+        """R = score - beta * sum_t KL_t and the leave-one-out A, for whole prompt groups."""
         cfg, mask = self.config, rollout.completion_mask
         kl_tokens = kl_per_token(logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask  # KL_t, 0 on padding
         scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
@@ -90,54 +129,30 @@ class RLOOModule(OnlineRLModule):
         advantages = leave_one_out_advantages(rewards, cfg.k)             # A_i = R_i - (sum_j R_j - R_i)/(k-1)
         if cfg.normalize_advantages:
             advantages = normalize_advantages(advantages)
-        return rewards, advantages, kl_tokens.sum(1)
+        return RLOOTargets(kl_tokens.sum(1), rewards, advantages)
 
-    def _micro_batch_loss(self, rollout: Rollout, index: Tensor, kl: Tensor, first_epoch: bool) -> tuple[Tensor, dict]:
-        cfg = self.config
-        part = rollout.select(index)
-        logits = completion_logits(self.policy, part.input_ids, part.attention_mask, part.completion_ids.shape[1])
-        logits = logits / cfg.temperature                                  # the sampling distribution
-        logprobs = token_logprobs(logits, part.completion_ids) * part.completion_mask   # [n, T]
-        stats = {}
-        if part.logprobs is None:
-            # on-policy: this forward is the rollout's policy forward, so R and A come from it (detached)
-            rewards, advantages, part_kl = self._rewards_and_advantages(part, logprobs.detach())
-            rollout.rewards[index], rollout.advantages[index], kl[index] = rewards, advantages, part_kl
-            old_logprobs = logprobs.detach()
-        else:
-            advantages, old_logprobs = part.advantages, part.logprobs
-        if first_epoch:
-            with torch.no_grad():
-                stats["entropy"] = masked_mean(entropy_from_logits(logits), part.completion_mask).item()
-        # rollout / training mismatch diagnostics, and the importance weights of is_correction (none: no weights)
-        token_w, sequence_w, mismatch = self.mismatch_and_weights(part, logprobs, first_epoch)
-        stats.update(mismatch)
-        if cfg.loss == "reinforce":
-            # -mean_i A_i * sum_t log pi
-            loss = reinforce_loss(advantages, logprobs, part.completion_mask, token_w, sequence_w)
-        else:
-            loss, clip = sequence_ppo_clip_loss(advantages, logprobs, old_logprobs, part.completion_mask, cfg.clip_range,
-                                                cfg.sequence_ratio == "mean", token_w, sequence_w)
-            stats.update(clipfrac=clip.clipfrac.item(), approxkl=clip.approxkl.item(), ratio=clip.ratio_mean.item(),
-                         ratio_min=clip.ratio_min.item(), ratio_max=clip.ratio_max.item(),
-                         token_clipfrac=token_clip_fraction(advantages, logprobs, old_logprobs, part.completion_mask,
-                                                            cfg.clip_range).item())
-            if first_epoch:  # before the policy has moved much: what the mismatch alone nulls
-                stats["first_epoch_clipfrac"] = stats["clipfrac"]
-        stats["loss"] = loss.item()
-        return loss, stats
+    def ppo_clip(self, part: Rollout, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor,
+             token_w: Tensor | None = None, sequence_w: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The sequence-level PPO-clip loss mean_i max(-A_i r_i, -A_i clip(r_i, 1-eps, 1+eps)) and its statistics."""
+        cfg, mask = self.config, part.completion_mask
+        loss, clip = sequence_ppo_clip_loss(advantages, logprobs, old_logprobs, mask, cfg.clip_range,
+                                            cfg.sequence_ratio == "mean", token_w, sequence_w)
+        return loss, {"clipfrac": clip.clipfrac, "approxkl": clip.approxkl, "ratio": clip.ratio_mean,
+                      "ratio_min": clip.ratio_min, "ratio_max": clip.ratio_max,
+                      "token_clipfrac": token_clip_fraction(advantages, logprobs, old_logprobs, mask, cfg.clip_range)}
 
     # ---- metrics -------------------------------------------------------------------------------------
-    def _log_step(self, rollout: Rollout, kl: Tensor, stats: dict) -> None:
+    def log_step(self, rollout: Rollout, targets: RLOOTargets, stats: dict) -> None:
         cfg = self.config
         scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
         metrics = self.common_metrics(rollout) | {
             "objective/scores": scores.mean(),
-            "objective/kl": kl.mean(),
-            "objective/non_score_reward": (-cfg.kl_coef * kl).mean(),
-            "objective/rlhf_reward": rollout.rewards.mean(),
-            "objective/advantage_std": rollout.advantages.std(),
-            "frac_reward_zero_std": (group_reward_std(scores, cfg.k) < 1e-6).float().mean(),
+            "objective/kl": targets.kl.mean(),
+            "objective/non_score_reward": (-cfg.kl_coef * targets.kl).mean(),
+            "objective/rlhf_reward": targets.rewards.mean(),
+            "objective/advantage_std": targets.advantages.std(),
+            "objective/frac_reward_zero_std": (group_reward_std(scores, cfg.k) < 1e-6).float().mean(),
         }
-        metrics.update({COMMON_NAMES[key]: value for key, value in stats.items()})
-        self.log_metrics(metrics, batch_size=rollout.scores.shape[0])
+        metrics.update({METRIC_NAMES[key]: value for key, value in stats.items()})
+        self.log_metrics(metrics, batch_size=len(rollout))
+

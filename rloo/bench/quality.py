@@ -30,7 +30,7 @@ def train(run_dir: Path, overrides: list[str], timeout: int) -> dict:
 
 def row(name: str, summary: dict) -> dict:
     final, initial = summary["final"], summary["initial"]
-    return {"run": name, "steps": summary["steps"], "episodes": summary["episodes"],
+    return {"run": name, "rollouts": summary["rollouts"], "episodes": summary["episodes"],
             "fit_seconds": summary["fit_seconds"], "initial_win_rate": initial["eval/win_rate"],
             "final_win_rate": final["eval/win_rate"], "ci_low": final["eval/win_rate_ci_low"],
             "ci_high": final["eval/win_rate_ci_high"], "final_score": final["eval/score"],

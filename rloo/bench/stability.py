@@ -49,8 +49,8 @@ def summarise(per_step: list[dict[str, float]]) -> dict:
         "token_mult_prob_error": _mean(series("mismatch/token_mult_prob_error")),
         "seq_log_ratio_min": min(series("mismatch/seq_log_ratio_min"), default=None),
         "seq_log_ratio_max": max(series("mismatch/seq_log_ratio_max"), default=None),
-        "ratio_min": min(series("val/ratio_min"), default=None),
-        "ratio_max": max(series("val/ratio_max"), default=None),
+        "ratio_min": min(series("policy/ratio_min"), default=None),
+        "ratio_max": max(series("policy/ratio_max"), default=None),
         "step_seconds": statistics.median(step_seconds) if step_seconds else None,
         "steps": len(per_step),
     }

@@ -74,46 +74,35 @@ class StepClock:
         return _Clock()
 
 
-def parse_settings(pairs: list[str]) -> dict:
-    import yaml
-
-    settings = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"error: --set {pair!r} is not KEY=VALUE")
-        settings[key] = yaml.safe_load(value)
-    return settings
-
-
 def build_module(args, preset, tokenizer, policy, reward_model):
-    from dataclasses import fields
-
+    """The module of `args.algorithm` with conf/train.yaml's settings, the preset's shape and `--set` on top."""
+    from rloo.assemble import build_module as build
+    from rloo.config import ConfigError, compose_train_config, validate_train_config
     from rloo.models import freeze, use_fp32_lm_head
 
-    settings = parse_settings(args.settings)
+    completions, steps = preset.completions_per_step, args.steps + args.warmup
+    shape = {"kl_coef": preset.kl_coef, "response_length": preset.response_length, "temperature": 0.7,
+             "rollout_batch_size": completions, "micro_batch_size": completions, "generation_batch_size": completions,
+             "total_episodes": completions * steps, "lr": 1e-6, "warmup_ratio": 0.0, "lr_schedule": "constant",
+             "k": preset.k}
+    if args.algorithm == "ppo":
+        shape |= {"k": 1, "num_ppo_epochs": args.ppo_epochs}
+    overrides = [f"algo={args.algorithm}", "judge=none", "logger=none"]
+    overrides += [f"{key}={value}" for key, value in shape.items()] + list(args.settings)
+    try:
+        cfg = compose_train_config(overrides)
+        validate_train_config(cfg)
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
+    except Exception as error:  # Hydra's own: an unknown key
+        raise SystemExit(f"error: --set: {str(error).splitlines()[0]}") from None
     reference = freeze(copy.deepcopy(policy))
     freeze(reward_model)
-    for model in (policy, reference) if settings.pop("fp32_lm_head", True) else ():  # train.yaml's default: on
+    for model in (policy, reference) if cfg.fp32_lm_head else ():
         use_fp32_lm_head(model)
-    completions = preset.completions_per_step
-    shared = dict(kl_coef=preset.kl_coef, response_length=preset.response_length, temperature=0.7,
-                  rollout_batch_size=completions, micro_batch_size=completions, generation_batch_size=completions,
-                  lr=1e-6, warmup_ratio=0.0, lr_schedule="constant", total_steps=args.steps + args.warmup)
-    from rloo.algorithms.ppo import PPOConfig, PPOModule
-    from rloo.algorithms.rloo import RLOOConfig, RLOOModule
-
-    config_class = RLOOConfig if args.algorithm == "rloo" else PPOConfig
-    known = {f.name for f in fields(config_class)}
-    unknown = set(settings) - known
-    if unknown:
-        raise SystemExit(f"error: --set {sorted(unknown)[0]} is not a {config_class.__name__} key")
-    if args.algorithm == "rloo":
-        config = RLOOConfig(**(dict(k=preset.k) | shared | settings))
-        return RLOOModule(policy, reference, reward_model, tokenizer, config), config
-    value_model = copy.deepcopy(reward_model).requires_grad_(True)  # initialised from the reward model
-    config = PPOConfig(**(dict(k=1, num_ppo_epochs=args.ppo_epochs) | shared | settings))
-    return PPOModule(policy, reference, reward_model, value_model, tokenizer, config), config
+    value_model = lambda: copy.deepcopy(reward_model).requires_grad_(True)  # noqa: E731  (initialised from the reward model)
+    module = build(cfg, policy, reference, reward_model, tokenizer, steps, value_model)
+    return module, module.config
 
 
 def run(args) -> dict:
@@ -130,11 +119,11 @@ def run(args) -> dict:
     prompts = random_prompts(preset, prompts_per_step * num_steps, args.seed)
     batches = [{"prompt_ids": chunk, "prompt_mask": torch.ones_like(chunk)} for chunk in prompts.split(prompts_per_step)]
     clock = StepClock()
-    from rloo.train import precision_arguments
+    from rloo.assemble import precision_arguments
 
     accelerator = "gpu" if args.device == "cuda" else "cpu"
     trainer = L.Trainer(accelerator=accelerator, devices=1, **precision_arguments(args.precision, accelerator),
-                        max_steps=num_steps, max_epochs=1, logger=False, enable_checkpointing=False,
+                        max_steps=num_steps * config.updates_per_rollout, max_epochs=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[clock.callback()],
                         num_sanity_val_steps=0)
     if args.device == "cuda":
@@ -152,7 +141,7 @@ def run(args) -> dict:
         "preset": preset.name,
         "settings": preset.as_dict() | {"num_ppo_epochs": config.num_ppo_epochs, "num_mini_batches": config.num_mini_batches,
                                         "completions_per_prompt": k, "prompts_per_step": prompts_per_step,
-                                        "precision": args.precision, "overrides": parse_settings(args.settings)},
+                                        "precision": args.precision, "overrides": args.settings},
         "device": args.device,
         "threads": torch.get_num_threads(),
         "steps": len(timed),

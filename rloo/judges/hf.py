@@ -41,7 +41,7 @@ class HFJudge(Judge):
     @torch.no_grad()
     def label_logprobs(self, texts: list[str]) -> torch.Tensor:
         """log p(label A), log p(label B) as the next token after each text, `[N, 2]`, normalised over the two."""
-        from rloo.rollout import position_ids_for
+        from rloo.sampling import position_ids_for
 
         device = next(self.model.parameters()).device
         encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]

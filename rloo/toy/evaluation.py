@@ -7,8 +7,9 @@ import torch
 
 from rloo.algorithms.reward_model import collate_pairs, encode_pairs, pair_scores
 from rloo.algorithms.sft import collate_sft, encode_sft_examples
-from rloo.data import left_pad
-from rloo.rollout import SamplingConfig, chunked, reward_scores, sample_completions
+from rloo.heldout import complete
+from rloo.rollout import chunked, reward_scores
+from rloo.sampling import SamplingConfig
 from rloo.toy.task import oracle_judge, oracle_score
 
 
@@ -19,18 +20,6 @@ def pair_accuracy(reward_model, tokenizer, pairs: list[dict], batch_size: int = 
     rows, collate = encode_pairs(tokenizer, pairs), collate_pairs(tokenizer.pad_token_id)
     wins = [torch.gt(*pair_scores(reward_model, collate(rows[s:s + batch_size]))) for s in range(0, len(rows), batch_size)]
     return float(torch.cat(wins).float().mean())
-
-
-@torch.no_grad()
-def greedy_completions(policy, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 256):
-    """Greedy completions: decoded texts, plus the prompt and completion tensors (rollout layout) and ended `[N]`."""
-    policy.eval()
-    prompt_ids, prompt_mask = left_pad(tokenizer(prompts, add_special_tokens=False)["input_ids"], tokenizer.pad_token_id)
-    completion_ids, completion_mask, ended, _ = sample_completions(
-        policy, prompt_ids, prompt_mask, SamplingConfig(max_new_tokens=max_new_tokens, greedy=True),
-        tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size)
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return texts, (prompt_ids, prompt_mask, completion_ids, completion_mask), ended
 
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:
@@ -52,8 +41,10 @@ def evaluate(policy, reward_model, tokenizer, validation: list[dict], heldout_pa
     """Greedy policy vs the references under the oracle; with a reward model, its accuracy on held-out pairs
     and how well it tracks the oracle on the greedy completions and the references."""
     prompts, references = [ex["prompt"] for ex in validation], [ex["reference"] for ex in validation]
-    texts, (prompt_ids, prompt_mask, completion_ids, completion_mask), ended = greedy_completions(
-        policy, tokenizer, prompts, max_new_tokens)
+    policy.eval()
+    rows = [{"prompt_ids": ids} for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    done = complete(policy, tokenizer, rows, SamplingConfig.greedy_decoding(max_new_tokens), batch_size=256)
+    texts, ended = done["texts"], done["eos"]
     report = {"sft_win_rate_vs_reference": sum(map(oracle_judge, prompts, texts, references)) / len(prompts),
               "sft_ended_with_eos": float(ended.float().mean()),
               "sft_oracle_score": sum(map(oracle_score, prompts, texts)) / len(prompts)}
@@ -63,7 +54,7 @@ def evaluate(policy, reward_model, tokenizer, validation: list[dict], heldout_pa
     report["rm_heldout_accuracy"] = pair_accuracy(reward_model, tokenizer, heldout_pairs)
     refs = collate_sft(tokenizer.pad_token_id)(encode_sft_examples(tokenizer, validation))
     score = lambda ids, mask: reward_scores(reward_model, ids, mask)  # noqa: E731
-    rm_sft = chunked(score, 256, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1))
+    rm_sft = chunked(score, 256, done["input_ids"], done["attention_mask"])
     rm_ref = chunked(score, 256, torch.cat([refs["prompt_ids"], refs["completion_ids"]], 1),
                      torch.cat([refs["prompt_mask"], refs["completion_mask"]], 1))
     oracle_sft, oracle_ref = (torch.tensor([oracle_score(p, c) for p, c in zip(prompts, cs)]) for cs in (texts, references))

@@ -1,0 +1,91 @@
+"""Building a run's pieces from a checked config, shared by the entry points (rloo.train, rloo.evaluate) and the
+benchmark worker: model and data locations, Lightning's precision arguments, the number of processes, and the
+LightningModule of the chosen algorithm."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from omegaconf import DictConfig, OmegaConf
+
+from rloo.config import algorithm_config
+from rloo.errors import ConfigError
+
+
+def resolve_sources(cfg: DictConfig, log=print) -> tuple[dict, dict, dict]:
+    """Model and data locations, with the embedded task's bootstrap filling whatever is null."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    report: dict = {}
+    if cfg.get("bootstrap") is not None:
+        from rloo.toy.bootstrap import ensure_artifacts
+
+        artifacts = ensure_artifacts(OmegaConf.to_container(cfg.bootstrap, resolve=True), cfg.paths.cache_dir, log=log)
+        model["policy"] = model["policy"] or artifacts.policy
+        model["reward_model"] = model["reward_model"] or artifacts.reward_model
+        model["tokenizer"] = model["tokenizer"] or artifacts.tokenizer
+        data["train"]["path"] = data["train"]["path"] or artifacts.data["train"]
+        data["validation"]["path"] = data["validation"]["path"] or artifacts.data["validation"]
+        report = {"dir": str(artifacts.root), **artifacts.report}
+    model["tokenizer"] = model["tokenizer"] or model["policy"]
+    return model, data, report
+
+
+def quiet_lightning_logs() -> None:
+    """One copy of each Lightning message (Hydra's handler prints it), and no advertising."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
+    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode.*")  # the three models stay in eval on purpose
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, one per model
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: "litlogger" not in record.getMessage())
+
+
+def precision_arguments(precision: str, accelerator: str, fabric: bool = False) -> dict:
+    """Trainer (or Fabric) arguments for `precision`. Lightning turns 16-mixed on CPU into bf16-mixed
+    without asking; fp16 with loss scaling is the alternative to bf16 worth comparing, so on CPU it gets a
+    real fp16 autocast plugin with a loss scaler."""
+    if precision == "16-mixed" and accelerator == "cpu":
+        import torch
+
+        if fabric:
+            from lightning.fabric.plugins.precision import MixedPrecision
+        else:
+            from lightning.pytorch.plugins.precision import MixedPrecision
+        return {"plugins": [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]}
+    return {"precision": precision}
+
+
+def world_size(trainer_args: dict) -> int:
+    """The processes a Trainer with these arguments will run (devices x num_nodes), known before it is built, so
+    that max_steps can be set up front. rloo.train checks it against the Trainer's own count."""
+    devices, nodes = trainer_args.get("devices", "auto"), int(trainer_args.get("num_nodes", 1))
+    if isinstance(devices, (list, tuple)):
+        return len(devices) * nodes
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()]) * nodes
+    if devices in ("auto", -1, "-1"):
+        import torch
+
+        gpu = trainer_args.get("accelerator") in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+        return (torch.cuda.device_count() if gpu else 1) * nodes
+    try:
+        return int(devices) * nodes
+    except ValueError:
+        raise ConfigError(f"trainer.devices={devices!r} is not allowed: a count, a list of device ids, or auto") from None
+
+
+def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, total_rollouts: int, value_model):
+    """The LightningModule of `cfg.algorithm` (`value_model`: a loader, called for PPO only)."""
+    if cfg.algorithm == "ppo":
+        from rloo.algorithms.ppo import PPOConfig, PPOModule
+
+        return PPOModule(policy, reference, reward_model, value_model(), tokenizer,
+                         algorithm_config(PPOConfig, cfg, total_rollouts))
+    from rloo.algorithms.rloo import RLOOConfig, RLOOModule
+
+    return RLOOModule(policy, reference, reward_model, tokenizer, algorithm_config(RLOOConfig, cfg, total_rollouts))

@@ -1,0 +1,30 @@
+"""Settings for tests that build pieces directly: the typed configs come from conf/ like a run's (they have no
+defaults of their own), and HF generate is the reference the lean decode is held to."""
+
+from dataclasses import replace
+
+from rloo.algorithms.ppo import PPOConfig
+from rloo.algorithms.rloo import RLOOConfig
+from rloo.config import algorithm_config, compose_train_config, validate_train_config
+from rloo.rollout import generate_with_logprobs
+from rloo.sampling import SamplingConfig
+
+
+def sampling(max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
+             stop_at_eos: bool = True, lean_decode: bool = True) -> SamplingConfig:
+    return SamplingConfig(max_new_tokens, temperature, top_k, top_p, greedy, stop_at_eos, lean_decode)
+
+
+def hf_generate(policy, prompt_ids, prompt_mask, sampling: SamplingConfig, eos_token_id: int, pad_token_id: int,
+                batch_size: int):
+    """HF generate's completions `[N, T]` (T <= max_new_tokens; it stops once every row has ended)."""
+    return generate_with_logprobs(policy, prompt_ids, prompt_mask, replace(sampling, lean_decode=False), eos_token_id,
+                                  pad_token_id, batch_size)[0]
+
+
+def train_config(algorithm: str, total_rollouts: int, **keys):
+    """RLOOConfig / PPOConfig of conf/train.yaml with `keys` set, checked as rloo.train checks them."""
+    overrides = [f"algo={algorithm}", "judge=none"] + [f"{key}={value}" for key, value in keys.items()]
+    cfg = compose_train_config(overrides)
+    validate_train_config(cfg)
+    return algorithm_config(PPOConfig if algorithm == "ppo" else RLOOConfig, cfg, total_rollouts)
