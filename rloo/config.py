@@ -156,7 +156,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         _require(cfg.sequence_ratio == "sum", "sequence_ratio",
                  "sum with algo=ppo (its ratio is per token; mean is RLOO's length-normalised sequence ratio)", cfg.sequence_ratio)
         _number(cfg, "vf_coef", 0.0)
-        _number(cfg, "cliprange_value", 0.0, low_open=True)
+        _number(cfg, "value_clip_range", 0.0, low_open=True)
         _number(cfg, "gamma", 0.0, 1.0)
         _number(cfg, "lam", 0.0, 1.0)
         value_model = cfg.get("value_model")

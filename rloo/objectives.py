@@ -325,14 +325,14 @@ def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float =
 
 
 def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
-                       clip_range_value: float) -> tuple[Tensor, Tensor]:
+                       value_clip_range: float) -> tuple[Tensor, Tensor]:
     """PPO's clipped value loss: 0.5 * masked_mean(max((V - G)^2, (V_clip - G)^2)).
 
     values / old_values / returns / mask [N, T] -> (scalar loss, fraction of tokens where the clipped term wins).
     V_clip = V_old + clip(V - V_old, -eps_v, eps_v): the value may not move further than eps_v per rollout.
     """
     values, old_values, returns = _upcast(values), _upcast(old_values.detach()), _upcast(returns.detach())
-    clipped = old_values + torch.clamp(values - old_values, -clip_range_value, clip_range_value)
+    clipped = old_values + torch.clamp(values - old_values, -value_clip_range, value_clip_range)
     unclipped_error, clipped_error = (values - returns) ** 2, (clipped - returns) ** 2
     loss = 0.5 * masked_mean(torch.maximum(unclipped_error, clipped_error), mask)
     clipfrac = masked_mean((clipped_error > unclipped_error).to(values.dtype), mask).detach()

@@ -1,7 +1,7 @@
 """rloo.bench.peers: TRL's trainers at our settings. The smoke runs need TRL in this interpreter (CI has none):
 
-    PYTHONPATH=. /work/venv-trl116/bin/python -m pytest tests/test_bench_peers.py   # RLOOTrainer (TRL 1.16)
-    PYTHONPATH=. /work/venv-trl112/bin/python -m pytest tests/test_bench_peers.py   # PPOTrainer (TRL 1.12)
+    PYTHONPATH=. <venv with TRL 1.16>/bin/python -m pytest tests/test_bench_peers.py   # RLOOTrainer (TRL 1.16)
+    PYTHONPATH=. <venv with TRL 1.12>/bin/python -m pytest tests/test_bench_peers.py   # PPOTrainer (TRL 1.12)
 """
 
 import importlib.util

@@ -22,7 +22,7 @@ from rloo.toy.bootstrap import MARKER, artifacts_dir, build_architecture, build_
 from rloo.toy.evaluation import pair_accuracy
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULTS = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/tiny.yaml").bootstrap)
+DEFAULTS = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/bootstrap/toy.yaml"))
 # Command-line form of TINY, for the entry points.
 TINY_OVERRIDES = [
     "bootstrap.task.n_train=256", "bootstrap.task.n_validation=32", "bootstrap.task.n_test=16",

@@ -138,7 +138,7 @@ def test_algo_ppo_takes_its_own_defaults_over_a_recipe(model, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     cfg = composed(f"model={model}", "algo=ppo")
     assert cfg.algorithm == "ppo" and cfg.k == 1 and cfg.num_ppo_epochs == 4 and cfg.num_mini_batches == 1
-    assert (cfg.vf_coef, cfg.cliprange_value, cfg.gamma, cfg.lam) == (0.1, 0.2, 1.0, 0.95)
+    assert (cfg.vf_coef, cfg.value_clip_range, cfg.gamma, cfg.lam) == (0.1, 0.2, 1.0, 0.95)
     assert cfg.normalize_advantages is True and cfg.value_model is None
     validate_train_config(cfg)
     assert composed(f"model={model}").algorithm == "rloo"

@@ -11,7 +11,7 @@ from rloo.bench.presets import PRESETS, neox_config
 from rloo.decode import filter_logits, lean_generate, supports_lean_decode
 from rloo.rollout import completion_logprobs, truncate_after_stop
 from tests.builders import hf_generate as generate
-from tests.builders import sampling
+from tests.builders import sampling as sampling_config
 
 PAD, EOS = 0, 1  # the presets' tokenizer ids
 
@@ -64,8 +64,8 @@ def test_greedy_ids_equal_hf_generate(parallel, rotary_pct, hidden_size):
     model = tiny_model(parallel, rotary_pct, hidden_size=hidden_size)
     ids, mask = left_padded_prompts(12, 6, model.config.vocab_size)
     ids, mask = torch.cat([ids, ids[:4]]), torch.cat([mask, mask[:4]])  # repeated prompts share one prefill
-    sampling = sampling(max_new_tokens=16, greedy=True)
-    free_run = hf_generate(model, ids, mask, sampling(max_new_tokens=16, greedy=True, stop_at_eos=False))
+    sampling = sampling_config(max_new_tokens=16, greedy=True)
+    free_run = hf_generate(model, ids, mask, sampling_config(max_new_tokens=16, greedy=True, stop_at_eos=False))
     stop = pick_stop_token(free_run)
 
     expected = hf_generate(model, ids, mask, sampling, eos=stop)
@@ -80,7 +80,7 @@ def test_greedy_ids_equal_hf_generate(parallel, rotary_pct, hidden_size):
 def test_no_eos_runs_to_max_new_tokens():
     model = tiny_model(vocab_size=8)  # EOS is likely, but must not stop anything here
     ids, mask = left_padded_prompts(16, 4, 8)
-    sampling = sampling(max_new_tokens=12, temperature=1.5, stop_at_eos=False)
+    sampling = sampling_config(max_new_tokens=12, temperature=1.5, stop_at_eos=False)
     torch.manual_seed(0)
     completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
     assert completions.shape == (16, 12) and (completions[:, :-1] == EOS).any()
@@ -101,7 +101,7 @@ def test_stops_once_every_row_has_ended():
     model = bias_eos(tiny_model(), 5.5)  # p(EOS) ~ 0.3 per step: every row ends long before 64 tokens
     ids, mask = left_padded_prompts(16, 4, model.config.vocab_size)
     torch.manual_seed(0)
-    completions, logprobs = lean_generate(model, ids, mask, sampling(max_new_tokens=64), EOS, PAD)
+    completions, logprobs = lean_generate(model, ids, mask, sampling_config(max_new_tokens=64), EOS, PAD)
     _, completion_mask, ended = truncate_after_stop(completions, EOS, PAD)
     lengths = completion_mask.sum(1)
     assert ended.all() and completions.shape[1] == lengths.max() < 64
@@ -115,7 +115,7 @@ def test_stops_once_every_row_has_ended():
 def test_logprobs_equal_training_forward(parallel, rotary_pct, temperature, top_k, top_p, greedy):
     model = tiny_model(parallel, rotary_pct, vocab_size=24)  # a small vocabulary: EOS ends many rows
     ids, mask = left_padded_prompts(16, 5, 24)
-    sampling = sampling(max_new_tokens=20, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
+    sampling = sampling_config(max_new_tokens=20, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
     torch.manual_seed(0)
     completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
     completions, completion_mask, ended = truncate_after_stop(completions, EOS, PAD)
@@ -163,7 +163,7 @@ def test_first_step_frequencies_match_softmax(top_k, top_p):
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, -1]
     expected = filter_logits((logits / temperature)[None], top_k, top_p)[0].softmax(-1)  # [V]
-    sampling = sampling(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = sampling_config(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
     torch.manual_seed(0)
     completions, _ = lean_generate(model, ids.expand(rows, -1), torch.ones(rows, 4, dtype=torch.long), sampling,
                                    EOS, PAD)
@@ -179,10 +179,10 @@ def test_first_step_frequencies_match_softmax(top_k, top_p):
 def test_dropping_finished_rows_changes_nothing(parallel, rotary_pct, greedy):
     model = tiny_model(parallel, rotary_pct, vocab_size=20)
     ids, mask = left_padded_prompts(24, 6, 20)
-    sampling = sampling(max_new_tokens=24, temperature=1.0, top_k=12, top_p=0.95, greedy=greedy)
+    sampling = sampling_config(max_new_tokens=24, temperature=1.0, top_k=12, top_p=0.95, greedy=greedy)
     stop = EOS
     if greedy:
-        stop = pick_stop_token(hf_generate(model, ids, mask, sampling(24, greedy=True, stop_at_eos=False)))
+        stop = pick_stop_token(hf_generate(model, ids, mask, sampling_config(24, greedy=True, stop_at_eos=False)))
     torch.manual_seed(1)
     dropped, dropped_logprobs = lean_generate(model, ids, mask, sampling, stop, PAD)
     torch.manual_seed(1)
@@ -198,7 +198,7 @@ def test_seeded_samples_follow_hf_generate():
     model = tiny_model()
     ids, mask = left_padded_prompts(8, 6, model.config.vocab_size)
     ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)  # the rollout's k = 4 layout
-    sampling = sampling(max_new_tokens=12, temperature=0.8, top_k=50, top_p=0.9, stop_at_eos=False)
+    sampling = sampling_config(max_new_tokens=12, temperature=0.8, top_k=50, top_p=0.9, stop_at_eos=False)
     torch.manual_seed(7)
     expected = hf_generate(model, ids, mask, sampling)
     torch.manual_seed(7)
@@ -212,7 +212,7 @@ def test_seeded_samples_follow_hf_generate():
 def test_bf16_runs_with_finite_logprobs(how):
     model = tiny_model(vocab_size=24)
     ids, mask = left_padded_prompts(16, 5, 24)
-    sampling = sampling(max_new_tokens=16, temperature=0.7, top_k=10)
+    sampling = sampling_config(max_new_tokens=16, temperature=0.7, top_k=10)
     torch.manual_seed(0)
     if how == "autocast":
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -242,5 +242,5 @@ def test_runs_the_models_own_lm_head():
     model.lm_head.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
     ids, mask = left_padded_prompts(8, 5, 24)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        completions, _ = lean_generate(model, ids, mask, sampling(max_new_tokens=6), EOS, PAD)
+        completions, _ = lean_generate(model, ids, mask, sampling_config(max_new_tokens=6), EOS, PAD)
     assert len(dtypes) == completions.shape[1] and set(dtypes) == {torch.float32}

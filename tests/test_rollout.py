@@ -7,7 +7,7 @@ from transformers import GenerationConfig
 
 from rloo.data import left_pad
 from tests.builders import hf_generate as generate
-from tests.builders import sampling
+from tests.builders import sampling as sampling_config
 from rloo.rollout import (
     collect_rollout,
     completion_logprobs,
@@ -57,7 +57,7 @@ def test_generation_stops_at_eos_and_logprobs_match_hand_values(policy, tokenize
     policy = eos_biased(policy, tokenizer, p_eos=0.3)
     ids, mask = prompts(tokenizer, ["POST: the cat\n\nTL;DR:"] * 32)
     torch.manual_seed(0)
-    raw = generate(policy, ids, mask, sampling(max_new_tokens=60, temperature=1.0), tokenizer.eos_token_id,
+    raw = generate(policy, ids, mask, sampling_config(max_new_tokens=60, temperature=1.0), tokenizer.eos_token_id,
                    tokenizer.pad_token_id, batch_size=32)
     assert raw.shape[1] < 60  # every row ended, so generation stopped early
     completion, cmask, ended = truncate_after_stop(raw, tokenizer.eos_token_id, tokenizer.pad_token_id)
@@ -93,7 +93,7 @@ def test_sampling_ignores_the_models_generation_config(policy, tokenizer):
     policy.generation_config = GenerationConfig(do_sample=False, top_k=1, temperature=0.01, max_new_tokens=2)
     ids, mask = prompts(tokenizer, ["POST: the cat\n\nTL;DR:"] * 16)
     torch.manual_seed(0)
-    raw = generate(policy, ids, mask, sampling(max_new_tokens=6, temperature=1.0, stop_at_eos=False),
+    raw = generate(policy, ids, mask, sampling_config(max_new_tokens=6, temperature=1.0, stop_at_eos=False),
                    tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=8)
     assert raw.shape[1] == 6  # our max_new_tokens, not the model's 2
     assert len({tuple(r) for r in raw.tolist()}) > 8  # sampled, not greedy / top-1
@@ -102,7 +102,7 @@ def test_sampling_ignores_the_models_generation_config(policy, tokenizer):
 
 def test_greedy_generation_is_deterministic(policy, tokenizer):
     ids, mask = prompts(tokenizer, ["POST: the cat\n\nTL;DR:"] * 4)
-    greedy = sampling(max_new_tokens=6, greedy=True, stop_at_eos=False)
+    greedy = sampling_config(max_new_tokens=6, greedy=True, stop_at_eos=False)
     a = generate(policy, ids, mask, greedy, tokenizer.eos_token_id, tokenizer.pad_token_id, 4)
     b = generate(policy, ids, mask, greedy, tokenizer.eos_token_id, tokenizer.pad_token_id, 2)
     assert torch.equal(a, b) and len({tuple(r) for r in a.tolist()}) == 1
@@ -130,7 +130,7 @@ def test_collect_rollout_lays_groups_prompt_major(policy, reward_model, tokenize
     ids, mask = prompts(tokenizer, texts)
     reference = copy.deepcopy(policy)
     rollout = collect_rollout(policy, reference, reward_model, ids, mask, k=4,
-                              sampling=sampling(max_new_tokens=5, temperature=1.0),
+                              sampling=sampling_config(max_new_tokens=5, temperature=1.0),
                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                               forward_batch_size=5)
     assert rollout.prompt_ids.shape[0] == 12
@@ -148,9 +148,9 @@ def test_top_k_off_samples_from_the_whole_vocabulary(policy, tokenizer):
     """top_k=0 must reach HF generate as 0: left unset, transformers fills in top_k=50."""
     torch.manual_seed(0)
     ids = torch.full((1500, 1), tokenizer.eos_token_id)
-    raw = generate(policy, ids, torch.ones_like(ids), sampling(max_new_tokens=1, temperature=1.0, top_k=0),
+    raw = generate(policy, ids, torch.ones_like(ids), sampling_config(max_new_tokens=1, temperature=1.0, top_k=0),
                    tokenizer.eos_token_id, tokenizer.pad_token_id, 1500)
     assert len(set(raw[:, 0].tolist())) > 100  # a random tiny model is near uniform over ~400 tokens
-    capped = generate(policy, ids, torch.ones_like(ids), sampling(max_new_tokens=1, temperature=1.0, top_k=50),
+    capped = generate(policy, ids, torch.ones_like(ids), sampling_config(max_new_tokens=1, temperature=1.0, top_k=50),
                       tokenizer.eos_token_id, tokenizer.pad_token_id, 1500)
     assert len(set(capped[:, 0].tolist())) <= 50

@@ -12,7 +12,8 @@ from tests.e2e import METRICS, train
 def test_run_writes_summary_with_before_and_after_metrics(finished_run):
     base, result = finished_run
     summary = json.loads((base / "run" / "summary.json").read_text())
-    assert summary["steps"] == 24 // 8 == 3  # one step per rollout
+    assert summary["rollouts"] == 24 // 8 == 3  # one batch of the train loop per rollout
+    assert summary["optimizer_steps"] == 3 * 2 * 2  # Lightning's global_step: 2 epochs x 2 mini-batches each
     assert summary["episodes"] == 24
     for stage in ("initial", "final"):
         assert 0.0 <= summary[stage]["eval/win_rate"] <= 1.0
@@ -25,15 +26,19 @@ def test_run_dir_holds_config_logs_checkpoints_and_samples(finished_run):
     base, _ = finished_run
     run = base / "run"
     assert (run / "config.yaml").exists() and (run / ".hydra" / "overrides.yaml").exists()
-    assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt")) == ["step1.ckpt", "step2.ckpt", "step3.ckpt"]
+    # checkpoint_every=1 rollout; Lightning names them by its global step (4 optimiser steps per rollout)
+    saved = {p.name: torch.load(p, weights_only=False) for p in (run / "checkpoints").glob("step*.ckpt")}
+    assert sorted(saved) == ["step12.ckpt", "step4.ckpt", "step8.ckpt"]
+    assert [saved[f"step{4 * r}.ckpt"]["rloo_rollouts"] for r in (1, 2, 3)] == [1, 2, 3]
     assert list((run / "wandb").glob("offline-run-*")), "W&B runs offline inside the run dir"
     rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))
     logged = {key for row in rows for key, value in row.items() if value not in ("", None)}
     assert set(METRICS) <= logged, set(METRICS) - logged
     assert {"eval/win_rate", "eval/score"} <= logged
-    # one row of train metrics per step, at steps 0..2, with the episode counter in completions
-    episodes = [float(r["episode"]) for r in rows if r.get("episode")]
+    # one row of train metrics per rollout, at steps 0..2, with the episode counter in completions
+    episodes = [float(r["train/episode"]) for r in rows if r.get("train/episode")]
     assert episodes == [8.0, 16.0, 24.0]
+    assert [float(r["train/rollout"]) for r in rows if r.get("train/rollout")] == [1.0, 2.0, 3.0]
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and {"prompt", "completion", "score", "advantage"} <= set(samples[0])
 
@@ -82,12 +87,12 @@ def test_second_run_reuses_the_cached_bootstrap(finished_run):
 
 def test_resume_from_checkpoint_continues_to_the_same_total(finished_run):
     base, _ = finished_run
-    ckpt = base / "run" / "checkpoints" / "step1.ckpt"
+    ckpt = base / "run" / "checkpoints" / "step4.ckpt"  # after the first rollout
     result = train(base / "resumed", base / "cache", "num_ppo_epochs=2", "num_mini_batches=2", f"ckpt_path={ckpt}",
                    "logger=csv", "eval.before=false")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((base / "resumed" / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["episodes"] == 24
+    assert summary["rollouts"] == 3 and summary["optimizer_steps"] == 12 and summary["episodes"] == 24
 
 
 def test_ddp_on_two_cpu_processes_splits_the_episodes(finished_run):
@@ -96,4 +101,4 @@ def test_ddp_on_two_cpu_processes_splits_the_episodes(finished_run):
                    "total_episodes=32", "logger=csv")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((base / "ddp" / "summary.json").read_text())
-    assert summary["steps"] == 32 // (8 * 2) and summary["episodes"] == 32  # each step is a rollout on every rank
+    assert summary["rollouts"] == 32 // (8 * 2) and summary["episodes"] == 32  # each rollout runs on every rank

@@ -40,7 +40,7 @@ from rloo.rollout import PhaseTimer, Rollout, chunked, token_values
 class PPOConfig(OnlineRLConfig):
     """The PPO keys of conf/algo/ppo.yaml on top of the shared ones (documented there)."""
     vf_coef: float
-    cliprange_value: float
+    value_clip_range: float
     gamma: float
     lam: float
 
@@ -122,7 +122,7 @@ class PPOModule(OnlineRLModule):
                                                 token_w, sequence_w)
         values = token_values(self.value_model, part.input_ids, part.attention_mask, length)      # [n, T]
         value_loss, value_clipfrac = clipped_value_loss(values, targets.values[index], targets.returns[index], mask,
-                                                        cfg.cliprange_value)
+                                                        cfg.value_clip_range)
         loss = policy_loss + cfg.vf_coef * value_loss                                             # L = L_pi + c_v L_V
         return loss, {"loss": policy_loss, "value_loss": value_loss, "clipfrac": clip.clipfrac,
                       "value_clipfrac": value_clipfrac, "approxkl": clip.approxkl, "ratio": clip.ratio_mean,

@@ -1,7 +1,7 @@
 """TRL's trainers at our benchmark settings, one configuration per process: W warm-up + N timed steps, then JSON.
 
-    PYTHONPATH=. /work/venv-trl116/bin/python -m rloo.bench.peers --algorithm rloo --preset small --out r.json
-    PYTHONPATH=. /work/venv-trl112/bin/python -m rloo.bench.peers --algorithm ppo --preset small --ppo-epochs 4 --out p.json
+    PYTHONPATH=. <venv with TRL 1.16>/bin/python -m rloo.bench.peers --algorithm rloo --preset small --out r.json
+    PYTHONPATH=. <venv with TRL 1.12>/bin/python -m rloo.bench.peers --algorithm ppo --preset small --ppo-epochs 4 --out p.json
 
 `rloo` runs TRL's RLOOTrainer (1.16); `ppo` runs `trl.experimental.ppo.PPOTrainer` (1.12, the last release with it),
 so the two need two interpreters. The models, prompts and batch are the ones our worker uses (rloo.bench.presets).

@@ -1,6 +1,6 @@
 """The embedded task's bootstrap: data splits, tokenizer, SFT policy and reward model, built once and cached.
 
-The cache key is the whole `bootstrap` config block (conf/model/tiny.yaml) plus TASK_VERSION. A build runs
+The cache key is the whole `bootstrap` config block (conf/bootstrap/toy.yaml) plus TASK_VERSION. A build runs
 in a temporary sibling dir under an flock and is moved into place last, so a killed build leaves no half cache.
 """
 
