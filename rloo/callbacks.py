@@ -20,8 +20,7 @@ class HeldOutEval(Callback):
     judged samples, and appends those samples to `samples_path` (JSONL)."""
 
     def __init__(self, rows: list[dict], sampling: SamplingConfig, batch_size: int, judge: Judge | None,
-                 before: bool = True, after: bool = True, every: int = 0, samples_path: Path | None = None,
-                 table_rows: int = 64, log=print):
+                 before: bool, after: bool, every: int, samples_path: Path | None, table_rows: int = 64, log=print):
         self.rows, self.sampling, self.batch_size, self.judge = rows, sampling, batch_size, judge
         self.before, self.after, self.every, self.log_fn = before, after, every, log
         self.samples_path, self.table_rows = samples_path, table_rows

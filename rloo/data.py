@@ -19,10 +19,11 @@ FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv
 
 @dataclass
 class SplitSpec:
+    """One split's keys of conf/data/*.yaml (documented there)."""
     path: str
-    split: str = "train"
-    prompt_column: str = "prompt"
-    reference_column: str | None = None
+    split: str
+    prompt_column: str
+    reference_column: str | None
 
 
 def load_split(spec: SplitSpec) -> datasets.Dataset:
@@ -115,8 +116,8 @@ class PromptDataModule(LightningDataModule):
     """Train prompts for rollouts and held-out (prompt, reference) pairs for evaluation."""
 
     def __init__(self, tokenizer, train: SplitSpec, validation: SplitSpec, max_prompt_length: int,
-                 truncate_prompts: bool, prompts_per_rollout: int, num_rollouts: int, seed: int = 0,
-                 shuffle: bool = True, num_workers: int = 0, log=print):
+                 truncate_prompts: bool, prompts_per_rollout: int, num_rollouts: int, seed: int,
+                 shuffle: bool, num_workers: int, log=print):
         super().__init__()
         self.tokenizer, self.train_spec, self.validation_spec = tokenizer, train, validation
         self.max_prompt_length, self.truncate_prompts = max_prompt_length, truncate_prompts

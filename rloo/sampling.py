@@ -22,7 +22,7 @@ class SamplingConfig:
     lean_decode: bool       # rloo.decode's KV-cache loop where the architecture has one (GPT-NeoX), else HF generate
 
     @classmethod
-    def greedy_decoding(cls, max_new_tokens: int, stop_at_eos: bool = True, lean_decode: bool = True) -> "SamplingConfig":
+    def greedy_decoding(cls, max_new_tokens: int, stop_at_eos: bool, lean_decode: bool) -> "SamplingConfig":
         """Greedy decoding, where temperature and filtering play no part (temperature 1: raw log-probs)."""
         return cls(max_new_tokens, 1.0, 0, 1.0, greedy=True, stop_at_eos=stop_at_eos, lean_decode=lean_decode)
 

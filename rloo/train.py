@@ -23,20 +23,27 @@ from rloo.config import ConfigError, exit_on_config_error, run_entry_point, vali
 
 def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
+    from rloo.assemble import build_module, precision_arguments, quiet_lightning_logs, resolve_sources, world_size
+    from rloo.config import eval_sampling, num_rollouts, updates_per_rollout
+
+    started = time.time()
+    trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
+    processes = world_size(trainer_args)
+    validate_train_config(cfg, world_size=processes)  # once, before anything heavy is imported, written or loaded
+    # a batch of the train loop is one rollout; Lightning counts every optimiser step of it (global_step)
+    rollouts, updates = num_rollouts(cfg, processes), updates_per_rollout(cfg)
+
     import lightning as L
     import torch
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from rloo.assemble import build_module, precision_arguments, quiet_lightning_logs, resolve_sources, world_size
     from rloo.callbacks import HeldOutEval, MismatchHistograms, SampleTable
-    from rloo.config import eval_sampling, num_rollouts, updates_per_rollout
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
     from rloo.memory import peak_rss_mb
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model, reference_from, use_fp32_lm_head
 
-    started = time.time()
     quiet_lightning_logs()
     log = logging.getLogger("rloo").info  # to the console and to the run's train.log
     out = Path(cfg.paths.output_dir)
@@ -44,16 +51,11 @@ def run(cfg: DictConfig) -> dict:
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
-    trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
-    processes = world_size(trainer_args)
-    validate_train_config(cfg, world_size=processes)
-    # a batch of the train loop is one rollout; Lightning counts every optimiser step of it (global_step)
-    rollouts, updates = num_rollouts(cfg, processes), updates_per_rollout(cfg)
     loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.logger else False
     checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
                                   every_n_train_steps=cfg.checkpoint_every * updates or None, save_top_k=-1, save_last=True)
-    eval_callback = HeldOutEval([], eval_sampling(cfg), cfg.eval.batch_size, None, cfg.eval.before, cfg.eval.after,
-                                cfg.eval_every, out / "eval_samples.jsonl", log=log)
+    eval_callback = HeldOutEval([], eval_sampling(cfg), cfg.eval.batch_size, None, before=cfg.eval.before,
+                                after=cfg.eval.after, every=cfg.eval_every, samples_path=out / "eval_samples.jsonl", log=log)
     trainer = L.Trainer(**trainer_args, **precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator),
                         logger=loggers, default_root_dir=out,
                         callbacks=[checkpoints, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
@@ -68,8 +70,8 @@ def run(cfg: DictConfig) -> dict:
     tokenizer = load_tokenizer(model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"])
     datamodule = PromptDataModule(
         tokenizer, SplitSpec(**data_src["train"]), SplitSpec(**data_src["validation"]), cfg.data.max_prompt_length,
-        cfg.data.truncate_prompts, cfg.rollout_batch_size // cfg.k, rollouts, cfg.seed, cfg.data.shuffle,
-        cfg.data.num_workers, log)
+        cfg.data.truncate_prompts, cfg.rollout_batch_size // cfg.k, rollouts, seed=cfg.seed, shuffle=cfg.data.shuffle,
+        num_workers=cfg.data.num_workers, log=log)
     datamodule.setup("fit")  # data errors surface before any model loads
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
     eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
@@ -133,7 +135,6 @@ def print_summary(summary: dict, log=print) -> None:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
     try:
-        validate_train_config(cfg)
         summary = run(cfg)
     except ConfigError as error:
         exit_on_config_error(error)

@@ -28,3 +28,22 @@ def train_config(algorithm: str, total_rollouts: int, **keys):
     cfg = compose_train_config(overrides)
     validate_train_config(cfg)
     return algorithm_config(PPOConfig if algorithm == "ppo" else RLOOConfig, cfg, total_rollouts)
+
+
+def toy_split(path) -> "SplitSpec":
+    """A split of the embedded task's jsonl layout, as conf/data/toy.yaml reads it."""
+    from rloo.data import SplitSpec
+
+    return SplitSpec(path=str(path), split="train", prompt_column="prompt", reference_column="reference")
+
+
+def judge_from_conf(name: str, **settings):
+    """The judge of conf/judge/<name>.yaml with `settings` over its defaults, as a run builds it."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from rloo.config import CONF_DIR
+
+    cfg = OmegaConf.load(CONF_DIR / "judge" / f"{name}.yaml")
+    settings = {key: str(value) if hasattr(value, "__fspath__") else value for key, value in settings.items()}
+    return instantiate(OmegaConf.merge(cfg, settings), _convert_="all")

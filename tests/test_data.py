@@ -28,7 +28,7 @@ def test_local_formats_load_the_same_rows(tmp_path, kind):
     else:
         path = tmp_path / "saved"
         datasets.DatasetDict({"train": dataset}).save_to_disk(str(path))
-    loaded = load_split(SplitSpec(path=str(path), split="train"))
+    loaded = load_split(SplitSpec(path=str(path), split="train", prompt_column="prompt", reference_column=None))
     assert loaded["prompt"] == [r["prompt"] for r in ROWS]
 
 
@@ -40,7 +40,7 @@ def test_left_pad():
 def test_long_prompts_are_dropped_or_left_truncated_and_counted(tokenizer):
     rows = ROWS + [{"prompt": "POST: " + "the " * 80 + "cat\n\nTL;DR:", "reference": " cat"}]
     dataset = datasets.Dataset.from_list(rows)
-    spec = SplitSpec(path="mem", prompt_column="prompt", reference_column="reference")
+    spec = SplitSpec(path="mem", split="train", prompt_column="prompt", reference_column="reference")
     kept, over = tokenize_prompts(dataset, spec, tokenizer, max_prompt_length=32, truncate=False)
     assert over == 1 and len(kept) == 5
     kept, over = tokenize_prompts(dataset, spec, tokenizer, max_prompt_length=32, truncate=True)
@@ -63,7 +63,7 @@ def test_tldr_format_messages_are_rendered_with_the_recipe_template(tmp_path, to
     tok.chat_template = cfg.model.chat_template
     dm = PromptDataModule(tok, SplitSpec(**cfg.data.train), SplitSpec(**cfg.data.validation),
                           cfg.data.max_prompt_length, cfg.data.truncate_prompts, prompts_per_rollout=1,
-                          num_rollouts=2, log=lambda *_: None)
+                          num_rollouts=2, seed=0, shuffle=True, num_workers=0, log=lambda *_: None)
     dm.setup()
     assert dm.train_rows[0]["prompt"] == "User: SUBREDDIT: r/pets\n\nTITLE: cat\n\nPOST: my cat\n\nTL;DR:\n\nAssistant:"
     assert dm.train_rows[0]["reference"] == " my cat is great"
@@ -72,7 +72,7 @@ def test_tldr_format_messages_are_rendered_with_the_recipe_template(tmp_path, to
 
 def test_missing_column_names_the_column_and_file(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "p.jsonl", ROWS)
-    spec = SplitSpec(path=str(path), prompt_column="query")
+    spec = SplitSpec(path=str(path), split="train", prompt_column="query", reference_column=None)
     with pytest.raises(KeyError, match="query.*p.jsonl"):
         tokenize_prompts(load_split(spec), spec, tokenizer, 64, False)
 
@@ -88,8 +88,9 @@ def test_episode_sampler_yields_exact_count_with_full_reshuffled_passes():
 
 def test_train_dataloader_has_one_batch_per_rollout(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "p.jsonl", ROWS)
-    spec = SplitSpec(path=str(path), reference_column="reference")
-    dm = PromptDataModule(tokenizer, spec, spec, 64, False, prompts_per_rollout=2, num_rollouts=7, log=lambda *_: None)
+    spec = SplitSpec(path=str(path), split="train", prompt_column="prompt", reference_column="reference")
+    dm = PromptDataModule(tokenizer, spec, spec, 64, False, prompts_per_rollout=2, num_rollouts=7, seed=0, shuffle=True,
+                          num_workers=0, log=lambda *_: None)
     dm.setup()
     batches = list(dm.train_dataloader())
     assert len(batches) == 7

@@ -15,6 +15,7 @@ import pytest
 from rloo.config import ConfigError
 from rloo.judges import win_rate_summary
 from rloo.judges.openai import CACHE_FILE, JudgeError, OpenAIJudge
+from tests.builders import judge_from_conf
 from rloo.judges.prompts import TLDR_COMPARISON, render_comparison
 from tests.chat_server import answer, sections
 
@@ -28,8 +29,9 @@ def no_key(monkeypatch):
 
 
 def make_judge(url: str, **overrides) -> OpenAIJudge:
-    settings = dict(model="judge-model", base_url=url, api_key_env=ENV, backoff=0.01, max_backoff=0.05, timeout=2.0)
-    return OpenAIJudge(**{**settings, **overrides})
+    settings = dict(model="judge-model", base_url=url, api_key_env=ENV, backoff=0.01, max_backoff=0.05, timeout=2.0,
+                    cache_dir=None)
+    return judge_from_conf("openai", **{**settings, **overrides})
 
 
 def judge_one(judge: OpenAIJudge, post="a post", candidate="summary one", other="summary two"):
@@ -250,7 +252,7 @@ def test_the_key_is_sent_and_never_shown(server, tmp_path, monkeypatch, caplog):
 
 def test_check(server, monkeypatch):
     url, state = server
-    openai = OpenAIJudge(model="gpt-4o-mini", api_key_env=ENV)
+    openai = judge_from_conf("openai", model="gpt-4o-mini", api_key_env=ENV, cache_dir=None)
     with pytest.raises(ConfigError) as info:
         openai.check()
     assert ENV in str(info.value) and "judge.api_key_env" in str(info.value) and "\n" not in str(info.value)
@@ -261,7 +263,7 @@ def test_check(server, monkeypatch):
     openai.check()
     assert SECRET not in repr(openai)
     with pytest.raises(ConfigError, match="judge.base_url"):
-        OpenAIJudge(model="m", base_url="localhost:8000/v1").check()
+        judge_from_conf("openai", model="m", base_url="localhost:8000/v1", cache_dir=None).check()
 
     monkeypatch.delenv(ENV)
     local = make_judge(url)

@@ -8,12 +8,11 @@ from transformers import AutoTokenizer, GPTNeoXForCausalLM
 
 from rloo.heldout import INVALID, summarize_eval
 from rloo.judges import swap_orders, win_rate_summary
-from rloo.judges.hf import HFJudge
 from rloo.judges.oracle import OracleJudge
 from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, parse_preference, render_comparison
-from rloo.judges.reward_model import RewardModelJudge
 from rloo.models import load_reward_model, load_tokenizer
 from rloo.toy.task import oracle_judge
+from tests.builders import judge_from_conf
 from tests.conftest import tiny_config
 
 
@@ -91,8 +90,9 @@ TEXTS = [("POST: cat boat rain\n\nTL;DR:", " cat boat rain", " rain"),
 
 
 def test_reward_model_judge_matches_one_at_a_time_scoring(tiny_run_assets):
-    judge = RewardModelJudge(path=str(tiny_run_assets / "reward_model"), tokenizer=str(tiny_run_assets / "policy"),
-                             batch_size=2)
+    judge = judge_from_conf("reward_model", path=str(tiny_run_assets / "reward_model"),
+                            tokenizer=str(tiny_run_assets / "policy"),
+                            batch_size=2)
     judge.setup()
     prompts, candidates, others = map(list, zip(*TEXTS))
     verdicts = judge.judge(prompts, candidates, others)
@@ -109,8 +109,9 @@ def test_reward_model_judge_matches_one_at_a_time_scoring(tiny_run_assets):
         diff = score(p + c) - score(p + o)
         assert float(verdict.raw) == pytest.approx(diff, abs=1e-3)
         assert verdict.outcome == float(diff > 0)
-    tied = RewardModelJudge(path=str(tiny_run_assets / "reward_model"), tokenizer=str(tiny_run_assets / "policy"),
-                            tie_margin=1e9)
+    tied = judge_from_conf("reward_model", path=str(tiny_run_assets / "reward_model"),
+                           tokenizer=str(tiny_run_assets / "policy"),
+                           tie_margin=1e9)
     assert {v.outcome for v in tied.judge(prompts, candidates, others)} == {0.5}
 
 
@@ -123,7 +124,7 @@ def hf_judge_model(tmp_path, tokenizer):
 
 
 def test_hf_judge_matches_a_slow_reference_and_undoes_the_swap(hf_judge_model):
-    judge = HFJudge(str(hf_judge_model), labels=("A", "B"), batch_size=2, seed=5)
+    judge = judge_from_conf("hf", path=str(hf_judge_model), labels=("A", "B"), batch_size=2, seed=5)
     prompts, candidates, others = map(list, zip(*TEXTS))
     verdicts = judge.judge(prompts, candidates, others)
     swapped = swap_orders(5, prompts, candidates, others)
@@ -142,7 +143,7 @@ def test_hf_judge_matches_a_slow_reference_and_undoes_the_swap(hf_judge_model):
 
 
 def test_hf_judge_with_a_position_biased_model_follows_the_order(hf_judge_model):
-    judge = HFJudge(str(hf_judge_model), labels=("A", "B"), seed=0)
+    judge = judge_from_conf("hf", path=str(hf_judge_model), labels=("A", "B"), seed=0)
     judge.setup()
     label_a = judge.label_ids[0]
     judge.model.get_output_embeddings().register_forward_hook(lambda m, i, out: out.index_add(
@@ -155,4 +156,4 @@ def test_hf_judge_with_a_position_biased_model_follows_the_order(hf_judge_model)
 
 def test_hf_judge_refuses_labels_that_are_not_one_token(hf_judge_model):
     with pytest.raises(ValueError, match="judge.labels"):
-        HFJudge(str(hf_judge_model), labels=("Summary A is better", "B")).setup()
+        judge_from_conf("hf", path=str(hf_judge_model), labels=("Summary A is better", "B")).setup()

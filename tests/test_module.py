@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rloo.algorithms.rloo import RLOOModule
-from rloo.data import PromptDataModule, SplitSpec
+from rloo.data import PromptDataModule
 from rloo.models import freeze
-from tests.builders import train_config
+from tests.builders import toy_split, train_config
 
 
 def fit(assets, tokenizer, num_rollouts=3, module_class=RLOOModule, **overrides):
@@ -22,9 +22,9 @@ def fit(assets, tokenizer, num_rollouts=3, module_class=RLOOModule, **overrides)
     reference = freeze(copy.deepcopy(policy))
     reward_model = freeze(AutoModelForSequenceClassification.from_pretrained(assets / "reward_model", num_labels=1))
     module = module_class(policy, reference, reward_model, tokenizer, config)
-    spec = SplitSpec(path=str(assets / "train.jsonl"), reference_column="reference")
+    spec = toy_split(assets / "train.jsonl")
     datamodule = PromptDataModule(tokenizer, spec, spec, 64, False, config.rollout_batch_size // config.k, num_rollouts,
-                                  log=lambda *_: None)
+                                  seed=0, shuffle=True, num_workers=0, log=lambda *_: None)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=num_rollouts * config.updates_per_rollout,
                         logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)

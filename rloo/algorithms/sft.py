@@ -57,7 +57,7 @@ def sft_loss(model, batch: dict[str, Tensor]) -> Tensor:
 
 
 class SFTModule(L.LightningModule):
-    def __init__(self, model, lr: float, weight_decay: float = 0.0, warmup_ratio: float = 0.05):
+    def __init__(self, model, lr: float, warmup_ratio: float, weight_decay: float = 0.0):
         super().__init__()
         self.model = model
         self.lr, self.weight_decay, self.warmup_ratio = lr, weight_decay, warmup_ratio

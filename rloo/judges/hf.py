@@ -13,9 +13,9 @@ from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, render_comparison
 class HFJudge(Judge):
     name = "hf"
 
-    def __init__(self, path: str, tokenizer: str | None = None, labels: tuple[str, str] = (" A", " B"),
-                 prompt_template: str = TLDR_COMPARISON_NEXT_TOKEN, seed: int = 0, batch_size: int = 8,
-                 dtype: str = "float32"):
+    def __init__(self, *, path: str, tokenizer: str | None, labels: tuple[str, str], seed: int, batch_size: int,
+                 dtype: str, prompt_template: str = TLDR_COMPARISON_NEXT_TOKEN):
+        # the settings are conf/judge/hf.yaml's (documented and defaulted there)
         self.path, self.tokenizer_path, self.labels = path, tokenizer, tuple(labels)
         self.prompt_template, self.seed, self.batch_size, self.dtype = prompt_template, seed, batch_size, dtype
         self.model = self.tokenizer = None

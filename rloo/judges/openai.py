@@ -47,10 +47,10 @@ Reply = tuple[str | None, str | None, str | None]
 class OpenAIJudge(Judge):
     name = "openai"
 
-    def __init__(self, model: str, base_url: str = "https://api.openai.com/v1", api_key_env: str = "OPENAI_API_KEY",
-                 prompt_template: str = TLDR_COMPARISON, temperature: float = 0.0, max_tokens: int = 64,
-                 seed: int = 0, max_concurrency: int = 8, max_retries: int = 5, timeout: float = 60.0,
-                 backoff: float = 1.0, max_backoff: float = 30.0, cache_dir: str | None = None):
+    def __init__(self, *, model: str, base_url: str, api_key_env: str, temperature: float, max_tokens: int, seed: int,
+                 max_concurrency: int, max_retries: int, timeout: float, backoff: float, max_backoff: float,
+                 cache_dir: str | None, prompt_template: str = TLDR_COMPARISON):
+        # the settings are conf/judge/openai.yaml's (documented and defaulted there)
         self.model, self.base_url, self.api_key_env = model, str(base_url).rstrip("/"), api_key_env
         self.prompt_template, self.temperature, self.max_tokens = prompt_template, temperature, max_tokens
         self.seed, self.max_concurrency, self.max_retries = seed, max_concurrency, max_retries

@@ -18,8 +18,9 @@ class RewardModelJudge(Judge):
 
     name = "reward_model"
 
-    def __init__(self, path: str | None = None, tokenizer: str | None = None, append_eos: bool = True,
-                 tie_margin: float = 0.0, batch_size: int = 64, dtype: str = "float32"):
+    def __init__(self, *, path: str | None, tokenizer: str | None, append_eos: bool, tie_margin: float, batch_size: int,
+                 dtype: str):
+        # the settings are conf/judge/reward_model.yaml's (documented and defaulted there)
         self.path, self.tokenizer_path, self.append_eos = path, tokenizer, append_eos
         self.tie_margin, self.batch_size, self.dtype = tie_margin, batch_size, dtype
         self.model = self.tokenizer = None
