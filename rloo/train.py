@@ -26,7 +26,6 @@ def run(cfg: DictConfig) -> dict:
     from rloo.assemble import build_module, precision_arguments, quiet_lightning_logs, resolve_sources, world_size
     from rloo.config import eval_sampling, num_rollouts, updates_per_rollout
 
-    started = time.time()
     trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
     processes = world_size(trainer_args)
     validate_train_config(cfg, world_size=processes)  # once, before anything heavy is imported, written or loaded
@@ -43,6 +42,8 @@ def run(cfg: DictConfig) -> dict:
     from rloo.judges import build_judge
     from rloo.memory import peak_rss_mb
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model, reference_from, use_fp32_lm_head
+
+    started = time.time()  # after the imports, as wall_seconds always counted
 
     quiet_lightning_logs()
     log = logging.getLogger("rloo").info  # to the console and to the run's train.log

@@ -68,7 +68,7 @@ class RLOOModule(OnlineRLModule):
         # log pi(y_t) of the policy that sampled, from a training-style forward [N, T]: the KL needs it, and so do
         # the old log-probs of a reused rollout. Used once (`one_pass`), the update's own forward provides it.
         one_pass = self.takes_log_pi_from_the_update()
-        if one_pass:
+        if one_pass:  # filled micro-batch by micro-batch by the update's forward in step 4
             rollout_policy_logprobs, entropy = torch.zeros_like(rollout.ref_logprobs), torch.zeros_like(rollout.ref_logprobs)
         else:
             with timer("old_logprobs"):
