@@ -165,17 +165,15 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     else:
         _require(cfg.get("algorithm") == "rloo", "algorithm", "rloo or ppo (choose with algo=rloo|ppo)", cfg.get("algorithm"))
         _require(isinstance(k, int) and not isinstance(k, bool) and k >= 2, "k", "an integer >= 2 (the leave-one-out baseline needs another completion)", k)
-    for key in ("response_length", "rollout_batch_size", "micro_batch_size", "generation_batch_size",
-                "total_episodes", "num_ppo_epochs", "num_mini_batches", "log_every",
-                "eval.num_prompts", "eval.batch_size", "eval.max_new_tokens", "data.max_prompt_length"):
+    validate_sampling(cfg)
+    for key in ("rollout_batch_size", "micro_batch_size", "generation_batch_size", "total_episodes", "num_ppo_epochs",
+                "num_mini_batches", "log_every"):
         _positive_int(cfg, key)
-    for key in ("sample_every", "checkpoint_every", "eval_every", "top_k"):
+    for key in ("sample_every", "checkpoint_every", "eval_every"):
         value = OmegaConf.select(cfg, key)
         _require(isinstance(value, int) and value >= 0, key, "an integer >= 0", value)
     _number(cfg, "lr", 0.0, low_open=True)
     _number(cfg, "kl_coef", 0.0)
-    _number(cfg, "temperature", 0.0, low_open=True)
-    _number(cfg, "top_p", 0.0, 1.0, low_open=True)
     _number(cfg, "clip_range", 0.0, low_open=True)
     _number(cfg, "warmup_ratio", 0.0, 1.0)
     _number(cfg, "weight_decay", 0.0)
@@ -186,12 +184,10 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     _require(cfg.loss in LOSSES, "loss", f"one of {', '.join(LOSSES)}", cfg.loss)
     _require(cfg.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"one of {', '.join(KL_ESTIMATORS)}", cfg.kl_estimator)
     _require(cfg.lr_schedule in LR_SCHEDULES, "lr_schedule", f"one of {', '.join(LR_SCHEDULES)}", cfg.lr_schedule)
-    _require(cfg.stop_token in ("eos", None), "stop_token", "eos or null", cfg.stop_token)
-    _require(cfg.model.frozen_dtype in FROZEN_DTYPES, "model.frozen_dtype", f"one of {', '.join(FROZEN_DTYPES)}", cfg.model.frozen_dtype)
     _require(cfg.old_logprobs in OLD_LOGPROBS, "old_logprobs", f"one of {', '.join(OLD_LOGPROBS)}", cfg.old_logprobs)
     _require(cfg.sequence_ratio in SEQUENCE_RATIOS, "sequence_ratio", f"one of {', '.join(SEQUENCE_RATIOS)}", cfg.sequence_ratio)
     _require(cfg.is_correction in IS_CORRECTIONS, "is_correction", f"one of {', '.join(IS_CORRECTIONS)}", cfg.is_correction)
-    for key in ("lean_decode", "fp32_lm_head", "log_histograms"):
+    for key in ("fp32_lm_head", "log_histograms"):
         _require(isinstance(cfg[key], bool), key, "true or false", cfg[key])
     _number(cfg, "is_cap", 0.0, low_open=True)
     _number(cfg, "is_low", 0.0, 1.0, low_open=True)
@@ -266,16 +262,24 @@ def policy_location(spec: str, key: str) -> str:
     return spec
 
 
-def validate_eval_config(cfg: DictConfig) -> None:
-    """Check every key `rloo.evaluate` reads; raises ConfigError with a one-line message."""
-    for key in ("eval.num_prompts", "eval.batch_size", "eval.max_new_tokens", "data.max_prompt_length"):
+def validate_sampling(cfg: DictConfig) -> None:
+    """The keys of conf/sampling.yaml, the prompt length and the frozen models' dtype: what train and evaluate share."""
+    for key in ("response_length", "eval.num_prompts", "eval.batch_size", "eval.max_new_tokens", "data.max_prompt_length"):
         _positive_int(cfg, key)
     top_k = OmegaConf.select(cfg, "top_k")
-    _require(isinstance(top_k, int) and top_k >= 0, "top_k", "an integer >= 0", top_k)
+    _require(isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0, "top_k", "an integer >= 0", top_k)
     _number(cfg, "temperature", 0.0, low_open=True)
     _number(cfg, "top_p", 0.0, 1.0, low_open=True)
     _require(cfg.stop_token in ("eos", None), "stop_token", "eos or null", cfg.stop_token)
+    for key in ("lean_decode", "eval.greedy"):
+        value = OmegaConf.select(cfg, key)
+        _require(isinstance(value, bool), key, "true or false", value)
     _require(cfg.model.frozen_dtype in FROZEN_DTYPES, "model.frozen_dtype", f"one of {', '.join(FROZEN_DTYPES)}", cfg.model.frozen_dtype)
+
+
+def validate_eval_config(cfg: DictConfig) -> None:
+    """Check every key `rloo.evaluate` reads; raises ConfigError with a one-line message."""
+    validate_sampling(cfg)
     for key in ("policy", "opponent"):
         if cfg.get(key) is not None:
             policy_location(str(cfg[key]), key)
