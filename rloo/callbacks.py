@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from lightning import Callback
 
+from rloo import atomic
 from rloo.heldout import evaluate_policy, summarize_eval
 from rloo.judges import Judge
 from rloo.sampling import SamplingConfig
@@ -47,7 +48,10 @@ class HeldOutEval(Callback):
         summary["eval/seconds"] = time.perf_counter() - started
         return summary, samples
 
-    def evaluate(self, trainer, module, label: str) -> dict[str, float]:
+    def evaluate(self, trainer, module, label: str) -> dict[str, float] | None:
+        if trainer.received_sigterm:  # the scheduler wants the process gone: no new evaluation
+            self.log_fn(f"eval ({label}) skipped: SIGTERM received")
+            return None
         summary, samples = self.run(trainer, module)
         step = module.rollouts
         self.history.append({"step": step, **summary})
@@ -81,6 +85,19 @@ class HeldOutEval(Callback):
     def on_train_end(self, trainer, module) -> None:
         if self.after:
             self.final = self.evaluate(trainer, module, "final policy")
+
+
+class ExportPolicy(Callback):
+    """At the end of training, before the final evaluation: the policy and tokenizer to `directory`
+    (save_pretrained, atomically), then `exported()` (rloo.train writes the summary so far)."""
+
+    def __init__(self, directory: Path, exported=lambda: None):
+        self.directory, self.exported = Path(directory), exported
+
+    def on_train_end(self, trainer, module) -> None:
+        if trainer.is_global_zero:
+            atomic.save_pretrained(module.policy, module.tokenizer, self.directory, "the trained policy")
+            self.exported()
 
 
 SHOWN = ("win_rate", "win_rate_ci_low", "win_rate_ci_high", "invalid", "score", "mean_length")

@@ -5,7 +5,8 @@
 Reads every job dir (`<n>_<overrides>/`: .hydra/overrides.yaml, config.yaml, summary.json, csv/metrics.csv) and
 writes, into the multirun dir: report.md and report.csv (one row per job: overrides, status, final win rate
 with its interval, reward, KL, clip fraction, wall time, peak memory), win_rate_vs_k.png and kl_vs_k.png
-(one line per clip range). A job with no summary.json is reported as failed, never dropped.
+(one line per clip range). A job with no summary.json is reported as failed, and one whose summary.json says it
+did not finish by its status (interrupted, failed, evaluating); none is dropped.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def job_row(job: Path) -> dict:
     if not summary_path.exists():
         return row | {"status": "failed"}
     summary = json.loads(summary_path.read_text())
+    if summary.get("status", "finished") != "finished":  # interrupted, failed, or still evaluating when it died
+        return row | {"status": summary["status"], "wall_seconds": summary.get("wall_seconds")}
     final = summary.get("final") or {}
     metrics_path = job / "csv" / "metrics.csv"
     rows = list(csv.DictReader(metrics_path.open())) if metrics_path.exists() else []

@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -19,6 +20,9 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rloo.config import ConfigError, exit_on_config_error, run_entry_point, validate_train_config  # noqa: E402
+from rloo.errors import WriteError  # noqa: E402
+
+SIGTERM_EXIT_CODE = 128 + 15
 
 
 def run(cfg: DictConfig) -> dict:
@@ -35,9 +39,11 @@ def run(cfg: DictConfig) -> dict:
     import lightning as L
     import torch
     from hydra.utils import instantiate
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from rloo.callbacks import HeldOutEval, MismatchHistograms, SampleTable
+    from rloo import atomic
+    from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, SampleTable
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
     from rloo.memory import peak_rss_mb
@@ -49,7 +55,7 @@ def run(cfg: DictConfig) -> dict:
     log = logging.getLogger("rloo").info  # to the console and to the run's train.log
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    atomic.write_text(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True), "the resolved config")
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.logger else False
@@ -57,9 +63,11 @@ def run(cfg: DictConfig) -> dict:
                                   every_n_train_steps=cfg.checkpoint_every * updates or None, save_top_k=-1, save_last=True)
     eval_callback = HeldOutEval([], eval_sampling(cfg), cfg.eval.batch_size, None, before=cfg.eval.before,
                                 after=cfg.eval.after, every=cfg.eval_every, samples_path=out / "eval_samples.jsonl", log=log)
+    export = ExportPolicy(out / "policy")  # on_train_end, before eval_callback's final evaluation
     trainer = L.Trainer(**trainer_args, **precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator),
                         logger=loggers, default_root_dir=out,
-                        callbacks=[checkpoints, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
+                        callbacks=[checkpoints, OnExceptionCheckpoint(out / "checkpoints", "interrupted"), export,
+                                   eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
                                    MismatchHistograms(cfg.log_every)],
                         max_epochs=1, max_steps=rollouts * updates, log_every_n_steps=cfg.log_every, num_sanity_val_steps=0)
     if trainer.world_size != processes:
@@ -88,32 +96,65 @@ def run(cfg: DictConfig) -> dict:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
     fit_started = time.time()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-    fit_seconds = time.time() - fit_started
 
-    summary = {
-        "initial": eval_callback.initial,
-        "final": eval_callback.final,
-        "eval_history": eval_callback.history,
-        "judge": None if eval_callback.judge is None else repr(eval_callback.judge),
-        "rollouts": module.rollouts,
-        "optimizer_steps": trainer.global_step,
-        "episodes": module.episodes,
-        "algorithm": cfg.algorithm,
-        "wall_seconds": round(time.time() - started, 2),
-        "fit_seconds": round(fit_seconds, 2),  # trainer.fit alone: training steps and the evaluations inside it
-        "peak_rss_mb": round(peak_rss_mb(), 1),  # this process (rank) so far
-        "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
-        "output_dir": str(out),
-        "policy_dir": str(out / "policy"),
-        "bootstrap": bootstrap_report,
-    }
+    def write_summary(status: str) -> dict:
+        """summary.json as it stands: after training (status evaluating), at the end, or on an interruption."""
+        summary = {
+            "status": status,  # finished | evaluating (the final evaluation is running) | interrupted | failed
+            "initial": eval_callback.initial,
+            "final": eval_callback.final,
+            "eval_history": eval_callback.history,
+            "judge": None if eval_callback.judge is None else repr(eval_callback.judge),
+            "rollouts": module.rollouts,
+            "optimizer_steps": trainer.global_step,
+            "episodes": module.episodes,
+            "algorithm": cfg.algorithm,
+            "wall_seconds": round(time.time() - started, 2),
+            "fit_seconds": round(time.time() - fit_started, 2),  # trainer.fit: training steps and the evaluations inside it
+            "peak_rss_mb": round(peak_rss_mb(), 1),  # this process (rank) so far
+            "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
+            "output_dir": str(out),
+            "policy_dir": str(out / "policy") if (out / "policy").exists() else None,
+            "bootstrap": bootstrap_report,
+        }
+        if trainer.is_global_zero:
+            atomic.write_text(out / "summary.json", json.dumps(summary, indent=2), "the run summary")
+        return summary
+
+    # before the final evaluation, the trained policy is exported and the summary written
+    export.exported = lambda: write_summary("evaluating")
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    except BaseException as error:  # SIGTERM, Ctrl-C (Lightning exits 1 for it), any failure: keep what there is
+        interrupted = isinstance(error, (SystemExit, KeyboardInterrupt))
+        try:
+            write_summary("interrupted" if interrupted else "failed")
+        except WriteError as write_error:  # the first failure is the one to raise
+            log(f"error: {write_error}")
+        if isinstance(error, SIGTERMException):
+            stopped_by_sigterm(out, module, log)
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise WriteError(f"could not write {error.filename or 'a checkpoint'} in {out}: {error.strerror}; "
+                             f"checkpoints already there are whole: {checkpoint_names(out) or 'none'}") from None
+        raise
+    if trainer.received_sigterm:  # it came after training, during the final evaluation
+        write_summary("interrupted")
+        stopped_by_sigterm(out, module, log)
+    summary = write_summary("finished")
     if trainer.is_global_zero:
-        policy.save_pretrained(out / "policy")
-        tokenizer.save_pretrained(out / "policy")
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
         print_summary(summary, log)
     return summary
+
+
+def checkpoint_names(out: Path) -> str:
+    return ", ".join(sorted(p.name for p in (out / "checkpoints").glob("*.ckpt")))
+
+
+def stopped_by_sigterm(out: Path, module, log) -> None:
+    """Exit as a process ended by SIGTERM (128 + 15), which schedulers read as preempted, never as success."""
+    log(f"rloo: stopped by SIGTERM after {module.rollouts} rollouts; checkpoints in {out / 'checkpoints'}: "
+        f"{checkpoint_names(out) or 'none'}; summary.json says what was done")
+    sys.exit(SIGTERM_EXIT_CODE)
 
 
 def print_summary(summary: dict, log=print) -> None:
@@ -139,6 +180,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
         summary = run(cfg)
     except ConfigError as error:
         exit_on_config_error(error)
+    except WriteError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
     final = summary.get("final") or {}
     return final.get("eval/win_rate", final.get("eval/score"))
 

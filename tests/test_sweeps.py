@@ -80,6 +80,19 @@ def test_a_failed_job_is_reported_as_failed_not_dropped(multirun, tmp_path):
     assert "| failed |" in (copy / "report.md").read_text()
 
 
+def test_an_interrupted_job_is_reported_by_its_status(multirun, tmp_path):
+    import shutil
+
+    copy = tmp_path / "sweep"
+    shutil.copytree(multirun, copy)
+    summary_path = copy / "1_clip_range=0.2,k=4" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps(summary | {"status": "interrupted"}))  # as a job stopped by SIGTERM
+    assert report(copy).returncode == 0
+    rows = list(csv.DictReader((copy / "report.csv").open()))
+    assert [r["status"] for r in rows] == ["ok", "interrupted"] and rows[1]["win_rate"] == ""
+
+
 def test_report_refuses_a_dir_that_is_not_a_multirun(tmp_path):
     result = report(tmp_path)
     assert result.returncode == 2 and "no Hydra job dirs" in result.stderr and len(result.stderr.splitlines()) == 1

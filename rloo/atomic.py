@@ -1,0 +1,62 @@
+"""Writes that are whole or absent: to a temporary name beside the target, flushed to disk, then renamed over it.
+
+A kill, a full disk or a failing save leaves the previous file (or dir) as it was; a failure says what and where
+in one line (`WriteError`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from rloo.errors import WriteError
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text(path: Path, text: str, what: str) -> None:
+    """`path` holds `text` afterwards, or is unchanged."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise WriteError(f"could not write {what} to {path}: {error.strerror or error}") from None
+
+
+def save_pretrained(model, tokenizer, directory: Path, what: str) -> None:
+    """`directory` holds the model and tokenizer (save_pretrained) afterwards, or what it held before."""
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        for file in tmp.iterdir():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        _fsync_dir(directory.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except Exception as error:  # OSError, or the serialiser's own error on a full disk
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not directory.exists():
+            os.replace(old, directory)
+        reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+        raise WriteError(f"could not write {what} to {directory}: {reason}") from None

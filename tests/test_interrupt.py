@@ -1,0 +1,118 @@
+"""Interrupted runs keep what they did: SIGTERM and Ctrl-C mid-training and during the final evaluation, a failing
+judge, a full disk at the end. Real `python -m rloo.train` processes, signalled from here."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.chat_server import answer
+from tests.e2e import FAST, ROOT
+
+SIGTERM_EXIT = 128 + 15
+
+
+def start(run_dir, cache, *overrides, preexec_fn=None):
+    env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, "logger=csv",
+                             *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=preexec_fn)
+
+
+def wait_for(condition, process, timeout=300):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def finish(process, timeout=300):
+    output, _ = process.communicate(timeout=timeout)
+    return process.returncode, output
+
+
+def summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_sigterm_mid_training_saves_a_checkpoint_and_exits_143(finished_run):
+    base, _ = finished_run
+    run = base / "sigterm"
+    # 200 rollouts: far more than will run before the signal; step checkpoints off, so only the signal saves one
+    process = start(run, base / "cache", "total_episodes=1600", "checkpoint_every=0", "eval_every=0", "eval.before=false")
+    wait_for(lambda: (run / "samples.jsonl").exists() and len((run / "samples.jsonl").read_text().splitlines()) >= 16,
+             process)  # sample_every=1, 8 rows a rollout: two rollouts done
+    process.send_signal(signal.SIGTERM)
+    code, output = finish(process)
+    assert code == SIGTERM_EXIT, output[-3000:]
+    assert "stopped by SIGTERM" in output
+    checkpoint = torch.load(run / "checkpoints" / "interrupted.ckpt", weights_only=False)
+    assert 2 <= checkpoint["rloo_rollouts"] < 200
+    assert all(key.startswith("policy.") for key in checkpoint["state_dict"])
+    done = summary(run)
+    assert done["status"] == "interrupted" and done["rollouts"] == checkpoint["rloo_rollouts"]
+    assert done["final"] is None and not (run / "policy").exists()  # the checkpoint holds the unfinished policy
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 1), (signal.SIGTERM, SIGTERM_EXIT)])
+def test_a_signal_during_the_final_evaluation_keeps_the_exported_policy(finished_run, server, sig, code):
+    """The final evaluation judges with a slow loopback judge; the signal arrives while it waits for the answers."""
+    base, _ = finished_run
+    url, state = server
+    state.respond = lambda i, body, headers: answer("Comparison: fine.\nPreferred: A", delay=1.0)
+    run = base / f"final-eval-{sig.name}"
+    process = start(run, base / "cache", "eval_every=0", "eval.before=false", "judge=openai", f"judge.base_url={url}",
+                    "judge.model=test", "judge.cache_dir=null", "judge.max_retries=0")
+    wait_for(lambda: state.count > 0, process)
+    process.send_signal(sig)
+    returncode, output = finish(process)
+    assert returncode == code, output[-3000:]
+    policy = AutoModelForCausalLM.from_pretrained(run / "policy")  # exported before the final evaluation began
+    assert sum(p.numel() for p in policy.parameters()) > 0
+    done = summary(run)
+    assert done["status"] == "interrupted" and done["rollouts"] == 3 and done["policy_dir"] == str(run / "policy")
+    assert (run / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_failing_judge_fails_the_run_after_the_policy_is_saved(finished_run, server):
+    base, _ = finished_run
+    url, state = server
+    state.respond = lambda i, body, headers: (401, {}, json.dumps({"error": {"message": "bad key"}}), 0.0)
+    run = base / "judge-fails"
+    process = start(run, base / "cache", "eval_every=0", "eval.before=false", "judge=openai", f"judge.base_url={url}",
+                    "judge.model=test", "judge.cache_dir=null")
+    code, output = finish(process)
+    assert code != 0, output[-3000:]
+    assert summary(run)["status"] == "failed"
+    AutoModelForCausalLM.from_pretrained(run / "policy")
+    assert (run / "checkpoints" / "interrupted.ckpt").exists()
+
+
+def test_a_full_disk_at_the_end_says_so_in_one_line_and_leaves_no_torn_files(finished_run):
+    """`ulimit -f` caps the size of every file the run writes: the checkpoints and the policy fail to fit."""
+    import resource
+
+    base, _ = finished_run
+    run = base / "full-disk"
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails with EFBIG instead of killing
+
+    process = start(run, base / "cache", "checkpoint_every=0", "eval_every=0", "eval.before=false", "eval.after=false",
+                    preexec_fn=small_files)
+    code, output = finish(process)
+    assert code == 1, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "File too large" in errors[0] and str(run) in errors[0], output[-3000:]
+    assert "Traceback" not in output
+    assert not (run / "policy").exists()  # never a half-written policy
+    leftovers = [p.name for p in run.iterdir() if ".tmp-" in p.name]
+    assert leftovers == []
