@@ -42,17 +42,18 @@ def summary(run_dir):
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def test_sigterm_mid_training_saves_a_checkpoint_and_exits_143(finished_run):
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, SIGTERM_EXIT), (signal.SIGINT, 1)])
+def test_a_signal_mid_training_saves_a_checkpoint_and_exits_non_zero(finished_run, sig, code):
     base, _ = finished_run
-    run = base / "sigterm"
+    run = base / f"mid-training-{sig.name}"
     # 200 rollouts: far more than will run before the signal; step checkpoints off, so only the signal saves one
     process = start(run, base / "cache", "total_episodes=1600", "checkpoint_every=0", "eval_every=0", "eval.before=false")
     wait_for(lambda: (run / "samples.jsonl").exists() and len((run / "samples.jsonl").read_text().splitlines()) >= 16,
              process)  # sample_every=1, 8 rows a rollout: two rollouts done
-    process.send_signal(signal.SIGTERM)
-    code, output = finish(process)
-    assert code == SIGTERM_EXIT, output[-3000:]
-    assert "stopped by SIGTERM" in output
+    process.send_signal(sig)
+    returncode, output = finish(process)
+    assert returncode == code, output[-3000:]
+    assert sig != signal.SIGTERM or "stopped by SIGTERM" in output
     checkpoint = torch.load(run / "checkpoints" / "interrupted.ckpt", weights_only=False)
     assert 2 <= checkpoint["rloo_rollouts"] < 200
     assert all(key.startswith("policy.") for key in checkpoint["state_dict"])
