@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -21,20 +22,14 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rloo.config import (ConfigError, exit_on_config_error, policy_location, run_entry_point,  # noqa: E402
                          validate_eval_config)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    """Whole or not at all: written beside, then renamed."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
-    tmp.replace(path)
+from rloo.errors import WriteError  # noqa: E402
 
 
 def run(cfg: DictConfig) -> dict:
     import lightning as L
     import torch
 
+    from rloo import atomic
     from rloo.assemble import precision_arguments, quiet_lightning_logs, resolve_sources
     from rloo.config import eval_sampling
     from rloo.data import SplitSpec, load_split, tokenize_prompts
@@ -47,7 +42,7 @@ def run(cfg: DictConfig) -> dict:
     log = logging.getLogger("rloo").info
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    atomic.write_text(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True), "the resolved config")
     if cfg.trainer.get("num_threads"):
         torch.set_num_threads(cfg.trainer.num_threads)
 
@@ -87,7 +82,7 @@ def run(cfg: DictConfig) -> dict:
         policy = load_policy(policy_src, tokenizer).to(fabric.device).eval()
         per_row, samples = evaluate_policy(policy, tokenizer, rows, sampling, cfg.eval.batch_size, judge, reward_model,
                                            fabric.device, others)
-    write_jsonl(out / "verdicts.jsonl", samples)
+    atomic.write_text(out / "verdicts.jsonl", "".join(json.dumps(row) + "\n" for row in samples), "the verdicts")
 
     measured = {k.split("/", 1)[1]: v for k, v in summarize_eval(per_row).items()}
     summary = {
@@ -104,7 +99,7 @@ def run(cfg: DictConfig) -> dict:
     for counter in ("requests_sent", "cache_hits"):
         if hasattr(judge, counter):
             summary[f"judge_{counter}"] = getattr(judge, counter)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic.write_text(out / "summary.json", json.dumps(summary, indent=2), "the evaluation summary")
     print_summary(summary, log)
     return summary
 
@@ -128,6 +123,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
         summary = run(cfg)
     except ConfigError as error:
         exit_on_config_error(error)
+    except WriteError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
     return summary.get("win_rate")
 
 
