@@ -91,7 +91,7 @@ class ExportPolicy(Callback):
     """At the end of training, before the final evaluation: the policy and tokenizer to `directory`
     (save_pretrained, atomically), then `exported()` (rloo.train writes the summary so far)."""
 
-    def __init__(self, directory: Path, exported=lambda: None):
+    def __init__(self, directory: Path, exported):
         self.directory, self.exported = Path(directory), exported
 
     def on_train_end(self, trainer, module) -> None:
@@ -118,7 +118,7 @@ class SampleTable(Callback):
         n = min(self.num_rows, rollout.scores.shape[0])
         prompts = tokenizer.batch_decode(rollout.prompt_ids[:n], skip_special_tokens=True)
         completions = tokenizer.batch_decode(rollout.completion_ids[:n], skip_special_tokens=True)
-        advantages = module.last_sequence_advantages[:n]  # PPO: the mean of its per-token advantages
+        advantages = module.last_targets.sequence_advantages(rollout.completion_mask)[:n]
         rows = [[step, p, c, float(s), float(a)] for p, c, s, a in
                 zip(prompts, completions, rollout.scores[:n].tolist(), advantages.tolist())]
         columns = ["step", "prompt", "completion", "score", "advantage"]

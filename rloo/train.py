@@ -63,7 +63,8 @@ def run(cfg: DictConfig) -> dict:
                                   every_n_train_steps=cfg.checkpoint_every * updates or None, save_top_k=-1, save_last=True)
     eval_callback = HeldOutEval([], eval_sampling(cfg), cfg.eval.batch_size, None, before=cfg.eval.before,
                                 after=cfg.eval.after, every=cfg.eval_every, samples_path=out / "eval_samples.jsonl", log=log)
-    export = ExportPolicy(out / "policy")  # on_train_end, before eval_callback's final evaluation
+    # on_train_end, before eval_callback's final evaluation: the policy, then the summary so far (write_summary below)
+    export = ExportPolicy(out / "policy", exported=lambda: write_summary("evaluating"))
     trainer = L.Trainer(**trainer_args, **precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator),
                         logger=loggers, default_root_dir=out,
                         callbacks=[checkpoints, OnExceptionCheckpoint(out / "checkpoints", "interrupted"), export,
@@ -121,8 +122,6 @@ def run(cfg: DictConfig) -> dict:
             atomic.write_text(out / "summary.json", json.dumps(summary, indent=2), "the run summary")
         return summary
 
-    # before the final evaluation, the trained policy is exported and the summary written
-    export.exported = lambda: write_summary("evaluating")
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     except BaseException as error:  # SIGTERM, Ctrl-C (Lightning exits 1 for it), any failure: keep what there is

@@ -115,8 +115,7 @@ class OnlineRLModule(LightningModule):
         self.rollouts = 0                    # rollouts trained on (Lightning's global_step counts optimiser steps)
         self.episodes = 0                    # completions trained on, summed over devices
         self.last_rollout: Rollout | None = None
-        self.last_targets = None                  # what the algorithm derived from the last rollout (RLOOTargets, PPOTargets)
-        self.last_sequence_advantages: Tensor | None = None  # [N] of the last rollout, for the sample table
+        self.last_targets = None             # what the algorithm derived from it (RLOOTargets, PPOTargets)
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
         self.last_mismatch: dict[str, Tensor] = {}  # per-token delta logp, sequence log-ratio (log_histograms)
 
@@ -151,7 +150,7 @@ class OnlineRLModule(LightningModule):
         for mini in order.split(n // cfg.num_mini_batches):
             yield list(mini.split(cfg.micro_batch_size))
 
-    def importance_weights(self, part: Rollout, rollout_policy_logprobs: Tensor) -> tuple[Tensor | None, Tensor | None, dict]:
+    def correction_weights(self, part: Rollout, rollout_policy_logprobs: Tensor) -> tuple[Tensor | None, Tensor | None, dict]:
         """The weights of is_correction for a micro-batch: pi_train / pi_rollout at the rollout policy."""
         cfg = self.config
         token_w, sequence_w = importance_weights(rollout_policy_logprobs, part.generation_logprobs, part.completion_mask,
@@ -190,14 +189,13 @@ class OnlineRLModule(LightningModule):
             self.last_mismatch = {"delta_logp": delta[mask.bool()].float().cpu(), "seq_log_ratio": delta.sum(1).float().cpu()}
         return stats
 
-    def finish_step(self, rollout: Rollout, targets, sequence_advantages: Tensor, timer: PhaseTimer, started: float,
-                    rollout_done: float) -> None:
+    def finish_step(self, rollout: Rollout, targets, timer: PhaseTimer, started: float, rollout_done: float) -> None:
         now = time.perf_counter()
         self.last_timings = dict(timer.seconds, rollout=rollout_done - started, update=now - rollout_done,
                                  step=now - started)
         self.rollouts += 1
         self.episodes += len(rollout) * self.trainer.world_size
-        self.last_rollout, self.last_targets, self.last_sequence_advantages = rollout, targets, sequence_advantages
+        self.last_rollout, self.last_targets = rollout, targets
 
     def trained_parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.policy.parameters()

@@ -54,6 +54,10 @@ class PPOTargets:
     advantages: Tensor  # GAE A_t (whitened when normalize_advantages)
     returns: Tensor     # value targets G_t = A_t + V_t
 
+    def sequence_advantages(self, completion_mask: Tensor) -> Tensor:
+        """`[N]`: the mean advantage over each completion's real tokens (for the sample table)."""
+        return masked_mean(self.advantages, completion_mask, dim=1)
+
 
 class PPOModule(OnlineRLModule):
     """The policy, the frozen reference and reward model, and a trained value model; `training_step` is one PPO step."""
@@ -105,7 +109,7 @@ class PPOModule(OnlineRLModule):
                     stats.add(part_stats, len(index))
                 self.step_optimizer()
 
-        self.finish_step(rollout, targets, masked_mean(advantages, mask, dim=1), timer, started, rollout_done)
+        self.finish_step(rollout, targets, timer, started, rollout_done)
         # measured at the policy that sampled, whatever the epochs and mini-batches did after
         diagnostics = self.rollout_diagnostics(rollout, rollout_policy_logprobs, entropy)
         diagnostics["first_epoch_clipfrac"] = token_ppo_clip_loss(advantages, rollout_policy_logprobs, old_logprobs, mask,
@@ -117,7 +121,7 @@ class PPOModule(OnlineRLModule):
         """L = L_pi + vf_coef * L_V on the rows `index`."""
         cfg, mask, length = self.config, part.completion_mask, part.completion_ids.shape[1]
         logprobs, _ = self.policy_forward(part)                                                  # [n, T]
-        token_w, sequence_w, is_stats = self.importance_weights(part, rollout_policy_logprobs)
+        token_w, sequence_w, is_stats = self.correction_weights(part, rollout_policy_logprobs)
         policy_loss, clip = token_ppo_clip_loss(targets.advantages[index], logprobs, old_logprobs, mask, cfg.clip_range,
                                                 token_w, sequence_w)
         values = token_values(self.value_model, part.input_ids, part.attention_mask, length)      # [n, T]

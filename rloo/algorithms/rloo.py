@@ -51,6 +51,9 @@ class RLOOTargets:
     def zeros(cls, n: int, device) -> "RLOOTargets":
         return cls(*(torch.zeros(n, device=device) for _ in range(3)))
 
+    def sequence_advantages(self, completion_mask: Tensor) -> Tensor:
+        return self.advantages  # [N]: one per completion already
+
     def assign(self, index: Tensor, part: "RLOOTargets") -> None:
         self.kl[index], self.rewards[index], self.advantages[index] = part.kl, part.rewards, part.advantages
 
@@ -95,7 +98,7 @@ class RLOOModule(OnlineRLModule):
                         targets.assign(index, self.rewards_and_advantages(part, logprobs.detach()))
                     part_old = logprobs.detach() if one_pass else old_logprobs[index]
                     advantages = targets.advantages[index]
-                    token_w, sequence_w, is_stats = self.importance_weights(part, rollout_policy_logprobs[index])
+                    token_w, sequence_w, is_stats = self.correction_weights(part, rollout_policy_logprobs[index])
                     if cfg.loss == "reinforce":   # -mean_i A_i * sum_t log pi(y_i,t)
                         loss, loss_stats = reinforce_loss(advantages, logprobs, part.completion_mask, token_w, sequence_w), {}
                     else:                         # mean_i max(-A_i r_i, -A_i clip(r_i, 1-eps, 1+eps))
@@ -104,7 +107,7 @@ class RLOOModule(OnlineRLModule):
                     stats.add({"loss": loss, **loss_stats, **is_stats}, len(index))
                 self.step_optimizer()
 
-        self.finish_step(rollout, targets, targets.advantages, timer, started, rollout_done)
+        self.finish_step(rollout, targets, timer, started, rollout_done)
         # measured at the policy that sampled, whatever the epochs and mini-batches did after
         diagnostics = self.rollout_diagnostics(rollout, rollout_policy_logprobs, entropy)
         if cfg.loss == "ppo_clip":  # what the mismatch alone nulls: the clip before any optimiser step

@@ -43,7 +43,8 @@ def evaluate(policy, reward_model, tokenizer, validation: list[dict], heldout_pa
     prompts, references = [ex["prompt"] for ex in validation], [ex["reference"] for ex in validation]
     policy.eval()
     rows = [{"prompt_ids": ids} for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
-    done = complete(policy, tokenizer, rows, SamplingConfig.greedy_decoding(max_new_tokens, stop_at_eos=True, lean_decode=True), batch_size=256)
+    greedy = SamplingConfig.greedy_decoding(max_new_tokens, stop_at_eos=True, lean_decode=True)
+    done = complete(policy, tokenizer, rows, greedy, batch_size=256)
     texts, ended = done["texts"], done["eos"]
     report = {"sft_win_rate_vs_reference": sum(map(oracle_judge, prompts, texts, references)) / len(prompts),
               "sft_ended_with_eos": float(ended.float().mean()),
