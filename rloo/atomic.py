@@ -60,3 +60,32 @@ def save_pretrained(model, tokenizer, directory: Path, what: str) -> None:
             os.replace(old, directory)
         reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
         raise WriteError(f"could not write {what} to {directory}: {reason}") from None
+
+
+def save_torch(obj, path: Path) -> None:
+    """torch.save to `path`, whole or not at all. OSError (a full disk) propagates: the caller names the run."""
+    import torch
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def checkpoint_io():
+    """Lightning's checkpoint writer through `save_torch` (its own renames an unsynced temp file)."""
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    class AtomicCheckpointIO(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            save_torch(checkpoint, Path(path))
+
+    return AtomicCheckpointIO()

@@ -35,7 +35,9 @@ class HeldOutEval(Callback):
         shard = self.rows[rank::world]
         if self.judge is not None:
             self.judge.setup(module.device)
-        with trainer.precision_plugin.forward_context():
+        # a sampled evaluation draws from its own copy of the random state: training draws the same with or without it
+        devices = [module.device.index or 0] if module.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), trainer.precision_plugin.forward_context():
             per_row, samples = evaluate_policy(module.policy, module.tokenizer, shard, self.sampling, self.batch_size,
                                                self.judge, module.reward_model, module.device)
         if world > 1:  # shards differ by at most one row: pad with nan, gather, keep the rows that exist
@@ -73,8 +75,14 @@ class HeldOutEval(Callback):
                 f.writelines(json.dumps(r) + "\n" for r in rows)
         return summary
 
+    def state_dict(self) -> dict:  # in checkpoints: a resumed run keeps its evaluations and does not redo the first
+        return {"initial": self.initial, "history": self.history}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.initial, self.history = state_dict["initial"], state_dict["history"]
+
     def on_train_start(self, trainer, module) -> None:
-        if self.before and self.initial is None:
+        if self.before and self.initial is None and module.rollouts == 0:
             self.initial = self.evaluate(trainer, module, "initial policy")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:

@@ -81,11 +81,31 @@ def sweep_job_name() -> str | None:
     return f"{job.num}_{job.override_dirname}"
 
 
+def unique_dir(path: str) -> str:
+    """`path`, or `path_2`, `path_3`, ... : the first that did not exist, created here so that two runs started in
+    the same second (or on two machines sharing the disk) never share a dir. Cached: resolved once per run."""
+    for n in range(1, 10_000):
+        candidate = Path(path if n == 1 else f"{path}_{n}")
+        try:
+            candidate.mkdir(parents=True)
+            return str(candidate)
+        except FileExistsError:
+            continue
+    raise ConfigError(f"hydra.run.dir: {path} and 9999 variants exist already")
+
+
+def run_dir(resume: str | None, fresh: str) -> str:
+    """hydra.run.dir: the run dir `resume=` continues, else a new unique one."""
+    from rloo.resume import run_dir_of
+
+    return run_dir_of(resume) or unique_dir(fresh)
+
+
 def register_resolvers() -> None:
     for name, resolver in (("wandb_offline", wandb_offline), ("sweep_group", sweep_group),
-                           ("sweep_job_name", sweep_job_name)):
+                           ("sweep_job_name", sweep_job_name), ("unique_dir", unique_dir), ("run_dir", run_dir)):
         if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, resolver)
+            OmegaConf.register_new_resolver(name, resolver, use_cache=name in ("unique_dir", "run_dir"))
 
 
 def _require(cond: bool, key: str, allowed: str, value) -> None:
@@ -169,9 +189,16 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     for key in ("rollout_batch_size", "micro_batch_size", "generation_batch_size", "total_episodes", "num_ppo_epochs",
                 "num_mini_batches", "log_every"):
         _positive_int(cfg, key)
-    for key in ("sample_every", "checkpoint_every", "eval_every"):
+    for key in ("sample_every", "checkpoint_every", "eval_every", "checkpoint_minutes"):
         value = OmegaConf.select(cfg, key)
-        _require(isinstance(value, int) and value >= 0, key, "an integer >= 0", value)
+        _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, key, "an integer >= 0", value)
+    keep = OmegaConf.select(cfg, "keep_checkpoints")
+    _require(isinstance(keep, int) and not isinstance(keep, bool) and keep >= -1, "keep_checkpoints",
+             "an integer >= 0, or -1 (all)", keep)
+    _positive_int(cfg, "max_bad_steps")
+    from rloo.resume import check_resume_argument
+
+    check_resume_argument(cfg.get("resume"))
     _number(cfg, "lr", 0.0, low_open=True)
     _number(cfg, "kl_coef", 0.0)
     _number(cfg, "clip_range", 0.0, low_open=True)
@@ -301,6 +328,11 @@ def run_entry_point(hydra_main) -> None:
     """Shared by the `python -m rloo.X` entry points: one-line errors for unknown group options, then Hydra."""
     try:
         check_group_choices(sys.argv[1:])
+        from rloo.resume import check_resume_argument
+
+        for arg in sys.argv[1:]:  # before Hydra makes the run dir from it
+            if arg.startswith("resume="):
+                check_resume_argument(arg.partition("=")[2])
     except ConfigError as error:
         exit_on_config_error(error)
     register_resolvers()

@@ -90,22 +90,25 @@ def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tenso
 
 
 class EpisodeSampler(Sampler[int]):
-    """Exactly `num_samples` indices: seeded reshuffled passes over the dataset, back to back.
+    """Exactly `num_samples` indices: seeded reshuffled passes over the dataset, back to back, from index `start`
+    of that stream on (a resumed run skips what it trained on; its length stays the whole run's, as Lightning
+    counts the batches already done).
 
     One Lightning epoch is then the whole run, so the progress bar ends where training ends.
     """
 
-    def __init__(self, dataset_size: int, num_samples: int, seed: int, shuffle: bool = True):
+    def __init__(self, dataset_size: int, num_samples: int, seed: int, shuffle: bool = True, start: int = 0):
         self.dataset_size, self.num_samples, self.seed, self.shuffle = dataset_size, num_samples, seed, shuffle
+        self.start = start
 
     def __iter__(self):
-        remaining, data_pass = self.num_samples, 0
-        while remaining > 0:
+        data_pass, position = self.start // self.dataset_size, self.start // self.dataset_size * self.dataset_size
+        while position < self.num_samples:
             generator = torch.Generator().manual_seed(self.seed + data_pass)
             order = torch.randperm(self.dataset_size, generator=generator) if self.shuffle else torch.arange(self.dataset_size)
-            chunk = order[:remaining].tolist()
-            yield from chunk
-            remaining -= len(chunk)
+            chunk = order[:self.num_samples - position].tolist()
+            yield from chunk[max(self.start - position, 0):]
+            position += len(chunk)
             data_pass += 1
 
     def __len__(self) -> int:
@@ -125,6 +128,7 @@ class PromptDataModule(LightningDataModule):
         self.seed, self.shuffle, self.num_workers, self.log_fn = seed, shuffle, num_workers, log
         self.train_rows: list[dict] | None = None
         self.validation_rows: list[dict] | None = None
+        self.first_rollout = 0  # a resumed run starts at the prompts of this rollout (rloo.resume)
 
     @property
     def num_train_prompts(self) -> int:
@@ -153,10 +157,13 @@ class PromptDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         world_size = self.trainer.world_size if self.trainer is not None else 1
         # Lightning splits a custom sampler across ranks, so ask for every rank's share
-        sampler = EpisodeSampler(len(self.train_rows), self.num_rollouts * self.prompts_per_rollout * world_size,
-                                 self.seed, self.shuffle)
+        per_rollout = self.prompts_per_rollout * world_size
+        sampler = EpisodeSampler(len(self.train_rows), self.num_rollouts * per_rollout, self.seed, self.shuffle,
+                                 start=self.first_rollout * per_rollout)
+        # its own generator for the workers' base seed: a resumed run's global random state stays the checkpoint's
         return DataLoader(self.train_rows, batch_size=self.prompts_per_rollout, sampler=sampler,
-                          collate_fn=self.collate, num_workers=self.num_workers, drop_last=True)
+                          collate_fn=self.collate, num_workers=self.num_workers, drop_last=True,
+                          generator=torch.Generator().manual_seed(self.seed))
 
     def eval_rows(self, num_prompts: int) -> list[dict]:
         """The first `num_prompts` held-out rows (fixed, so before/after compare the same prompts)."""

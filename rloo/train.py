@@ -39,13 +39,14 @@ def run(cfg: DictConfig) -> dict:
     import lightning as L
     import torch
     from hydra.utils import instantiate
-    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from rloo import atomic
     from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, SampleTable
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
+    from rloo.loggers import drop_rows_after
+    from rloo.resume import find_resume_point
     from rloo.memory import peak_rss_mb
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model, reference_from, use_fp32_lm_head
 
@@ -55,22 +56,31 @@ def run(cfg: DictConfig) -> dict:
     log = logging.getLogger("rloo").info  # to the console and to the run's train.log
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True), "the resolved config")
+    resume_point = find_resume_point(cfg.resume, out, updates, log)  # before anything is written or loaded
+    resumed_rollouts = check_resume(cfg, resume_point, out, log) if resume_point else 0
+    config_name = "config.yaml" if not (out / "config.yaml").exists() else f"config.resumed-{time.strftime('%H-%M-%S')}.yaml"
+    atomic.write_text(out / config_name, OmegaConf.to_yaml(cfg, resolve=True), "the resolved config")
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
-    loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.logger else False
-    checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
-                                  every_n_train_steps=cfg.checkpoint_every * updates or None, save_top_k=-1, save_last=True)
-    eval_callback = HeldOutEval([], eval_sampling(cfg), cfg.eval.batch_size, None, before=cfg.eval.before,
-                                after=cfg.eval.after, every=cfg.eval_every, samples_path=out / "eval_samples.jsonl", log=log)
-    # on_train_end, before eval_callback's final evaluation: the policy, then the summary so far (write_summary below)
-    export = ExportPolicy(out / "policy", exported=lambda: write_summary("evaluating"))
-    trainer = L.Trainer(**trainer_args, **precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator),
-                        logger=loggers, default_root_dir=out,
-                        callbacks=[checkpoints, OnExceptionCheckpoint(out / "checkpoints", "interrupted"), export,
-                                   eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
-                                   MismatchHistograms(cfg.log_every)],
-                        max_epochs=1, max_steps=rollouts * updates, log_every_n_steps=cfg.log_every, num_sanity_val_steps=0)
+    if resume_point:  # the rows a resumed run logs again move aside: metrics.csv stays one timeline
+        for metrics_csv in out.glob("csv/metrics.csv"):
+            drop_rows_after(str(metrics_csv), resumed_rollouts)
+    loggers = [instantiate(c, **continued_wandb_run(c, out) if resume_point else {}) for c in cfg.logger.values()] \
+        if cfg.logger else False
+    callbacks = checkpoint_callbacks(cfg, out, updates) + [
+        export := ExportPolicy(out / "policy", exported=lambda: write_summary("evaluating")),
+        eval_callback := HeldOutEval([], eval_sampling(cfg), cfg.eval.batch_size, None, before=cfg.eval.before,
+                                     after=cfg.eval.after, every=cfg.eval_every,
+                                     samples_path=out / "eval_samples.jsonl", log=log),
+        SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
+        MismatchHistograms(cfg.log_every)]
+    # on_train_end, in this order: the policy exported, the summary so far (write_summary below), the final evaluation
+    assert callbacks.index(export) < callbacks.index(eval_callback)
+    precision = precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator)
+    plugins = precision.pop("plugins", []) + [atomic.checkpoint_io()]
+    trainer = L.Trainer(**trainer_args, **precision, plugins=plugins, logger=loggers, default_root_dir=out,
+                        callbacks=callbacks, max_epochs=1, max_steps=rollouts * updates, log_every_n_steps=cfg.log_every,
+                        num_sanity_val_steps=0)
     if trainer.world_size != processes:
         raise ConfigError(f"trainer.devices={cfg.trainer.devices!r} runs {trainer.world_size} processes, not the "
                           f"{processes} it was read as: give the device count as an integer")
@@ -82,6 +92,7 @@ def run(cfg: DictConfig) -> dict:
         tokenizer, SplitSpec(**data_src["train"]), SplitSpec(**data_src["validation"]), cfg.data.max_prompt_length,
         cfg.data.truncate_prompts, cfg.rollout_batch_size // cfg.k, rollouts, seed=cfg.seed, shuffle=cfg.data.shuffle,
         num_workers=cfg.data.num_workers, log=log)
+    datamodule.first_rollout = resumed_rollouts
     datamodule.setup("fit")  # data errors surface before any model loads
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
     eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
@@ -123,7 +134,7 @@ def run(cfg: DictConfig) -> dict:
         return summary
 
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_point.checkpoint if resume_point else None)
     except BaseException as error:  # SIGTERM, Ctrl-C (Lightning exits 1 for it), any failure: keep what there is
         interrupted = isinstance(error, (SystemExit, KeyboardInterrupt))
         try:
@@ -143,6 +154,54 @@ def run(cfg: DictConfig) -> dict:
     if trainer.is_global_zero:
         print_summary(summary, log)
     return summary
+
+
+def checkpoint_callbacks(cfg: DictConfig, out: Path, updates: int) -> list:
+    """Checkpoints every checkpoint_every rollouts (the newest keep_checkpoints kept, and last.ckpt), every
+    checkpoint_minutes (timed.ckpt), and on SIGTERM, Ctrl-C or an error (interrupted.ckpt)."""
+    from datetime import timedelta
+
+    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+
+    directory = out / "checkpoints"
+    # monitoring Lightning's step with mode=max keeps the newest keep_checkpoints of them
+    callbacks = [ModelCheckpoint(dirpath=directory, filename="step{step}", auto_insert_metric_name=False,
+                                 every_n_train_steps=cfg.checkpoint_every * updates or None, save_last=True,
+                                 monitor="step" if cfg.keep_checkpoints > 0 else None, mode="max",
+                                 save_top_k=cfg.keep_checkpoints)]
+    if cfg.checkpoint_minutes:
+        callbacks.append(ModelCheckpoint(dirpath=directory, filename="timed", enable_version_counter=False,
+                                         train_time_interval=timedelta(minutes=cfg.checkpoint_minutes), save_top_k=1))
+    return callbacks + [OnExceptionCheckpoint(directory, "interrupted")]
+
+
+def continued_wandb_run(logger_cfg: DictConfig, out: Path) -> dict:
+    """A resumed run logs into the same W&B run (its id, from the run dir's wandb/ folder), not a new one."""
+    if not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
+        return {}
+    runs = sorted((out / "wandb").glob("*run-*-*"), key=lambda p: p.stat().st_mtime)
+    return {"id": runs[-1].name.rsplit("-", 1)[1], "resume": "allow"} if runs else {}
+
+
+def check_resume(cfg: DictConfig, point, out: Path, log) -> int:
+    """Refuse a resume whose settings cannot continue the checkpoint's run (one line); say what changes.
+    Returns the rollouts the checkpoint had done."""
+    from rloo.resume import compare_configs, inspect_checkpoint
+
+    rollouts, _ = inspect_checkpoint(point.checkpoint, cfg.num_ppo_epochs * cfg.num_mini_batches)
+    previous_config = (point.run_dir or point.checkpoint.parent.parent) / "config.yaml"
+    if previous_config.exists():
+        previous = OmegaConf.to_container(OmegaConf.load(previous_config))
+        refused, applied = compare_configs(previous, OmegaConf.to_container(cfg, resolve=True))
+        if refused:
+            raise ConfigError(f"resume={cfg.resume} cannot continue with {'; '.join(refused)} (from {previous_config}): "
+                              "these keys are fixed for a run; start a new run to change them")
+        for change in applied:
+            log(f"resume: {change} (applied from rollout {rollouts + 1} on)")
+    else:
+        log(f"resume: {previous_config} not found; the checkpoint's settings are not compared")
+    log(f"resume: from {point.checkpoint} after {rollouts} rollouts; writing to {out}")
+    return rollouts
 
 
 def checkpoint_names(out: Path) -> str:

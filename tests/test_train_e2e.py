@@ -88,7 +88,7 @@ def test_second_run_reuses_the_cached_bootstrap(finished_run):
 def test_resume_from_checkpoint_continues_to_the_same_total(finished_run):
     base, _ = finished_run
     ckpt = base / "run" / "checkpoints" / "step4.ckpt"  # after the first rollout
-    result = train(base / "resumed", base / "cache", "num_ppo_epochs=2", "num_mini_batches=2", f"ckpt_path={ckpt}",
+    result = train(base / "resumed", base / "cache", "num_ppo_epochs=2", "num_mini_batches=2", f"resume={ckpt}",
                    "logger=csv", "eval.before=false")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((base / "resumed" / "summary.json").read_text())

@@ -10,6 +10,7 @@ rollout, counted by `rollouts` and logged as `train/rollout`. With one update pe
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -20,9 +21,11 @@ from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.objectives import importance_weights, logprob_mismatch, masked_mean
+from rloo.resume import restore_rng_states, rng_states
 from rloo.rollout import PhaseTimer, Rollout, collect_rollout, completion_logprobs_and_entropy
 from rloo.sampling import SamplingConfig
 
+log = logging.getLogger("rloo")
 
 # metric names of the statistics RLOO and PPO report
 METRIC_NAMES = {"entropy": "objective/entropy", "loss": "loss/policy_avg", "clipfrac": "policy/clipfrac_avg",
@@ -118,6 +121,8 @@ class OnlineRLModule(LightningModule):
         self.last_targets = None             # what the algorithm derived from it (RLOOTargets, PPOTargets)
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
         self.last_mismatch: dict[str, Tensor] = {}  # per-token delta logp, sequence log-ratio (log_histograms)
+        self._rng_before_rollout: dict | None = None  # random states as the current rollout began (rloo.resume)
+        self._rollout_finished = True
 
     # ---- the pieces of a step, in the order a step uses them -------------------------------------------------
     def collect(self, batch: dict[str, Tensor], timer: PhaseTimer) -> Rollout:
@@ -195,6 +200,7 @@ class OnlineRLModule(LightningModule):
                                  step=now - started)
         self.rollouts += 1
         self.episodes += len(rollout) * self.trainer.world_size
+        self._rollout_finished = True
         self.last_rollout, self.last_targets = rollout, targets
 
     def trained_parameters(self) -> Iterator[torch.nn.Parameter]:
@@ -239,15 +245,37 @@ class OnlineRLModule(LightningModule):
         return adamw_with_schedule(self.trained_parameters(), cfg.lr, cfg.total_rollouts * cfg.updates_per_rollout,
                                    cfg.warmup_ratio, cfg.lr_schedule, cfg.weight_decay, cfg.adam_eps)
 
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        # a checkpoint taken inside this rollout (Ctrl-C, an error) resumes by redoing it, from these states
+        self._rng_before_rollout, self._rollout_finished = rng_states(), False
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # the reference and reward model never change: keep only what is trained (and the counters)
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k.startswith(self.trained_prefixes)}
         checkpoint["rloo_episodes"] = self.episodes
         checkpoint["rloo_rollouts"] = self.rollouts
+        checkpoint["rloo_rng"] = rng_states() if self._rollout_finished else self._rng_before_rollout
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.episodes = checkpoint.get("rloo_episodes", 0)
         self.rollouts = checkpoint.get("rloo_rollouts", 0)
+        self._rng_to_restore = checkpoint.get("rloo_rng")
+
+    def on_train_start(self) -> None:
+        """On resume: the random states of the checkpoint (as late as possible: nothing draws after this before the
+        next rollout), and a learning rate changed since the checkpoint, applied from here on and said."""
+        if getattr(self, "_rng_to_restore", None) is not None:
+            restore_rng_states(self._rng_to_restore)
+            self._rng_to_restore = None
+        for scheduler in self.trainer.lr_scheduler_configs:
+            scheduler = scheduler.scheduler
+            if scheduler.base_lrs != [self.config.lr] * len(scheduler.base_lrs):
+                log.info(f"resume: lr {scheduler.base_lrs[0]:g} -> {self.config.lr:g} from optimiser step "
+                         f"{self.trainer.global_step} on (the schedule's shape is kept)")
+                scheduler.base_lrs = [self.config.lr] * len(scheduler.base_lrs)
+                for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_lr()):
+                    group["lr"] = lr
+                scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
     def train(self, mode: bool = True):
         # Lightning switches modules to train mode each epoch; every model stays in eval (no dropout)

@@ -1,0 +1,140 @@
+"""Resuming a run: which checkpoint, whether the new settings may continue it, and the random states a
+checkpoint carries so that a resumed run draws exactly what the uninterrupted one would have.
+
+    python -m rloo.train resume=outputs/2026-12-03/10-00-00            # its last whole checkpoint, in that dir
+    python -m rloo.train resume=outputs/.../checkpoints/step40.ckpt    # that checkpoint
+    python -m rloo.train hydra.run.dir=outputs/my-run resume=auto      # this run dir's last checkpoint, or a fresh start
+
+A checkpoint is whole when it loads and was taken between rollouts (its optimiser steps are its rollouts times
+the updates per rollout); a Ctrl-C inside a rollout's updates leaves one that is not, and it is skipped.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rloo.errors import ConfigError
+
+# keys a run cannot change on resume: the shape of a rollout and of the schedule, the models, the data order
+FIXED_KEYS = ("algorithm", "k", "rollout_batch_size", "micro_batch_size", "num_ppo_epochs", "num_mini_batches", "seed",
+              "model.policy", "model.reward_model", "model.tokenizer", "data.train.path", "data.shuffle",
+              "data.max_prompt_length", "data.truncate_prompts", "trainer.devices", "trainer.num_nodes", "bootstrap")
+# keys that take effect from the resumed rollout on, said in the log
+APPLIED_KEYS = ("lr", "total_episodes", "lr_schedule", "warmup_ratio", "kl_coef", "clip_range", "max_grad_norm",
+                "checkpoint_every", "eval_every", "log_every")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    run_dir: Path | None   # the run it continues (None: a checkpoint outside a run dir; the new run gets its own)
+    checkpoint: Path
+
+
+def run_dir_of(spec: str | None) -> str | None:
+    """The run dir a `resume=` value continues in (None: a fresh run dir); used for hydra.run.dir."""
+    if spec in (None, "auto"):
+        return None
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return str(path)
+    if path.parent.name == "checkpoints":
+        return str(path.parent.parent)
+    return None
+
+
+def check_resume_argument(spec: str | None) -> None:
+    """`resume=` names an existing run dir or checkpoint file, or is auto (before Hydra starts)."""
+    if spec in (None, "auto", "null"):
+        return
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "checkpoints").is_dir():
+            raise ConfigError(f"resume={spec!r} is a dir without checkpoints/: give a run dir, a .ckpt file or auto")
+        return
+    if not path.is_file():
+        raise ConfigError(f"resume={spec!r} does not exist: give a run dir, a .ckpt file or auto")
+
+
+def checkpoint_order(path: Path) -> tuple[int, int]:
+    """Newest first by file time, `step<N>` names by N: last.ckpt and interrupted.ckpt compete on content."""
+    match = re.fullmatch(r"step(\d+)", path.stem)
+    return (int(match.group(1)) if match else -1, path.stat().st_mtime_ns)
+
+
+def inspect_checkpoint(path: Path, updates_per_rollout: int) -> tuple[int, str | None]:
+    """(rollouts done, None) for a whole checkpoint; (-1, why not) otherwise. Loads lazily (mmap)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as error:  # truncated, not a zip, not a checkpoint
+        return -1, f"does not load ({str(error).splitlines()[0][:80]})"
+    rollouts, steps = checkpoint.get("rloo_rollouts"), checkpoint.get("global_step")
+    if rollouts is None or steps is None:
+        return -1, "is not an rloo checkpoint"
+    if steps != rollouts * updates_per_rollout:
+        return -1, f"was taken inside rollout {rollouts + 1} ({steps} optimiser steps)"
+    return rollouts, None
+
+
+def find_resume_point(spec: str | None, run_dir: Path, updates_per_rollout: int, log=print) -> ResumePoint | None:
+    """The checkpoint `resume=` asks for, or None for a fresh start (resume=null, or auto with none yet)."""
+    if spec is None:
+        return None
+    if spec == "auto" or Path(spec).expanduser().is_dir():
+        directory = run_dir if spec == "auto" else Path(spec).expanduser()
+        candidates = sorted((directory / "checkpoints").glob("*.ckpt"), key=checkpoint_order, reverse=True)
+        best: tuple[int, Path] | None = None
+        for candidate in candidates:
+            rollouts, why_not = inspect_checkpoint(candidate, updates_per_rollout)
+            if why_not:
+                log(f"resume: skipping {candidate.name}: it {why_not}")
+            elif best is None or rollouts > best[0]:
+                best = (rollouts, candidate)
+        if best is None:
+            if spec == "auto":
+                log(f"resume=auto: no whole checkpoint in {directory / 'checkpoints'}; starting from the beginning")
+                return None
+            raise ConfigError(f"resume={spec!r}: no whole checkpoint in {directory / 'checkpoints'}")
+        return ResumePoint(directory, best[1])
+    path = Path(spec).expanduser()
+    rollouts, why_not = inspect_checkpoint(path, updates_per_rollout)
+    if why_not:
+        raise ConfigError(f"resume={spec!r} cannot be resumed: it {why_not}")
+    return ResumePoint(Path(run_dir_of(spec)) if run_dir_of(spec) else None, path)
+
+
+def compare_configs(previous: dict, current: dict) -> tuple[list[str], list[str]]:
+    """(refused, applied): one `key: old -> new` line per changed key that cannot / can change on resume."""
+    def get(cfg: dict, key: str):
+        for part in key.split("."):
+            cfg = cfg.get(part) if isinstance(cfg, dict) else None
+        return cfg
+
+    refused = [f"{key}: {get(previous, key)!r} -> {get(current, key)!r}" for key in FIXED_KEYS
+               if get(previous, key) != get(current, key)]
+    applied = [f"{key}: {get(previous, key)!r} -> {get(current, key)!r}" for key in APPLIED_KEYS
+               if get(previous, key) != get(current, key)]
+    return refused, applied
+
+
+# ---- random states --------------------------------------------------------------------------------------------
+def rng_states() -> dict:
+    """Every generator a step draws from: Python, NumPy, torch CPU and each CUDA device."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    # tensors and plain values only, so that checkpoints load with torch.load(weights_only=True)
+    return {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def restore_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
