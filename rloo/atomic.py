@@ -79,6 +79,15 @@ def save_torch(obj, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def symlink(target: str, link: Path) -> None:
+    """`link` points at `target` (relative to its dir) afterwards, replacing what was there in one rename."""
+    link = Path(link)
+    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
 def checkpoint_io():
     """Lightning's checkpoint writer through `save_torch` (its own renames an unsynced temp file)."""
     from lightning.pytorch.plugins.io import TorchCheckpointIO

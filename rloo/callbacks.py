@@ -95,6 +95,38 @@ class HeldOutEval(Callback):
             self.final = self.evaluate(trainer, module, "final policy")
 
 
+class RolloutCheckpoints(Callback):
+    """`step<optimiser steps>.ckpt` every `every` rollouts, after a rollout that ends `minutes` or more after the last
+    checkpoint, and after the last rollout; the newest `keep` kept (-1: all), `last.ckpt` pointing at the newest.
+
+    Written as a rollout ends, after its metrics (the step writes them) and after the callbacks listed before this
+    one (an evaluation at that rollout is in the checkpoint): a run killed after it loses nothing it resumes.
+    """
+
+    def __init__(self, directory: Path, every: int, minutes: float, keep: int):
+        self.directory, self.every, self.seconds, self.keep = Path(directory), every, minutes * 60, keep
+        self.last_time = time.monotonic()
+
+    def due(self, rollouts: int, total: int) -> bool:
+        periodic = self.every > 0 and rollouts % self.every == 0
+        timed = self.seconds > 0 and time.monotonic() - self.last_time >= self.seconds
+        return periodic or timed or rollouts == total
+
+    def save(self, trainer, module) -> None:
+        name = f"step{trainer.global_step}.ckpt" if self.keep != 0 else "last.ckpt"
+        trainer.save_checkpoint(self.directory / name)
+        self.last_time = time.monotonic()
+        if trainer.is_global_zero and self.keep != 0:
+            atomic.symlink(name, self.directory / "last.ckpt")
+            steps = sorted(self.directory.glob("step*.ckpt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1)
+            for old in steps[:-self.keep] if self.keep > 0 else ():
+                old.unlink(missing_ok=True)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if self.due(module.rollouts, module.config.total_rollouts):
+            self.save(trainer, module)
+
+
 class ExportPolicy(Callback):
     """At the end of training, before the final evaluation: the policy and tokenizer to `directory`
     (save_pretrained, atomically), then `exported()` (rloo.train writes the summary so far)."""

@@ -46,7 +46,7 @@ def run(cfg: DictConfig) -> dict:
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
     from rloo.loggers import drop_rows_after
-    from rloo.resume import find_resume_point
+    from rloo.resume import find_resume_point, inspect_checkpoint
     from rloo.memory import peak_rss_mb
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model, reference_from, use_fp32_lm_head
 
@@ -56,8 +56,12 @@ def run(cfg: DictConfig) -> dict:
     log = logging.getLogger("rloo").info  # to the console and to the run's train.log
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    resume_point = find_resume_point(cfg.resume, out, updates, log)  # before anything is written or loaded
-    resumed_rollouts = check_resume(cfg, resume_point, out, log) if resume_point else 0
+    if cfg.resume is not None:  # before anything is written or loaded
+        compare_with_resumed_run(cfg, out, log)
+    resume_point = find_resume_point(cfg.resume, out, updates, log)
+    resumed_rollouts = inspect_checkpoint(resume_point.checkpoint, updates)[0] if resume_point else 0
+    if resume_point:
+        log(f"resume: from {resume_point.checkpoint} after {resumed_rollouts} rollouts; writing to {out}")
     config_name = "config.yaml" if not (out / "config.yaml").exists() else f"config.resumed-{time.strftime('%H-%M-%S')}.yaml"
     atomic.write_text(out / config_name, OmegaConf.to_yaml(cfg, resolve=True), "the resolved config")
     if cfg.trainer.num_threads:
@@ -67,19 +71,18 @@ def run(cfg: DictConfig) -> dict:
             drop_rows_after(str(metrics_csv), resumed_rollouts)
     loggers = [instantiate(c, **continued_wandb_run(c, out) if resume_point else {}) for c in cfg.logger.values()] \
         if cfg.logger else False
-    callbacks = checkpoint_callbacks(cfg, out, updates) + [
-        export := ExportPolicy(out / "policy", exported=lambda: write_summary("evaluating")),
-        eval_callback := HeldOutEval([], eval_sampling(cfg), cfg.eval.batch_size, None, before=cfg.eval.before,
-                                     after=cfg.eval.after, every=cfg.eval_every,
-                                     samples_path=out / "eval_samples.jsonl", log=log),
-        SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
-        MismatchHistograms(cfg.log_every)]
-    # on_train_end, in this order: the policy exported, the summary so far (write_summary below), the final evaluation
-    assert callbacks.index(export) < callbacks.index(eval_callback)
+    export = ExportPolicy(out / "policy", exported=lambda: write_summary("evaluating"))
+    eval_callback = HeldOutEval([], eval_sampling(cfg), cfg.eval.batch_size, None, before=cfg.eval.before,
+                                after=cfg.eval.after, every=cfg.eval_every, samples_path=out / "eval_samples.jsonl", log=log)
+    # in list order at each hook. on_train_end: the policy exported, the summary so far (write_summary below), then
+    # the final evaluation. After each rollout: evaluation and samples, then the checkpoint that includes them.
+    callbacks = [export, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
+                 MismatchHistograms(cfg.log_every), *checkpoint_callbacks(cfg, out)]
     precision = precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator)
     plugins = precision.pop("plugins", []) + [atomic.checkpoint_io()]
     trainer = L.Trainer(**trainer_args, **precision, plugins=plugins, logger=loggers, default_root_dir=out,
-                        callbacks=callbacks, max_epochs=1, max_steps=rollouts * updates, log_every_n_steps=cfg.log_every,
+                        callbacks=callbacks, max_epochs=1, max_steps=rollouts * updates,
+                        log_every_n_steps=cfg.log_every,
                         num_sanity_val_steps=0)
     if trainer.world_size != processes:
         raise ConfigError(f"trainer.devices={cfg.trainer.devices!r} runs {trainer.world_size} processes, not the "
@@ -156,23 +159,16 @@ def run(cfg: DictConfig) -> dict:
     return summary
 
 
-def checkpoint_callbacks(cfg: DictConfig, out: Path, updates: int) -> list:
-    """Checkpoints every checkpoint_every rollouts (the newest keep_checkpoints kept, and last.ckpt), every
-    checkpoint_minutes (timed.ckpt), and on SIGTERM, Ctrl-C or an error (interrupted.ckpt)."""
-    from datetime import timedelta
+def checkpoint_callbacks(cfg: DictConfig, out: Path) -> list:
+    """Checkpoints every checkpoint_every rollouts and every checkpoint_minutes (the newest keep_checkpoints kept,
+    last.ckpt the newest), at the end of training, and on SIGTERM, Ctrl-C or an error (interrupted.ckpt)."""
+    from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
-    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+    from rloo.callbacks import RolloutCheckpoints
 
     directory = out / "checkpoints"
-    # monitoring Lightning's step with mode=max keeps the newest keep_checkpoints of them
-    callbacks = [ModelCheckpoint(dirpath=directory, filename="step{step}", auto_insert_metric_name=False,
-                                 every_n_train_steps=cfg.checkpoint_every * updates or None, save_last=True,
-                                 monitor="step" if cfg.keep_checkpoints > 0 else None, mode="max",
-                                 save_top_k=cfg.keep_checkpoints)]
-    if cfg.checkpoint_minutes:
-        callbacks.append(ModelCheckpoint(dirpath=directory, filename="timed", enable_version_counter=False,
-                                         train_time_interval=timedelta(minutes=cfg.checkpoint_minutes), save_top_k=1))
-    return callbacks + [OnExceptionCheckpoint(directory, "interrupted")]
+    return [RolloutCheckpoints(directory, cfg.checkpoint_every, cfg.checkpoint_minutes, cfg.keep_checkpoints),
+            OnExceptionCheckpoint(directory, "interrupted")]
 
 
 def continued_wandb_run(logger_cfg: DictConfig, out: Path) -> dict:
@@ -183,25 +179,23 @@ def continued_wandb_run(logger_cfg: DictConfig, out: Path) -> dict:
     return {"id": runs[-1].name.rsplit("-", 1)[1], "resume": "allow"} if runs else {}
 
 
-def check_resume(cfg: DictConfig, point, out: Path, log) -> int:
-    """Refuse a resume whose settings cannot continue the checkpoint's run (one line); say what changes.
-    Returns the rollouts the checkpoint had done."""
-    from rloo.resume import compare_configs, inspect_checkpoint
+def compare_with_resumed_run(cfg: DictConfig, out: Path, log) -> None:
+    """Refuse a resume whose settings cannot continue the run (one line, before any checkpoint is read); say which
+    changed settings take effect."""
+    from rloo.resume import compare_configs, run_dir_of
 
-    rollouts, _ = inspect_checkpoint(point.checkpoint, cfg.num_ppo_epochs * cfg.num_mini_batches)
-    previous_config = (point.run_dir or point.checkpoint.parent.parent) / "config.yaml"
-    if previous_config.exists():
-        previous = OmegaConf.to_container(OmegaConf.load(previous_config))
-        refused, applied = compare_configs(previous, OmegaConf.to_container(cfg, resolve=True))
-        if refused:
-            raise ConfigError(f"resume={cfg.resume} cannot continue with {'; '.join(refused)} (from {previous_config}): "
-                              "these keys are fixed for a run; start a new run to change them")
-        for change in applied:
-            log(f"resume: {change} (applied from rollout {rollouts + 1} on)")
-    else:
-        log(f"resume: {previous_config} not found; the checkpoint's settings are not compared")
-    log(f"resume: from {point.checkpoint} after {rollouts} rollouts; writing to {out}")
-    return rollouts
+    previous_config = Path(run_dir_of(cfg.resume) or out) / "config.yaml"
+    if not previous_config.exists():
+        if cfg.resume != "auto":
+            log(f"resume: {previous_config} not found; the checkpoint's settings are not compared")
+        return
+    previous = OmegaConf.to_container(OmegaConf.load(previous_config))
+    refused, applied = compare_configs(previous, OmegaConf.to_container(cfg, resolve=True))
+    if refused:
+        raise ConfigError(f"resume={cfg.resume} cannot continue with {'; '.join(refused)} (from {previous_config}): "
+                          "these keys are fixed for a run; start a new run to change them")
+    for change in applied:
+        log(f"resume: {change} (applied from the resumed rollout on)")
 
 
 def checkpoint_names(out: Path) -> str:

@@ -68,6 +68,7 @@ class OnlineRLConfig:
     is_low: float
     is_high: float
     log_histograms: bool
+    log_every: int
     total_rollouts: int            # from total_episodes, rollout_batch_size and the devices
 
     @property
@@ -230,10 +231,20 @@ class OnlineRLModule(LightningModule):
         return metrics
 
     def log_metrics(self, metrics: dict, batch_size: int) -> None:
-        metrics = {key: torch.as_tensor(value, dtype=torch.float32, device=self.device) for key, value in metrics.items()}
-        self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=self.trainer.world_size > 1, batch_size=batch_size)
-        self.log("score", metrics["objective/scores"], prog_bar=True, logger=False)
-        self.log("kl", metrics["objective/kl"], prog_bar=True, logger=False)
+        """The step's metrics, averaged over ranks, to every logger at step = rollouts (as the evaluations), every
+        log_every rollouts and at the last. Written here, inside the step, so a checkpoint taken as the step ends
+        never precedes the row of its own rollout."""
+        values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=self.device).reshape(()) for v in metrics.values()])
+        if self.trainer.world_size > 1:
+            values = self.trainer.strategy.reduce(values, reduce_op="mean")
+        metrics = dict(zip(metrics, values))
+        self.log("score", metrics["objective/scores"], prog_bar=True, logger=False, batch_size=batch_size)
+        self.log("kl", metrics["objective/kl"], prog_bar=True, logger=False, batch_size=batch_size)
+        if self.rollouts % self.config.log_every == 0 or self.rollouts == self.config.total_rollouts:
+            row = dict(zip(metrics, values.tolist()))  # one device sync
+            for logger in self.loggers:
+                logger.log_metrics(row, step=self.rollouts)
+                logger.save()
 
     def _num_train_prompts(self) -> int:
         datamodule = getattr(self.trainer, "datamodule", None)

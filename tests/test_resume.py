@@ -1,0 +1,165 @@
+"""Exact resume: a run killed with SIGKILL and resumed ends bit-identical to one that was never interrupted;
+what may and may not change on resume; which checkpoint is picked; unique run dirs; logs that append."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from rloo.config import unique_dir
+from rloo.data import EpisodeSampler
+from rloo.errors import ConfigError
+from rloo.loggers import drop_rows_after
+from rloo.resume import compare_configs, find_resume_point, restore_rng_states, rng_states
+from tests.e2e import FAST, ROOT, train
+from tests.test_interrupt import finish, start, wait_for
+
+# 12 rollouts of 8 completions, a checkpoint each and an evaluation every 4 (its history must survive the kill too)
+RUN = ["total_episodes=96", "checkpoint_every=1", "keep_checkpoints=-1", "eval_every=4", "lr=3e-3", "logger=csv"]
+TIMING = ("time/", "eval/seconds")
+
+
+def metric_rows(run_dir):
+    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
+        return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in csv.DictReader(f)]
+
+
+def test_a_run_killed_with_sigkill_and_resumed_ends_bit_identical_to_an_uninterrupted_one(finished_run):
+    base, _ = finished_run
+    straight = train(base / "straight", base / "cache", *RUN)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    killed = base / "killed"
+    process = start(killed, base / "cache", *RUN[:-1])
+    wait_for(lambda: (killed / "checkpoints" / "step5.ckpt").exists(), process)
+    process.send_signal(signal.SIGKILL)
+    returncode, _ = finish(process)
+    assert returncode == -signal.SIGKILL
+    assert not (killed / "policy").exists()  # it really died before the end
+
+    resumed = train(killed, base / "cache", *RUN, "resume=auto")  # as a requeued job would: same dir, auto
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resume: from" in resumed.stdout + resumed.stderr
+
+    a, b = load_file(base / "straight" / "policy" / "model.safetensors"), load_file(killed / "policy" / "model.safetensors")
+    initial = torch.load(killed / "checkpoints" / "step1.ckpt", weights_only=True)["state_dict"]
+    common = [k for k in a if f"policy.{k}" in initial]
+    assert len(common) > 10 and any(not torch.equal(a[k], initial[f"policy.{k}"]) for k in common)  # it trained
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert metric_rows(base / "straight") == metric_rows(killed)  # rows of the redone rollouts moved aside
+    straight_summary = OmegaConf.load(base / "straight" / "summary.json")
+    resumed_summary = OmegaConf.load(killed / "summary.json")
+    for key in ("rollouts", "optimizer_steps", "episodes"):
+        assert straight_summary[key] == resumed_summary[key]
+    drop = lambda history: [{k: v for k, v in e.items() if k != "eval/seconds"} for e in history]  # noqa: E731
+    assert drop(straight_summary.eval_history) == drop(resumed_summary.eval_history)
+    assert [e["step"] for e in straight_summary.eval_history] == [0, 4, 8, 12]  # before, at 4 and 8, after
+
+
+def test_resume_refuses_a_changed_k_in_one_line_before_loading(finished_run):
+    base, _ = finished_run
+    result = train(base / "other", base / "cache", "k=4", f"resume={base / 'run'}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: resume=") and "k: 2 -> 4" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_resume_applies_a_changed_lr_and_says_so(finished_run):
+    base, _ = finished_run
+    run = base / "lr-change"
+    first = train(run, base / "cache", "logger=csv", "total_episodes=32")
+    assert first.returncode == 0, first.stderr[-3000:]
+    # no hydra.run.dir: resuming a checkpoint of a run dir continues in that dir
+    env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    again = subprocess.run([sys.executable, "-m", "rloo.train", *FAST, "logger=csv", "total_episodes=48", "lr=1e-3",
+                            f"resume={run / 'checkpoints' / 'step2.ckpt'}"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    output = again.stdout + again.stderr
+    assert "resume: lr: 0.0003 -> 0.001" in output and "total_episodes: 32 -> 48" in output
+    assert f"writing to {run}" in output
+    with open(run / "csv" / "metrics.csv", newline="") as f:
+        lrs = {float(r["train/rollout"]): float(r["train/lr"]) for r in csv.DictReader(f) if r["train/lr"]}
+    assert sorted(lrs) == [1, 2, 3, 4, 5, 6]  # rollouts 1-2 kept, 3-4 of the first run superseded, then 3-6
+    assert lrs[3] > lrs[2]  # the larger peak, on the new horizon's linear decay: 1e-3 * (1 - 3/6)
+    assert lrs[3] == pytest.approx(1e-3 * 0.5, rel=1e-6)
+    assert (run / "csv" / "metrics.superseded.csv").exists()
+
+
+def test_resume_auto_starts_fresh_in_an_empty_run_dir_and_a_bad_resume_is_one_line(finished_run):
+    base, _ = finished_run
+    result = train(base / "auto", base / "cache", "resume=auto", "total_episodes=16")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "starting from the beginning" in result.stdout + result.stderr
+    missing = train(base / "x", base / "cache", f"resume={base / 'nowhere'}")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+
+
+# ---- the pieces --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size, total", [(7, 30), (5, 5), (10, 23)])
+def test_the_sampler_started_at_s_yields_the_rest_of_the_uninterrupted_stream(size, total):
+    full = list(EpisodeSampler(size, total, seed=3))
+    assert len(full) == total
+    for start in range(total + 1):
+        assert list(EpisodeSampler(size, total, seed=3, start=start)) == full[start:]
+
+
+def save_checkpoint(path, rollouts, steps):
+    torch.save({"rloo_rollouts": rollouts, "global_step": steps, "state_dict": {}}, path)
+
+
+def test_the_last_whole_checkpoint_is_picked_truncated_and_mid_rollout_ones_skipped(tmp_path):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    save_checkpoint(directory / "step8.ckpt", rollouts=2, steps=8)   # 4 updates per rollout: whole
+    save_checkpoint(directory / "step12.ckpt", rollouts=3, steps=12)
+    save_checkpoint(directory / "interrupted.ckpt", rollouts=3, steps=14)  # Ctrl-C between the updates of rollout 4
+    save_checkpoint(directory / "step16.ckpt", rollouts=4, steps=16)
+    data = (directory / "step16.ckpt").read_bytes()
+    (directory / "step16.ckpt").write_bytes(data[: len(data) // 2])  # killed while writing (without rloo.atomic)
+    skipped = []
+    point = find_resume_point(str(tmp_path), tmp_path, updates_per_rollout=4, log=skipped.append)
+    assert point.checkpoint == directory / "step12.ckpt" and point.run_dir == tmp_path
+    assert any("interrupted.ckpt" in line and "inside rollout 4" in line for line in skipped)
+    assert any("step16.ckpt" in line and "does not load" in line for line in skipped)
+    with pytest.raises(ConfigError, match="inside rollout 4"):
+        find_resume_point(str(directory / "interrupted.ckpt"), tmp_path, updates_per_rollout=4)
+    assert find_resume_point("auto", tmp_path / "fresh", updates_per_rollout=4, log=skipped.append) is None
+
+
+def test_fixed_keys_are_refused_and_the_others_reported():
+    before = {"k": 2, "lr": 1e-3, "model": {"policy": "a"}, "rollout_batch_size": 8}
+    refused, applied = compare_configs(before, {"k": 4, "lr": 2e-3, "model": {"policy": "b"}, "rollout_batch_size": 8})
+    assert refused == ["k: 2 -> 4", "model.policy: 'a' -> 'b'"]
+    assert applied == ["lr: 0.001 -> 0.002"]
+
+
+def test_random_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
+    import random
+
+    import numpy as np
+
+    states = rng_states()
+    torch.save(states, tmp_path / "rng.pt")
+    drawn = (random.random(), np.random.rand(), torch.rand(3))
+    restore_rng_states(torch.load(tmp_path / "rng.pt", weights_only=True))
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])
+
+
+def test_run_dirs_are_unique_within_a_second(tmp_path):
+    made = [unique_dir(str(tmp_path / "12-00-00")) for _ in range(3)]
+    assert made == [str(tmp_path / "12-00-00"), str(tmp_path / "12-00-00_2"), str(tmp_path / "12-00-00_3")]
+
+
+def test_rows_after_the_resumed_rollout_move_aside(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,train/rollout,eval/win_rate\n0,,0.5\n0,1.0,\n1,2.0,\n2,,0.6\n2,3.0,\n")
+    assert drop_rows_after(str(path), 2) == 1
+    assert path.read_text().splitlines()[1:] == ["0,,0.5", "0,1.0,", "1,2.0,", "2,,0.6"]
+    assert (tmp_path / "metrics.superseded.csv").read_text().splitlines()[1:] == ["2,3.0,"]
