@@ -80,12 +80,23 @@ def world_size(trainer_args: dict) -> int:
 
 
 def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, total_rollouts: int, value_model):
-    """The LightningModule of `cfg.algorithm` (`value_model`: a loader, called for PPO only)."""
+    """The LightningModule of `cfg.algorithm` (`value_model`: a loader, called for PPO only), scoring with `reward=`."""
     if cfg.algorithm == "ppo":
         from rloo.algorithms.ppo import PPOConfig, PPOModule
 
-        return PPOModule(policy, reference, reward_model, value_model(), tokenizer,
-                         algorithm_config(PPOConfig, cfg, total_rollouts))
-    from rloo.algorithms.rloo import RLOOConfig, RLOOModule
+        module = PPOModule(policy, reference, reward_model, value_model(), tokenizer,
+                           algorithm_config(PPOConfig, cfg, total_rollouts))
+    else:
+        from rloo.algorithms.rloo import RLOOConfig, RLOOModule
 
-    return RLOOModule(policy, reference, reward_model, tokenizer, algorithm_config(RLOOConfig, cfg, total_rollouts))
+        module = RLOOModule(policy, reference, reward_model, tokenizer, algorithm_config(RLOOConfig, cfg, total_rollouts))
+    module.reward = reward_from_config(cfg)
+    return module
+
+
+def reward_from_config(cfg: DictConfig):
+    """`reward=` as a Reward, or None when it is the reward model alone (scored inside the rollout, as always)."""
+    from rloo.rewards import MODEL, Reward, RewardTerm, parse_reward
+
+    terms = parse_reward(cfg.get("reward", MODEL))
+    return None if terms == [RewardTerm(1.0, MODEL)] else Reward(terms, cfg.reward_errors)

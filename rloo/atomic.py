@@ -75,6 +75,9 @@ def save_torch(obj, path: Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
+    except RuntimeError as error:  # torch's zip writer reports a failed write as its own error: raise the OSError
+        cause = error.__cause__ or error.__context__
+        raise cause if isinstance(cause, OSError) else error
     finally:
         tmp.unlink(missing_ok=True)
 

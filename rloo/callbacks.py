@@ -11,9 +11,13 @@ import torch
 from lightning import Callback
 
 from rloo import atomic
+from rloo.errors import NonFiniteError
 from rloo.heldout import evaluate_policy, summarize_eval
 from rloo.judges import Judge
 from rloo.sampling import SamplingConfig
+
+MAX_INVALID_FRACTION = 0.5  # an evaluation whose judge failed for more of its pairs reports no win rate
+
 
 class HeldOutEval(Callback):
     """Evaluates the policy on fixed held-out prompts (greedy by default): before training, every `every` rollouts,
@@ -28,6 +32,7 @@ class HeldOutEval(Callback):
         self.initial: dict[str, float] | None = None
         self.final: dict[str, float] | None = None
         self.history: list[dict] = []  # {"step", **summary} of every evaluation, in order
+        self.judge_failure: str | None = None  # of the latest evaluation (failed_judgements)
 
     def run(self, trainer, module) -> tuple[dict[str, float], list[dict]]:
         started = time.perf_counter()
@@ -56,6 +61,11 @@ class HeldOutEval(Callback):
             return None
         summary, samples = self.run(trainer, module)
         step = module.rollouts
+        self.judge_failure = self.failed_judgements(summary)
+        if self.judge_failure:
+            self.log_fn(f"eval ({label}): {self.judge_failure}")
+            for key in [k for k in summary if k.startswith("eval/win_rate")]:
+                del summary[key]  # a rate over the few pairs that got a verdict is no win rate
         self.history.append({"step": step, **summary})
         for logger in trainer.loggers:
             logger.log_metrics(summary, step=step)
@@ -74,6 +84,13 @@ class HeldOutEval(Callback):
             with Path(self.samples_path).open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
         return summary
+
+    def failed_judgements(self, summary: dict) -> str | None:
+        """Said when the judge gave no verdict for more than half of the pairs (an outage, a bad key)."""
+        invalid, judged = summary.get("eval/invalid", 0), summary.get("eval/num_judged", 0)
+        if self.judge is None or invalid <= (invalid + judged) * MAX_INVALID_FRACTION:
+            return None
+        return f"the judge {self.judge!r} gave no verdict for {invalid} of {invalid + judged} pairs"
 
     def state_dict(self) -> dict:  # in checkpoints: a resumed run keeps its evaluations and does not redo the first
         return {"initial": self.initial, "history": self.history}
@@ -135,6 +152,10 @@ class ExportPolicy(Callback):
         self.directory, self.exported = Path(directory), exported
 
     def on_train_end(self, trainer, module) -> None:
+        bad = [name for name, p in module.policy.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise NonFiniteError(f"the trained policy has non-finite weights ({len(bad)} tensors, e.g. {bad[0]}); "
+                                 "not exported")
         if trainer.is_global_zero:
             atomic.save_pretrained(module.policy, module.tokenizer, self.directory, "the trained policy")
             self.exported()
@@ -153,6 +174,8 @@ class SampleTable(Callback):
         step = module.rollouts
         rollout = module.last_rollout
         if self.every <= 0 or rollout is None or step % self.every != 0 or not trainer.is_global_zero:
+            return
+        if module.last_targets is None:  # a rollout the guard skipped: nothing was derived from it
             return
         tokenizer = module.tokenizer
         n = min(self.num_rows, rollout.scores.shape[0])

@@ -196,6 +196,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     _require(isinstance(keep, int) and not isinstance(keep, bool) and keep >= -1, "keep_checkpoints",
              "an integer >= 0, or -1 (all)", keep)
     _positive_int(cfg, "max_bad_steps")
+    validate_reward(cfg, ppo)
     from rloo.resume import check_resume_argument
 
     check_resume_argument(cfg.get("resume"))
@@ -247,6 +248,23 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             raise ConfigError(f"data.{split}.path={path!r} does not exist: give an existing file or dir, or a hub id")
 
 
+def validate_reward(cfg: DictConfig, ppo: bool) -> None:
+    """`reward=` parses and its functions import (nothing loads a model); reward_errors is known."""
+    from rloo.rewards import MODEL, REWARD_ERRORS, load_function, parse_reward
+
+    _require(cfg.reward_errors in REWARD_ERRORS, "reward_errors", f"one of {', '.join(REWARD_ERRORS)}", cfg.reward_errors)
+    if ppo and cfg.reward_errors == "mask":
+        raise ConfigError("reward_errors='mask' is not allowed with algo=ppo: it masks completions out of RLOO's "
+                          "leave-one-out baseline; use reward_errors=raise")
+    terms = parse_reward(cfg.reward)
+    for term in terms:
+        if term.name != MODEL:
+            load_function(term.name)
+    if any(t.name == MODEL for t in terms) and cfg.model.reward_model is None and cfg.get("bootstrap") is None:
+        raise ConfigError(f"reward={cfg.reward!r} uses the reward model but model.reward_model is null: give one, "
+                          "or score with functions only")
+
+
 JUDGE_NEEDS = {"rloo.judges.oracle.OracleJudge": "data=toy (the oracle scores the embedded task only)"}
 
 
@@ -274,6 +292,48 @@ def validate_judge_config(cfg: DictConfig) -> None:
 
 
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+MODEL_FILES = {"tokenizer": ("tokenizer.json", "tokenizer_config.json", "vocab.json")}  # any one of; models: config.json
+
+
+def check_model_sources(cfg: DictConfig) -> None:
+    """The model keys that are set: an existing save_pretrained dir, or a hub id (in the local cache when offline);
+    the reward model a sequence classifier with one score. Read from config.json alone, before anything loads."""
+    import json
+
+    for key in ("policy", "reference", "reward_model", "tokenizer"):
+        spec = cfg.model.get(key)
+        if spec is None:
+            continue
+        spec, where = str(spec), f"model.{key}={spec!r}"
+        path, wanted = Path(spec).expanduser(), MODEL_FILES.get(key, ("config.json",))
+        if path.exists():
+            if not path.is_dir() or not any((path / name).exists() for name in wanted):
+                raise ConfigError(f"{where} is not a save_pretrained dir (it has no {' or '.join(wanted)})")
+        elif _looks_local(spec) or not HUB_ID.match(spec):
+            raise ConfigError(f"{where} does not exist: give a save_pretrained dir or a hub id")
+        else:
+            _check_hub_cache(spec, where, wanted)
+            continue
+        if key == "reward_model":
+            config = json.loads((path / "config.json").read_text())
+            architectures = config.get("architectures") or ["an unknown architecture"]
+            labels = len(config.get("id2label") or {}) or config.get("num_labels", 1)
+            if not any(a.endswith("ForSequenceClassification") for a in architectures):
+                raise ConfigError(f"{where} is a {architectures[0]}, not a sequence classifier: a reward model has a "
+                                  "score head with one output")
+            if labels != 1:
+                raise ConfigError(f"{where} has a score head with {labels} outputs: a reward model has one")
+
+
+def _check_hub_cache(repo_id: str, where: str, wanted: tuple[str, ...]) -> None:
+    """Offline (HF_HUB_OFFLINE=1), a hub id must be in the local cache already."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.HF_HUB_OFFLINE:
+        return
+    if not any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in wanted):
+        raise ConfigError(f"{where} is a hub id that is not in the local cache ({constants.HF_HUB_CACHE}), and "
+                          "HF_HUB_OFFLINE=1: download it first or give a local dir")
 
 
 def policy_location(spec: str, key: str) -> str:
@@ -339,6 +399,26 @@ def run_entry_point(hydra_main) -> None:
     hydra_main()
 
 
-def exit_on_config_error(error: ConfigError) -> None:
+class JobFailed(RuntimeError):
+    """A multirun job's failure: raised (not exited) so that Hydra records this job as failed, runs the others,
+    and ends the sweep with a non-zero status."""
+
+
+def in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def fail(error: Exception, code: int) -> None:
+    """End the job on a one-line error: exit with `code` (2 for config errors, 1 for the rest), or in a multirun
+    fail this job only."""
     print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
+    if in_multirun():
+        raise JobFailed(str(error)) from None
+    sys.exit(code)
+
+
+def exit_on_config_error(error: ConfigError) -> None:
+    fail(error, 2)

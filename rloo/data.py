@@ -6,6 +6,7 @@ reference completion and the rest is rendered with the tokenizer's chat template
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import datasets
 import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Sampler
+
+from rloo.errors import ConfigError
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -26,47 +29,98 @@ class SplitSpec:
     reference_column: str | None
 
 
-def load_split(spec: SplitSpec) -> datasets.Dataset:
-    """A local file (.jsonl/.json/.parquet/.csv), a `save_to_disk` dir, or a hub id."""
+def load_split(spec: SplitSpec, key: str = "data") -> datasets.Dataset:
+    """A local file (.jsonl/.json/.parquet/.csv), a `save_to_disk` dir, or a hub id. Anything that cannot be read,
+    or holds no rows, is a one-line ConfigError naming `key` (data.train, data.validation) and the file."""
     path = Path(spec.path).expanduser()
+    where = f"{key}.path={spec.path!r}"
     if path.is_dir():
-        loaded = datasets.load_from_disk(str(path))
-        return loaded[spec.split] if isinstance(loaded, datasets.DatasetDict) else loaded
-    if path.suffix in FILE_BUILDERS:
-        if not path.exists():
-            raise FileNotFoundError(f"data file {path} does not exist")
-        return datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train")
-    return datasets.load_dataset(spec.path, split=spec.split)
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except Exception as error:  # datasets raises several kinds for a dir that is not one of its own
+            raise ConfigError(f"{where} is not a datasets.save_to_disk dir ({_first_line(error)})") from None
+        if isinstance(loaded, datasets.DatasetDict):
+            if spec.split not in loaded:
+                raise ConfigError(f"{key}.split={spec.split!r} is not in {path} (splits: {', '.join(loaded)})")
+            loaded = loaded[spec.split]
+        dataset = loaded
+    elif path.suffix in FILE_BUILDERS:
+        if not path.is_file():
+            raise ConfigError(f"{where} does not exist")
+        if path.stat().st_size == 0:
+            raise ConfigError(f"{where} is empty: no prompts")
+        try:
+            dataset = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train")
+        except Exception as error:
+            raise ConfigError(f"{where} cannot be read as {path.suffix[1:]}: {_malformed_line(path) or _first_line(error)}") from None
+    else:
+        try:
+            dataset = datasets.load_dataset(spec.path, split=spec.split)
+        except Exception as error:
+            raise ConfigError(f"{where} is not a local file or dir and cannot be loaded as a dataset id "
+                              f"({_first_line(error)})") from None
+    if len(dataset) == 0:
+        raise ConfigError(f"{where} holds no rows")
+    return dataset
 
 
-def render_prompt(value, tokenizer) -> tuple[str, str | None]:
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+
+
+def _malformed_line(path: Path) -> str | None:
+    """The first line of a .jsonl file that is not a JSON object, said with its number."""
+    if path.suffix != ".jsonl":
+        return None
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                if not isinstance(json.loads(line), dict):
+                    return f"line {number} is not a JSON object"
+            except json.JSONDecodeError as error:
+                return f"line {number} is not JSON ({error.msg})"
+    return None
+
+
+def render_prompt(value, tokenizer, where: str) -> tuple[str, str | None]:
     """(prompt text, reference from a trailing assistant message or None)."""
     if isinstance(value, str):
         return value, None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        raise ConfigError(f"{where} holds {type(value).__name__} {str(value)[:40]!r}: text, or a list of chat messages "
+                          "{role, content}")
     messages = list(value)
     reference = None
     if messages and messages[-1]["role"] == "assistant":
         reference = messages[-1]["content"]
         messages = messages[:-1]
     if tokenizer.chat_template is None:
-        raise ValueError("prompts are chat messages but the tokenizer has no chat template: set model.chat_template")
+        raise ConfigError(f"{where} holds chat messages but the tokenizer has no chat template: set model.chat_template")
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), reference
 
 
 def tokenize_prompts(dataset: datasets.Dataset, spec: SplitSpec, tokenizer, max_prompt_length: int,
-                     truncate: bool) -> tuple[list[dict], int]:
+                     truncate: bool, key: str = "data") -> tuple[list[dict], int]:
     """Render and tokenize every row; prompts over max_prompt_length are dropped or left-truncated.
 
     Returns rows {prompt, reference, prompt_ids} and the number of prompts dropped (or truncated).
     """
-    for column in (spec.prompt_column, spec.reference_column):
+    for name, column in (("prompt_column", spec.prompt_column), ("reference_column", spec.reference_column)):
         if column is not None and column not in dataset.column_names:
-            raise KeyError(f"column {column!r} not in {spec.path} (columns: {', '.join(dataset.column_names)})")
+            raise ConfigError(f"{key}.{name}={column!r} is not a column of {spec.path} "
+                              f"(columns: {', '.join(dataset.column_names)})")
     rows, over_length = [], 0
-    for example in dataset:
-        prompt, reference = render_prompt(example[spec.prompt_column], tokenizer)
+    for index, example in enumerate(dataset):
+        prompt, reference = render_prompt(example[spec.prompt_column], tokenizer,
+                                          f"{key}.prompt_column={spec.prompt_column!r} at row {index} of {spec.path}")
         if spec.reference_column is not None:
             reference = example[spec.reference_column]
+            if reference is not None and not isinstance(reference, str):
+                raise ConfigError(f"{key}.reference_column={spec.reference_column!r} at row {index} of {spec.path} "
+                                  f"holds {type(reference).__name__}: text or null")
         ids = tokenizer(prompt, add_special_tokens=False).input_ids
         if len(ids) > max_prompt_length:
             over_length += 1
@@ -141,13 +195,15 @@ class PromptDataModule(LightningDataModule):
         self.validation_rows = self._prepare("validation", self.validation_spec)
 
     def _prepare(self, name: str, spec: SplitSpec) -> list[dict]:
-        dataset = load_split(spec)
-        rows, over = tokenize_prompts(dataset, spec, self.tokenizer, self.max_prompt_length, self.truncate_prompts)
+        dataset = load_split(spec, f"data.{name}")
+        rows, over = tokenize_prompts(dataset, spec, self.tokenizer, self.max_prompt_length, self.truncate_prompts,
+                                      f"data.{name}")
         action = "truncated" if self.truncate_prompts else "dropped"
         self.log_fn(f"data: {name}: {len(rows)} prompts from {spec.path}; {over} longer than "
                     f"{self.max_prompt_length} tokens {action}")
         if not rows:
-            raise ValueError(f"data.{name}: no prompts left from {spec.path} (max_prompt_length={self.max_prompt_length})")
+            raise ConfigError(f"data.max_prompt_length={self.max_prompt_length} drops every prompt of data.{name} "
+                              f"({spec.path}): raise it, or set data.truncate_prompts=true")
         return rows
 
     def collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:

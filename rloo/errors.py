@@ -7,3 +7,15 @@ class ConfigError(ValueError):
 
 class WriteError(RuntimeError):
     """A run's output could not be written (full disk, permissions); the message says what and where, in one line."""
+
+
+class NonFiniteError(RuntimeError):
+    """Training stopped by the guard: too many rollouts in a row with non-finite scores, loss or gradients."""
+
+
+class JudgeFailed(RuntimeError):
+    """The final evaluation's judge failed for most pairs: no win rate to report."""
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function misbehaved (raised, wrong count, non-finite value); the message names it, in one line."""

@@ -53,7 +53,8 @@ def run(cfg: DictConfig) -> dict:
     tokenizer = load_tokenizer(policy_src if own_tokenizer else model_src["tokenizer"], model_src["pad_token"],
                                model_src["chat_template"])
     spec = SplitSpec(**data_src["validation"])
-    rows, over = tokenize_prompts(load_split(spec), spec, tokenizer, cfg.data.max_prompt_length, cfg.data.truncate_prompts)
+    rows, over = tokenize_prompts(load_split(spec, "data.validation"), spec, tokenizer, cfg.data.max_prompt_length,
+                                  cfg.data.truncate_prompts, "data.validation")
     rows = rows[:cfg.eval.num_prompts]
     log(f"data: {len(rows)} held-out prompts from {spec.path} ({over} over {cfg.data.max_prompt_length} tokens)")
     if not rows:

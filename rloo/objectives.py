@@ -152,6 +152,18 @@ def leave_one_out_advantages(rewards: Tensor, k: int) -> Tensor:
     return (r - baseline).reshape(-1)  # A_i = R_i - b_i
 
 
+def masked_leave_one_out_advantages(rewards: Tensor, k: int, valid: Tensor) -> Tensor:
+    """Leave-one-out advantages over the valid completions of each group only; an invalid one gets A = 0.
+
+    rewards [N] (any value where invalid), valid [N] bool -> [N]. With m valid in a group, a valid i has
+    b_i = (sum_{j valid} R_j - R_i) / (m - 1); a group with fewer than 2 valid completions gets A = 0 throughout.
+    """
+    r, v = _groups(torch.where(valid, rewards, torch.zeros_like(rewards)), k, min_k=2), valid.reshape(-1, k)
+    m = v.sum(dim=1, keepdim=True)                                       # valid completions per group
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (m - 1).clamp(min=1)  # b_i over the other valid ones
+    return torch.where(v & (m >= 2), r - baseline, torch.zeros_like(r)).reshape(-1)
+
+
 def normalize_advantages(advantages: Tensor, eps: float = 1e-8) -> Tensor:
     """(A - mean) / (std + eps) over the whole batch. [N] -> [N]."""
     a = _upcast(advantages)

@@ -227,6 +227,7 @@ def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_
         ref_logprobs = chunked(partial(completion_logprobs, reference, temperature=sampling.temperature),
                                forward_batch_size, input_ids, attention_mask, completion_ids, completion_mask)
     with timer("scores"):
-        scores = chunked(partial(reward_scores, reward_model), forward_batch_size, input_ids, attention_mask)
+        scores = chunked(partial(reward_scores, reward_model), forward_batch_size, input_ids, attention_mask) \
+            if reward_model is not None else torch.zeros(input_ids.shape[0], device=input_ids.device)  # reward= without model
     return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, generation_logprobs,
                    ref_logprobs.float(), scores)

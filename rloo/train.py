@@ -19,8 +19,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from rloo.config import ConfigError, exit_on_config_error, run_entry_point, validate_train_config  # noqa: E402
-from rloo.errors import WriteError  # noqa: E402
+from rloo.config import ConfigError, exit_on_config_error, fail, run_entry_point, validate_train_config  # noqa: E402
+from rloo.errors import JudgeFailed, NonFiniteError, RewardFunctionError, WriteError  # noqa: E402
 
 SIGTERM_EXIT_CODE = 128 + 15
 
@@ -28,11 +28,12 @@ SIGTERM_EXIT_CODE = 128 + 15
 def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
     from rloo.assemble import build_module, precision_arguments, quiet_lightning_logs, resolve_sources, world_size
-    from rloo.config import eval_sampling, num_rollouts, updates_per_rollout
+    from rloo.config import check_model_sources, eval_sampling, num_rollouts, updates_per_rollout
 
     trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
     processes = world_size(trainer_args)
     validate_train_config(cfg, world_size=processes)  # once, before anything heavy is imported, written or loaded
+    check_model_sources(cfg)                           # the model dirs (config.json) or the hub cache, read only
     # a batch of the train loop is one rollout; Lightning counts every optimiser step of it (global_step)
     rollouts, updates = num_rollouts(cfg, processes), updates_per_rollout(cfg)
 
@@ -104,7 +105,8 @@ def run(cfg: DictConfig) -> dict:
     reference = reference_from(policy, model_src["reference"], model_src["frozen_dtype"])
     for model in (policy, reference) if cfg.fp32_lm_head else ():
         use_fp32_lm_head(model)
-    reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer)
+    reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer) \
+        if model_src["reward_model"] else None  # reward= may score with functions alone
     module = build_module(cfg, policy, reference, reward_model, tokenizer, rollouts,
                           value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer))
     for logger in loggers or []:
@@ -153,6 +155,9 @@ def run(cfg: DictConfig) -> dict:
     if trainer.received_sigterm:  # it came after training, during the final evaluation
         write_summary("interrupted")
         stopped_by_sigterm(out, module, log)
+    if eval_callback.judge_failure and eval_callback.final is not None:  # no win rate to report, nor to rank by
+        write_summary("failed")
+        raise JudgeFailed(f"{eval_callback.judge_failure}; policy/ and checkpoints are saved, summary.json has no win rate")
     summary = write_summary("finished")
     if trainer.is_global_zero:
         print_summary(summary, log)
@@ -228,15 +233,16 @@ def print_summary(summary: dict, log=print) -> None:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
+    """One run; returns what a sweeper ranks: the final win rate when a judge is set (None when it has none),
+    the reward model's score when judge=none. Never one in place of the other."""
     try:
         summary = run(cfg)
     except ConfigError as error:
         exit_on_config_error(error)
-    except WriteError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+    except (WriteError, NonFiniteError, RewardFunctionError, JudgeFailed) as error:
+        fail(error, 1)
     final = summary.get("final") or {}
-    return final.get("eval/win_rate", final.get("eval/score"))
+    return final.get("eval/win_rate") if summary["judge"] is not None else final.get("eval/score")
 
 
 if __name__ == "__main__":

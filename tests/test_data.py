@@ -73,7 +73,7 @@ def test_tldr_format_messages_are_rendered_with_the_recipe_template(tmp_path, to
 def test_missing_column_names_the_column_and_file(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "p.jsonl", ROWS)
     spec = SplitSpec(path=str(path), split="train", prompt_column="query", reference_column=None)
-    with pytest.raises(KeyError, match="query.*p.jsonl"):
+    with pytest.raises(ConfigError, match="query.*p.jsonl"):
         tokenize_prompts(load_split(spec), spec, tokenizer, 64, False)
 
 

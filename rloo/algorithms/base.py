@@ -20,8 +20,10 @@ from lightning import LightningModule
 from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
+from rloo.errors import NonFiniteError
 from rloo.objectives import importance_weights, logprob_mismatch, masked_mean
 from rloo.resume import restore_rng_states, rng_states
+from rloo.rewards import Reward
 from rloo.rollout import PhaseTimer, Rollout, collect_rollout, completion_logprobs_and_entropy
 from rloo.sampling import SamplingConfig
 
@@ -69,6 +71,7 @@ class OnlineRLConfig:
     is_high: float
     log_histograms: bool
     log_every: int
+    max_bad_steps: int
     total_rollouts: int            # from total_episodes, rollout_batch_size and the devices
 
     @property
@@ -124,14 +127,37 @@ class OnlineRLModule(LightningModule):
         self.last_mismatch: dict[str, Tensor] = {}  # per-token delta logp, sequence log-ratio (log_histograms)
         self._rng_before_rollout: dict | None = None  # random states as the current rollout began (rloo.resume)
         self._rollout_finished = True
+        self.reward: Reward | None = None    # reward= other than the reward model alone (rloo.rewards); set by the builder
+        self.skipped_updates = 0             # guard: optimiser steps taken without gradients (non-finite)
+        self.bad_in_a_row = 0                # guard: rollouts in a row with a skipped update
+        self._rollout_was_bad = False
 
     # ---- the pieces of a step, in the order a step uses them -------------------------------------------------
     def collect(self, batch: dict[str, Tensor], timer: PhaseTimer) -> Rollout:
         """The one rollout every algorithm uses: k completions per prompt, reference log-probs, scores."""
         cfg = self.config
-        return collect_rollout(self.policy, self.reference, self.reward_model, batch["prompt_ids"], batch["prompt_mask"],
-                               cfg.k, cfg.sampling, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                               cfg.generation_batch_size, timer=timer)
+        reward_model = self.reward_model if self.reward is None or self.reward.uses_model else None
+        rollout = collect_rollout(self.policy, self.reference, reward_model, batch["prompt_ids"], batch["prompt_mask"],
+                                  cfg.k, cfg.sampling, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
+                                  cfg.generation_batch_size, timer=timer)
+        if self.reward is not None:  # the functions of reward= see text: prompts and completions, decoded
+            with timer("reward_functions"):
+                prompts = self.tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True)
+                completions = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+                rollout.scores = self.reward(prompts, completions, rollout.scores).to(rollout.scores.device)
+        return rollout
+
+    def masks_bad_scores(self) -> bool:
+        """reward_errors=mask: completions without a finite score leave the baseline instead of stopping the run."""
+        return self.reward is not None and self.reward.on_error == "mask"
+
+    def reward_metrics(self, rollout: Rollout) -> dict[str, float]:
+        if self.reward is None:
+            return {}
+        metrics = {f"reward/{name.rsplit(':', 1)[-1]}": mean for name, mean in self.reward.last_term_means.items()}
+        if self.masks_bad_scores():
+            metrics["reward/masked"] = float((~torch.isfinite(rollout.scores)).sum())
+        return metrics
 
     def policy_forward(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """log pi(y_t | .) `[n, T]` (with gradient) and the per-token entropy `[n, T]` of the policy as it is now."""
@@ -202,6 +228,7 @@ class OnlineRLModule(LightningModule):
         self.rollouts += 1
         self.episodes += len(rollout) * self.trainer.world_size
         self._rollout_finished = True
+        self.check_guard()
         self.last_rollout, self.last_targets = rollout, targets
 
     def trained_parameters(self) -> Iterator[torch.nn.Parameter]:
@@ -209,9 +236,45 @@ class OnlineRLModule(LightningModule):
 
     def on_before_optimizer_step(self, optimizer) -> None:
         # here gradients are already unscaled under fp16, so clipping sees their true norm
-        if self.config.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(list(self.trained_parameters()), self.config.max_grad_norm)
-            self._last_grad_norm = norm
+        params = [p for p in self.trained_parameters() if p.grad is not None]
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # the norm before clipping
+        if params and not torch.isfinite(norm):
+            # guard: a non-finite loss or gradient. Without gradients AdamW leaves every weight and moment as it is;
+            # Lightning still counts the step, so the schedule and the checkpoints' step counts stay regular
+            for p in params:
+                p.grad = None
+            self.skipped_updates += 1
+            self._rollout_was_bad = True
+        self._last_grad_norm = norm
+
+    # ---- guards ----------------------------------------------------------------------------------------------
+    def scores_are_finite(self, rollout: Rollout) -> bool:
+        return bool(torch.isfinite(rollout.scores).all())
+
+    def skip_rollout(self, rollout: Rollout, timer: PhaseTimer, started: float) -> None:
+        """Guard: the reward model scored some completion nan or inf. No update learns from this rollout; its
+        optimiser steps are taken without gradients (weights unchanged), and it is counted."""
+        for _ in range(self.config.updates_per_rollout):
+            self.optimizers().zero_grad(set_to_none=True)
+            self.step_optimizer()
+        self.skipped_updates += self.config.updates_per_rollout
+        self._rollout_was_bad = True
+        bad = (~torch.isfinite(rollout.scores)).sum().item()
+        log.warning(f"guard: rollout {self.rollouts + 1}: {bad} of {len(rollout)} scores are not finite; update skipped")
+        self.finish_step(rollout, None, timer, started, time.perf_counter())
+        metrics = {"objective/scores": torch.nan_to_num(rollout.scores, nan=0.0, posinf=0.0, neginf=0.0).mean(),
+                   "objective/kl": 0.0, "guard/nonfinite_scores": float(bad)}
+        self.log_metrics(self.common_metrics(rollout) | metrics, batch_size=len(rollout))
+
+    def check_guard(self) -> None:
+        """After each rollout: count rollouts with a skipped update in a row, and stop after max_bad_steps."""
+        self.bad_in_a_row = self.bad_in_a_row + 1 if self._rollout_was_bad else 0
+        if self.bad_in_a_row >= self.config.max_bad_steps:
+            raise NonFiniteError(
+                f"{self.bad_in_a_row} rollouts in a row (max_bad_steps={self.config.max_bad_steps}) had non-finite "
+                f"scores, loss or gradient norm, up to rollout {self.rollouts}; stopped with the weights of the last "
+                "good update (no non-finite weights saved). Check the reward model / reward function and lr")
 
     # ---- metrics -----------------------------------------------------------------------------------------
     def common_metrics(self, rollout: Rollout) -> dict[str, float | Tensor]:
@@ -221,11 +284,13 @@ class OnlineRLModule(LightningModule):
             "completions/eos_frac": rollout.ended_with_eos.float().mean(),
             "train/lr": self.lr_schedulers().get_last_lr()[0],
             "train/rollout": float(self.rollouts),
+            "guard/skipped_steps": float(self.skipped_updates),
             "train/episode": float(self.episodes),
             "train/epoch": self.episodes / max(self._num_train_prompts() * self.config.k, 1),
             "time/tokens_per_second": tokens / max(timings.get("step", 0.0), 1e-9),
         }
         metrics.update({f"time/{phase}": seconds for phase, seconds in timings.items() if phase != "step"})
+        metrics.update(self.reward_metrics(rollout))
         if getattr(self, "_last_grad_norm", None) is not None:
             metrics["policy/grad_norm"] = self._last_grad_norm
         return metrics
@@ -259,17 +324,21 @@ class OnlineRLModule(LightningModule):
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         # a checkpoint taken inside this rollout (Ctrl-C, an error) resumes by redoing it, from these states
         self._rng_before_rollout, self._rollout_finished = rng_states(), False
+        self._rollout_was_bad = False
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # the reference and reward model never change: keep only what is trained (and the counters)
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k.startswith(self.trained_prefixes)}
         checkpoint["rloo_episodes"] = self.episodes
         checkpoint["rloo_rollouts"] = self.rollouts
+        checkpoint["rloo_guard"] = {"skipped_updates": self.skipped_updates, "bad_in_a_row": self.bad_in_a_row}
         checkpoint["rloo_rng"] = rng_states() if self._rollout_finished else self._rng_before_rollout
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.episodes = checkpoint.get("rloo_episodes", 0)
         self.rollouts = checkpoint.get("rloo_rollouts", 0)
+        guard = checkpoint.get("rloo_guard", {})
+        self.skipped_updates, self.bad_in_a_row = guard.get("skipped_updates", 0), guard.get("bad_in_a_row", 0)
         self._rng_to_restore = checkpoint.get("rloo_rng")
 
     def on_train_start(self) -> None:

@@ -78,6 +78,8 @@ class PPOModule(OnlineRLModule):
         # 1. rollout; the training-style log-probs of the policy that sampled (the old ones), and the values V_t
         rollout = self.collect(batch, timer)
         n, mask = len(rollout), rollout.completion_mask
+        if not self.scores_are_finite(rollout):  # guard: nothing to learn from a nan or inf score
+            return self.skip_rollout(rollout, timer, started)
         with timer("old_logprobs"):
             rollout_policy_logprobs, entropy = self.rollout_policy_forward(rollout)
         old_logprobs = rollout.generation_logprobs if cfg.old_logprobs == "generation" else rollout_policy_logprobs

@@ -24,6 +24,7 @@ from rloo.objectives import (
     group_reward_std,
     kl_per_token,
     leave_one_out_advantages,
+    masked_leave_one_out_advantages,
     normalize_advantages,
     reinforce_loss,
     sequence_ppo_clip_loss,
@@ -67,6 +68,8 @@ class RLOOModule(OnlineRLModule):
         # 1. rollout: k completions per prompt, reference log-probs, scores                        [N = prompts * k]
         rollout = self.collect(batch, timer)
         n = len(rollout)
+        if not self.scores_are_finite(rollout) and not self.masks_bad_scores():  # guard: nothing to learn from nan
+            return self.skip_rollout(rollout, timer, started)
 
         # log pi(y_t) of the policy that sampled, from a training-style forward [N, T]: the KL needs it, and so do
         # the old log-probs of a reused rollout. Used once (`one_pass`), the update's own forward provides it.
@@ -129,7 +132,10 @@ class RLOOModule(OnlineRLModule):
         kl_tokens = kl_per_token(logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask  # KL_t, 0 on padding
         scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
         rewards = sequence_rewards(scores, kl_tokens, mask, cfg.kl_coef)   # R_i = s_i - beta * sum_t KL_t
-        advantages = leave_one_out_advantages(rewards, cfg.k)             # A_i = R_i - (sum_j R_j - R_i)/(k-1)
+        if self.masks_bad_scores() and not torch.isfinite(scores).all():  # reward_errors=mask: unscored ones sit out
+            advantages = masked_leave_one_out_advantages(rewards, cfg.k, torch.isfinite(scores))
+        else:
+            advantages = leave_one_out_advantages(rewards, cfg.k)         # A_i = R_i - (sum_j R_j - R_i)/(k-1)
         if cfg.normalize_advantages:
             advantages = normalize_advantages(advantages)
         return RLOOTargets(kl_tokens.sum(1), rewards, advantages)
@@ -149,10 +155,10 @@ class RLOOModule(OnlineRLModule):
         cfg = self.config
         scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
         metrics = self.common_metrics(rollout) | {
-            "objective/scores": scores.mean(),
+            "objective/scores": scores.nanmean(),  # nan only where reward_errors=mask left a completion unscored
             "objective/kl": targets.kl.mean(),
             "objective/non_score_reward": (-cfg.kl_coef * targets.kl).mean(),
-            "objective/rlhf_reward": targets.rewards.mean(),
+            "objective/rlhf_reward": targets.rewards.nanmean(),
             "objective/advantage_std": targets.advantages.std(),
             "objective/frac_reward_zero_std": (group_reward_std(scores, cfg.k) < 1e-6).float().mean(),
         }

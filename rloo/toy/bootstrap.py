@@ -195,20 +195,43 @@ def _build(cfg: dict, root: Path, log) -> dict:
                     lambda r: f"SFT win rate {r['sft_win_rate_vs_reference']:.3f}, "
                               f"RM held-out accuracy {r['rm_heldout_accuracy']:.3f}")
     report["seconds"] = seconds
-    (root / MARKER).write_text(json.dumps({"splits": list(splits), "report": report}, indent=2))
+    (root / MARKER).write_text(json.dumps({"splits": list(splits), "report": report, "files": file_hashes(root)}, indent=2))
     return report
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every artifact file (the marker aside), by path relative to `root`."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER}
+
+
+def damage(root: Path) -> str | None:
+    """What is wrong with a cached artifacts dir (a file changed, missing or added since it was built), or None."""
+    try:
+        saved = json.loads((root / MARKER).read_text())["files"]
+    except (json.JSONDecodeError, KeyError, OSError):
+        return f"{root / MARKER} is unreadable or from before artifacts carried hashes"
+    current = file_hashes(root)
+    for name, digest in saved.items():
+        if current.get(name) != digest:
+            return f"{root / name} is {'missing' if name not in current else 'corrupt (its sha256 changed)'}"
+    extra = sorted(set(current) - set(saved))
+    return f"{root / extra[0]} was not built with the cache" if extra else None
 
 
 def ensure_artifacts(bootstrap_cfg, cache_dir, log=print) -> ToyArtifacts:
     """The cached artifacts for this bootstrap config, built first if missing (one builder at a time)."""
     cfg, root = _plain(bootstrap_cfg), artifacts_dir(bootstrap_cfg, Path(cache_dir).expanduser())
-    if (root / MARKER).exists():
+    if (root / MARKER).exists() and damage(root) is None:
         return _load(root)
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f"{root.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
-        if (root / MARKER).exists():  # another process built it while we waited
-            return _load(root)
+        if (root / MARKER).exists():  # built while we waited, or damaged since it was built
+            problem = damage(root)
+            if problem is None:
+                return _load(root)
+            log(f"[bootstrap] {problem}: rebuilding the cache")
         for stale in root.parent.glob(f"{root.name}.tmp-*"):  # left by killed builds; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         log(f"[bootstrap] building the embedded task's artifacts in {root}")

@@ -1,0 +1,118 @@
+"""What scores a completion: the reward model, Python functions, or a weighted sum of them (`reward=` in
+conf/train.yaml).
+
+    reward=model                                            # the reward model (model.reward_model), the default
+    reward=rloo.toy.rewards:topic_recall                    # a function (prompts, completions) -> one float each
+    reward='model + 0.5*rloo.toy.rewards:topic_recall'      # a weighted sum; each term is [weight*]name
+
+A function receives the decoded prompts and completions (special tokens removed) as two lists of strings and
+returns a sequence of floats, one per completion. One that raises, returns the wrong count or a value that is not
+finite stops the run with a one-line error naming it (`reward_errors=raise`), or, with `reward_errors=mask`, its
+completions get no score: they leave the leave-one-out baseline and are counted (`reward/masked`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from rloo.errors import ConfigError, RewardFunctionError
+
+MODEL = "model"
+REWARD_ERRORS = ("raise", "mask")
+TERM = re.compile(r"^\s*(?:(?P<weight>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\*\s*)?(?P<name>[\w.]+(?::\w+)?)\s*$")
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    weight: float
+    name: str  # "model", or "module:function"
+
+
+def parse_reward(spec: str) -> list[RewardTerm]:
+    """'model + 0.5*pkg.mod:fn' -> [RewardTerm(1.0, 'model'), RewardTerm(0.5, 'pkg.mod:fn')]."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"reward={spec!r} is not allowed: model, module:function, or a sum like 'model + 0.5*module:function'")
+    terms = []
+    for part in spec.split("+"):
+        match = TERM.match(part)
+        if match is None or (match["name"] != MODEL and ":" not in match["name"]):
+            raise ConfigError(f"reward={spec!r}: term {part.strip()!r} is not [weight*]model or [weight*]module:function")
+        terms.append(RewardTerm(float(match["weight"]) if match["weight"] else 1.0, match["name"]))
+    names = [t.name for t in terms]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"reward={spec!r} names a term twice: give it one weight")
+    return terms
+
+
+def load_function(name: str) -> Callable:
+    """`module:function`, imported; a one-line ConfigError if it is not there (checked before any model loads)."""
+    module_name, _, function_name = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"reward: cannot import {module_name!r} for {name!r} ({error})") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigError(f"reward: {module_name} has no function {function_name!r}")
+    return function
+
+
+def call_reward_function(name: str, function: Callable, prompts: list[str], completions: list[str]) -> tuple[Tensor, str | None]:
+    """The function's scores `[N]` float32, nan where it failed, and what went wrong in one line (None: nothing)."""
+    n, nothing = len(completions), torch.full((len(completions),), float("nan"))
+    try:
+        values = function(prompts, completions)
+    except Exception as error:  # a user's function: any error is its own
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return nothing, f"reward function {name} raised {type(error).__name__}: {detail}"
+    try:
+        values = [float(v) for v in values]
+    except (TypeError, ValueError):
+        return nothing, f"reward function {name} returned {type(values).__name__}, not one float per completion"
+    if len(values) != n:
+        return nothing, f"reward function {name} returned {len(values)} values for {n} completions"
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    scores = torch.tensor([float("nan") if i in set(bad) else v for i, v in enumerate(values)], dtype=torch.float32)
+    if bad:
+        return scores, (f"reward function {name} returned a non-finite value for {len(bad)} of {n} completions "
+                        f"(first: {values[bad[0]]} at {bad[0]})")
+    return scores, None
+
+
+class Reward:
+    """The weighted sum of the terms of `reward=` for decoded completions; `model_scores` supplies the reward
+    model's term. Under reward_errors=mask a misbehaving function leaves nan where it failed (the caller masks)."""
+
+    def __init__(self, terms: list[RewardTerm], on_error: str):
+        self.terms, self.on_error = terms, on_error
+        self.functions = {t.name: load_function(t.name) for t in terms if t.name != MODEL}
+        self.last_term_means: dict[str, float] = {}
+        self.last_errors: list[str] = []
+
+    @property
+    def uses_model(self) -> bool:
+        return any(t.name == MODEL for t in self.terms)
+
+    def __call__(self, prompts: list[str], completions: list[str], model_scores: Tensor | None) -> Tensor:
+        total = torch.zeros(len(completions), dtype=torch.float32)
+        self.last_term_means, self.last_errors = {}, []
+        for term in self.terms:
+            if term.name == MODEL:
+                values = model_scores.float().cpu()
+            else:
+                values, error = call_reward_function(term.name, self.functions[term.name], prompts, completions)
+                if error is not None and self.on_error == "raise":
+                    raise RewardFunctionError(error)
+                if error is not None:
+                    self.last_errors.append(error)
+            finite = torch.isfinite(values)
+            self.last_term_means[term.name] = float(values[finite].mean()) if finite.any() else float("nan")
+            total += term.weight * values
+        return total
