@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rloo.data import EpisodeSampler, PromptDataModule, SplitSpec, left_pad, load_split, tokenize_prompts
+from rloo.errors import ConfigError
 
 ROWS = [{"prompt": f"POST: the {w} was there\n\nTL;DR:", "reference": f" {w}"} for w in ("cat", "dog", "boat", "rain", "car")]
 

@@ -1,0 +1,224 @@
+"""What a bad reward, a failing judge, bad data or a broken cache do to a run: a one-line error and a non-zero
+exit, or a guarded skip that is counted; never a non-finite policy or a success with another metric."""
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rloo.errors import ConfigError
+from rloo.objectives import leave_one_out_advantages, masked_leave_one_out_advantages
+from rloo.rewards import MODEL, Reward, RewardTerm, call_reward_function, parse_reward
+from tests import reward_functions
+from tests.e2e import FAST, ROOT, train
+
+
+def last_line(result):
+    return result.stderr.strip().splitlines()[-1]
+
+
+def metric_column(run_dir, name):
+    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
+        return [float(r[name]) for r in csv.DictReader(f) if r.get(name)]
+
+
+# ---- the math of masking -------------------------------------------------------------------------------------
+def test_masked_leave_one_out_by_hand():
+    rewards = torch.tensor([1.0, 2.0, 6.0, 100.0, 3.0, 5.0, 0.0, 0.0])
+    valid = torch.tensor([True, True, True, False, True, False, False, False])
+    advantages = masked_leave_one_out_advantages(rewards, 4, valid)
+    # group 1: valid 1, 2, 6 -> A = 1 - 4, 2 - 3.5, 6 - 1.5; the invalid one 0. group 2: one valid -> all 0
+    assert advantages.tolist() == [-3.0, -1.5, 4.5, 0.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_masked_leave_one_out_equals_the_plain_one_when_all_are_valid():
+    rewards = torch.randn(12, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(masked_leave_one_out_advantages(rewards, 3, torch.ones(12, dtype=torch.bool)),
+                          leave_one_out_advantages(rewards, 3))
+
+
+# ---- reward= parsing and reward functions ------------------------------------------------------------------
+def test_reward_expressions_parse_into_weighted_terms():
+    assert parse_reward("model") == [RewardTerm(1.0, MODEL)]
+    assert parse_reward("model + 0.5*rloo.toy.rewards:topic_recall") == [
+        RewardTerm(1.0, MODEL), RewardTerm(0.5, "rloo.toy.rewards:topic_recall")]
+    assert parse_reward("-2e-1 * a.b:c") == [RewardTerm(-0.2, "a.b:c")]
+    for bad in ("", "modle", "model + model", "0.5*", "a.b:c:d"):
+        with pytest.raises(ConfigError, match="reward="):
+            parse_reward(bad)
+
+
+@pytest.mark.parametrize("function, message", [
+    (reward_functions.raises, "raised ValueError: this reward function always fails"),
+    (reward_functions.wrong_count, "returned 2 values for 3 completions"),
+    (reward_functions.nan_for_odd_rows, "returned a non-finite value for 1 of 3 completions (first: nan at 1)"),
+    (reward_functions.not_numbers, "returned list, not one float per completion"),
+])
+def test_a_misbehaving_function_is_named_with_what_it_did(function, message):
+    values, error = call_reward_function("tests.reward_functions:f", function, ["p"] * 3, ["a b", "c", "d e f"])
+    assert error == f"reward function tests.reward_functions:f {message}"
+    assert "\n" not in error
+    assert values.shape == (3,)
+
+
+def test_a_weighted_sum_of_the_model_and_a_function_and_masking():
+    reward = Reward([RewardTerm(1.0, MODEL), RewardTerm(0.5, "tests.reward_functions:length")], on_error="raise")
+    total = reward(["p", "p"], ["a b", "c d e f"], model_scores=torch.tensor([1.0, -1.0]))
+    assert total.tolist() == [1.0 + 0.5 * 2, -1.0 + 0.5 * 4]
+    masked = Reward([RewardTerm(1.0, "tests.reward_functions:nan_for_odd_rows")], on_error="mask")
+    values = masked(["p"] * 4, ["a", "b c", "d", "e"], model_scores=None)
+    assert values[0] == 1.0 and math.isnan(values[1]) and values[2] == 1.0 and math.isnan(values[3])
+    assert masked.last_errors and "nan_for_odd_rows" in masked.last_errors[0]
+
+
+# ---- runs ------------------------------------------------------------------------------------------------------
+def test_a_reward_function_that_raises_stops_the_run_in_one_line(finished_run):
+    base, _ = finished_run
+    result = train(base / "fn-raises", base / "cache", "reward=tests.reward_functions:raises", "eval.before=false")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert last_line(result) == ("error: reward function tests.reward_functions:raises raised ValueError: "
+                                 "this reward function always fails")
+
+
+def test_a_reward_function_that_does_not_import_is_refused_before_loading(finished_run):
+    base, _ = finished_run
+    result = train(base / "fn-missing", base / "cache", "reward=model + 0.5*tests.reward_functions:nope")
+    assert result.returncode == 2 and last_line(result) == "error: reward: tests.reward_functions has no function 'nope'"
+
+
+def test_masked_completions_leave_the_baseline_and_are_counted(finished_run):
+    base, _ = finished_run
+    run = base / "fn-masked"
+    result = train(run, base / "cache", "reward=tests.reward_functions:nan_for_odd_rows", "reward_errors=mask",
+                   "logger=csv", "eval.before=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert metric_column(run, "reward/masked") == [4.0, 4.0, 4.0]  # half of each 8-completion rollout
+    assert metric_column(run, "guard/skipped_steps") == [0.0, 0.0, 0.0]
+    assert all(math.isfinite(v) for v in metric_column(run, "loss/policy_avg"))
+
+
+def test_a_rule_based_reward_on_the_embedded_task_trains(finished_run):
+    base, _ = finished_run
+    run = base / "rule-reward"
+    result = train(run, base / "cache", "reward=rloo.toy.rewards:topic_recall", "logger=csv", "total_episodes=960", "k=4",
+                   "rollout_batch_size=16", "micro_batch_size=16", "generation_batch_size=16", "lr=3e-3", "kl_coef=0.01",
+                   "eval.before=false", "eval.after=false", "sample_every=0", "checkpoint_every=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    recall = metric_column(run, "reward/topic_recall")
+    assert len(recall) == 60
+    first, last = sum(recall[:10]) / 10, sum(recall[-10:]) / 10
+    assert last > first + 0.05, (first, last)  # about -0.42 -> -0.25 where it was written
+
+
+@pytest.fixture(scope="module")
+def nan_reward_model(finished_run):
+    """The bootstrap's reward model with a nan score head: every score is nan."""
+    from transformers import AutoModelForSequenceClassification
+
+    base, _ = finished_run
+    source = next((base / "cache").glob("toy-*/reward_model"))
+    model = AutoModelForSequenceClassification.from_pretrained(source)
+    with torch.no_grad():
+        model.score.weight.fill_(float("nan"))
+    model.save_pretrained(base / "nan-rm")
+    return base / "nan-rm"
+
+
+def test_a_nan_reward_model_stops_the_run_after_max_bad_steps_without_saving_nan(finished_run, nan_reward_model):
+    base, _ = finished_run
+    run = base / "nan-stop"
+    result = train(run, base / "cache", f"model.reward_model={nan_reward_model}", "max_bad_steps=2", "logger=csv",
+                   "eval.before=false")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert last_line(result).startswith("error: 2 rollouts in a row (max_bad_steps=2) had non-finite scores")
+    assert not (run / "policy").exists()
+    saved = torch.load(run / "checkpoints" / "interrupted.ckpt", weights_only=True)["state_dict"]
+    assert all(torch.isfinite(v).all() for v in saved.values())
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+def test_skipped_updates_are_counted_and_leave_the_weights_as_they_were(finished_run, nan_reward_model):
+    base, _ = finished_run
+    run = base / "nan-skip"
+    result = train(run, base / "cache", f"model.reward_model={nan_reward_model}", "max_bad_steps=5", "logger=csv",
+                   "eval.before=false", "num_ppo_epochs=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert metric_column(run, "guard/skipped_steps") == [2.0, 4.0, 6.0]  # both updates of each of 3 rollouts
+    policy = load_file(run / "policy" / "model.safetensors")
+    initial = load_file(next((base / "cache").glob("toy-*/policy/model.safetensors")))
+    assert all(torch.equal(policy[k], initial[k]) for k in initial)
+
+
+def test_a_judge_outage_fails_the_run_and_reports_no_win_rate(finished_run, server):
+    base, _ = finished_run
+    url, state = server
+    state.respond = lambda i, body, headers: (503, {}, json.dumps({"error": {"message": "overloaded"}}), 0.0)
+    run = base / "judge-outage"
+    result = train(run, base / "cache", "eval_every=0", "eval.before=false", "judge=openai", f"judge.base_url={url}",
+                   "judge.model=test", "judge.cache_dir=null", "judge.max_retries=0", "eval.num_prompts=4")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "gave no verdict for 4 of 4 pairs" in last_line(result)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and "eval/win_rate" not in summary["final"]
+    assert (run / "policy" / "config.json").exists()
+
+
+def test_a_bad_job_fails_alone_in_a_multirun(tmp_path, finished_run):
+    base, _ = finished_run
+    env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-m", "rloo.train", "--multirun", *FAST, "logger=csv", "eval.before=false",
+                             "eval.after=false", "k=2,3", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert "error: rollout_batch_size=8 is not allowed: a multiple of k=3" in result.stderr
+    good = [d for d in tmp_path.iterdir() if d.name.startswith("0_")]
+    assert good and json.loads((good[0] / "summary.json").read_text())["status"] == "finished"
+
+
+# ---- data and models, before anything loads ------------------------------------------------------------------
+@pytest.mark.parametrize("content, message", [
+    ("", "is empty: no prompts"),
+    ('{"prompt": "a"}\n{oops\n', "cannot be read as jsonl: line 2 is not JSON"),
+    ('{"prompt": 3}\n', "data.train.prompt_column='prompt' at row 0 of"),
+    ('{"text": "a"}\n', "data.train.prompt_column='prompt' is not a column of"),
+    ('{"prompt": "' + "word " * 200 + '"}\n', "data.max_prompt_length=64 drops every prompt of data.train"),
+])
+def test_data_errors_are_one_line_before_any_model_loads(finished_run, tmp_path, content, message):
+    base, _ = finished_run
+    path = tmp_path / "train.jsonl"
+    path.write_text(content)
+    result = train(tmp_path / "run", base / "cache", f"data.train.path={path}", "data.train.reference_column=null")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert message in last_line(result) and "Traceback" not in result.stderr
+
+
+def test_a_causal_lm_given_as_reward_model_is_refused_before_loading(finished_run):
+    base, _ = finished_run
+    policy = next((base / "cache").glob("toy-*/policy"))
+    result = train(base / "wrong-rm", base / "cache", f"model.reward_model={policy}")
+    assert result.returncode == 2
+    assert "is a GPTNeoXForCausalLM, not a sequence classifier" in last_line(result)
+
+
+def test_a_corrupted_cache_artifact_is_detected_and_rebuilt(tmp_path):
+    from rloo.config import compose_train_config
+    from rloo.toy.bootstrap import damage, ensure_artifacts
+
+    cfg = compose_train_config(["bootstrap=fast"]).bootstrap
+    artifacts = ensure_artifacts(cfg, tmp_path, log=lambda line: None)
+    assert damage(artifacts.root) is None
+    weights = artifacts.root / "policy" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated
+    train_split = artifacts.root / "data" / "train.jsonl"
+    train_split.write_text(train_split.read_text().splitlines()[0] + "\n")  # shortened to one prompt
+    assert "corrupt" in damage(artifacts.root)
+    said = []
+    rebuilt = ensure_artifacts(cfg, tmp_path, log=said.append)
+    assert any("corrupt (its sha256 changed): rebuilding" in line for line in said)
+    assert damage(rebuilt.root) is None and len(train_split.read_text().splitlines()) > 1
