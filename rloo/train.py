@@ -47,7 +47,6 @@ def run(cfg: DictConfig) -> dict:
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
     from rloo.loggers import drop_rows_after
-    from rloo.resume import find_resume_point, inspect_checkpoint
     from rloo.memory import peak_rss_mb
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model, reference_from, use_fp32_lm_head
 
@@ -57,12 +56,7 @@ def run(cfg: DictConfig) -> dict:
     log = logging.getLogger("rloo").info  # to the console and to the run's train.log
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.resume is not None:  # before anything is written or loaded
-        compare_with_resumed_run(cfg, out, log)
-    resume_point = find_resume_point(cfg.resume, out, updates, log)
-    resumed_rollouts = inspect_checkpoint(resume_point.checkpoint, updates)[0] if resume_point else 0
-    if resume_point:
-        log(f"resume: from {resume_point.checkpoint} after {resumed_rollouts} rollouts; writing to {out}")
+    resume_point, resumed_rollouts = prepare_resume(cfg, out, updates, log)  # before anything is written or loaded
     config_name = "config.yaml" if not (out / "config.yaml").exists() else f"config.resumed-{time.strftime('%H-%M-%S')}.yaml"
     atomic.write_text(out / config_name, OmegaConf.to_yaml(cfg, resolve=True), "the resolved config")
     if cfg.trainer.num_threads:
@@ -182,6 +176,21 @@ def continued_wandb_run(logger_cfg: DictConfig, out: Path) -> dict:
         return {}
     runs = sorted((out / "wandb").glob("*run-*-*"), key=lambda p: p.stat().st_mtime)
     return {"id": runs[-1].name.rsplit("-", 1)[1], "resume": "allow"} if runs else {}
+
+
+def prepare_resume(cfg: DictConfig, out: Path, updates: int, log):
+    """The checkpoint `resume=` continues from and the rollouts it had done, or (None, 0) for a fresh start."""
+    from rloo.resume import find_resume_point, inspect_checkpoint
+
+    if cfg.resume is None:
+        return None, 0
+    compare_with_resumed_run(cfg, out, log)
+    point = find_resume_point(cfg.resume, out, updates, log)
+    if point is None:
+        return None, 0
+    rollouts = inspect_checkpoint(point.checkpoint, updates)[0]
+    log(f"resume: from {point.checkpoint} after {rollouts} rollouts; writing to {out}")
+    return point, rollouts
 
 
 def compare_with_resumed_run(cfg: DictConfig, out: Path, log) -> None:
