@@ -101,9 +101,15 @@ def run_dir(resume: str | None, fresh: str) -> str:
     return run_dir_of(resume) or unique_dir(fresh)
 
 
+def hydra_subdir(resume: str | None, now: str) -> str:
+    """hydra.output_subdir: .hydra, or for a resumed run .hydra/resumed-HH-MM-SS, so the first run's is kept."""
+    return ".hydra" if resume is None else f".hydra/resumed-{now}"
+
+
 def register_resolvers() -> None:
     for name, resolver in (("wandb_offline", wandb_offline), ("sweep_group", sweep_group),
-                           ("sweep_job_name", sweep_job_name), ("unique_dir", unique_dir), ("run_dir", run_dir)):
+                           ("sweep_job_name", sweep_job_name), ("unique_dir", unique_dir), ("run_dir", run_dir),
+                           ("hydra_subdir", hydra_subdir)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver, use_cache=name in ("unique_dir", "run_dir"))
 

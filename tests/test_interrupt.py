@@ -20,9 +20,17 @@ SIGTERM_EXIT = 128 + 15
 
 def start(run_dir, cache, *overrides, preexec_fn=None):
     env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+
+    def as_from_a_terminal():
+        # a shell starts background jobs with SIGINT ignored, and the child would inherit that: a user's Ctrl-C
+        # reaches a process that has the default handler
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if preexec_fn is not None:
+            preexec_fn()
+
     return subprocess.Popen([sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, "logger=csv",
                              *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=preexec_fn)
+                            preexec_fn=as_from_a_terminal)
 
 
 def wait_for(condition, process, timeout=300):

@@ -46,6 +46,8 @@ def test_a_run_killed_with_sigkill_and_resumed_ends_bit_identical_to_an_uninterr
     resumed = train(killed, base / "cache", *RUN, "resume=auto")  # as a requeued job would: same dir, auto
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resume: from" in resumed.stdout + resumed.stderr
+    assert "resume" not in (killed / ".hydra" / "overrides.yaml").read_text()  # the first run's record is kept
+    assert len(list((killed / ".hydra").glob("resumed-*/overrides.yaml"))) == 1
 
     a, b = load_file(base / "straight" / "policy" / "model.safetensors"), load_file(killed / "policy" / "model.safetensors")
     initial = torch.load(killed / "checkpoints" / "step1.ckpt", weights_only=True)["state_dict"]
@@ -75,6 +77,9 @@ def test_resume_applies_a_changed_lr_and_says_so(finished_run):
     run = base / "lr-change"
     first = train(run, base / "cache", "logger=csv", "total_episodes=32")
     assert first.returncode == 0, first.stderr[-3000:]
+    # keep_checkpoints=3: the newest three of four, last.ckpt pointing at the newest
+    assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt")) == ["step2.ckpt", "step3.ckpt", "step4.ckpt"]
+    assert os.readlink(run / "checkpoints" / "last.ckpt") == "step4.ckpt"
     # no hydra.run.dir: resuming a checkpoint of a run dir continues in that dir
     env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     again = subprocess.run([sys.executable, "-m", "rloo.train", *FAST, "logger=csv", "total_episodes=48", "lr=1e-3",
@@ -150,6 +155,19 @@ def test_random_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     restore_rng_states(torch.load(tmp_path / "rng.pt", weights_only=True))
     again = (random.random(), np.random.rand(), torch.rand(3))
     assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])
+
+
+def test_checkpoints_fall_due_by_rollouts_by_minutes_and_at_the_end(tmp_path):
+    import time
+
+    from rloo.callbacks import RolloutCheckpoints
+
+    by_rollouts = RolloutCheckpoints(tmp_path, every=4, minutes=0, keep=3)
+    assert [r for r in range(1, 11) if by_rollouts.due(r, total=10)] == [4, 8, 10]
+    by_time = RolloutCheckpoints(tmp_path, every=0, minutes=1, keep=3)
+    assert not by_time.due(3, total=10)
+    by_time.last_time = time.monotonic() - 61
+    assert by_time.due(3, total=10)
 
 
 def test_run_dirs_are_unique_within_a_second(tmp_path):
