@@ -126,6 +126,7 @@ class OnlineRLModule(LightningModule):
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
         self.last_mismatch: dict[str, Tensor] = {}  # per-token delta logp, sequence log-ratio (log_histograms)
         self._rng_before_rollout: dict | None = None  # random states as the current rollout began (rloo.resume)
+        self._rng_to_restore: dict | None = None      # a checkpoint's, restored as training starts
         self._rollout_finished = True
         self.reward: Reward | None = None    # reward= other than the reward model alone (rloo.rewards); set by the builder
         self.skipped_updates = 0             # guard: optimiser steps taken without gradients (non-finite)
@@ -263,7 +264,7 @@ class OnlineRLModule(LightningModule):
         bad = (~torch.isfinite(rollout.scores)).sum().item()
         log.warning(f"guard: rollout {self.rollouts + 1}: {bad} of {len(rollout)} scores are not finite; update skipped")
         self.finish_step(rollout, None, timer, started, time.perf_counter())
-        metrics = {"objective/scores": torch.nan_to_num(rollout.scores, nan=0.0, posinf=0.0, neginf=0.0).mean(),
+        metrics = {"objective/scores": rollout.scores[torch.isfinite(rollout.scores)].mean(),  # nan when none is
                    "objective/kl": 0.0, "guard/nonfinite_scores": float(bad)}
         self.log_metrics(self.common_metrics(rollout) | metrics, batch_size=len(rollout))
 
@@ -344,7 +345,7 @@ class OnlineRLModule(LightningModule):
     def on_train_start(self) -> None:
         """On resume: the random states of the checkpoint (as late as possible: nothing draws after this before the
         next rollout), and a learning rate changed since the checkpoint, applied from here on and said."""
-        if getattr(self, "_rng_to_restore", None) is not None:
+        if self._rng_to_restore is not None:
             restore_rng_states(self._rng_to_restore)
             self._rng_to_restore = None
         for scheduler in self.trainer.lr_scheduler_configs:
@@ -353,8 +354,8 @@ class OnlineRLModule(LightningModule):
                 log.info(f"resume: lr {scheduler.base_lrs[0]:g} -> {self.config.lr:g} from optimiser step "
                          f"{self.trainer.global_step} on (the schedule's shape is kept)")
                 scheduler.base_lrs = [self.config.lr] * len(scheduler.base_lrs)
-                for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_lr()):
-                    group["lr"] = lr
+                for group, factor in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas):  # a LambdaLR
+                    group["lr"] = self.config.lr * factor(scheduler.last_epoch)
                 scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
     def train(self, mode: bool = True):
