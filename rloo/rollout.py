@@ -141,29 +141,83 @@ def sample_completions(policy: PreTrainedModel, prompt_ids: Tensor, prompt_mask:
     return completion_ids, completion_mask, ended, logprobs * completion_mask
 
 
+LOGIT_CHUNK_ELEMENTS = 2**24  # logits materialised at once by the log-prob passes: 64 MB of float32, whatever the vocabulary
+
+
 def completion_logits(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int) -> Tensor:
-    """Logits predicting each completion token, `[N, T, V]`: only the last T+1 positions go through the LM head."""
+    """Logits predicting each completion token, `[N, T, V]`: only the last T+1 positions go through the LM head.
+    (The log-prob passes below never build this whole tensor; it stays for callers that need every logit.)"""
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
                    logits_to_keep=completion_len + 1, use_cache=False)
     return output.logits[:, :-1]
 
 
-def completion_logprobs(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_ids: Tensor,
-                        completion_mask: Tensor, temperature: float) -> Tensor:
-    """log pi(y_t | x, y_<t) of each completion token at the sampling temperature, `[N, T]`, 0 on padding."""
-    logits = completion_logits(model, input_ids, attention_mask, completion_ids.shape[1])
-    return token_logprobs(logits / temperature, completion_ids) * completion_mask
+def _head_is_plain(model: PreTrainedModel) -> bool:
+    """The logits are head(hidden): no soft-capping or scaling after the head (Gemma 2, Cohere) that only the model's
+    own forward applies."""
+    config = model.config
+    return not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", 1.0) in (None, 1.0)
+
+
+def completion_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int) -> Tensor:
+    """The body's hidden states at the positions that predict each completion token, as one contiguous `[N*T, D]`."""
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids_for(attention_mask), use_cache=False).last_hidden_state
+    return hidden[:, -completion_len - 1:-1].reshape(-1, hidden.shape[-1])
+
+
+def _chunk_logprobs_and_entropy(head, hidden: Tensor, token_ids: Tensor, temperature: float,
+                                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    logits = head(hidden) / temperature                       # [rows, V], float32 with the FP32Head
+    with torch.no_grad():
+        entropy = entropy_from_logits(logits) if with_entropy else None
+    return token_logprobs(logits, token_ids), entropy
+
+
+def chunked_logprobs_and_entropy(head, hidden: Tensor, token_ids: Tensor, temperature: float, with_entropy: bool = True,
+                                 chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> tuple[Tensor, Tensor | None]:
+    """log softmax(head(h) / temperature)[y] and the entropy, row by row of `hidden` `[R, D]`, in chunks of about
+    `chunk_elements` logits, so the `[R, V]` logits never exist at once. With gradients each chunk is recomputed in
+    the backward pass (activation checkpointing) instead of being kept: one more head matmul, a chunk of memory."""
+    rows = max(1, chunk_elements // head.out_features)
+    if hidden.shape[0] <= rows:
+        return _chunk_logprobs_and_entropy(head, hidden, token_ids, temperature, with_entropy)
+    keep_graph = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+    parts = []
+    for start in range(0, hidden.shape[0], rows):
+        h, y = hidden[start:start + rows], token_ids[start:start + rows]
+        if keep_graph:
+            parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs_and_entropy, head, h, y, temperature,
+                                                           with_entropy, use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs_and_entropy(head, h, y, temperature, with_entropy))
+    entropy = torch.cat([p[1] for p in parts]) if with_entropy else None
+    return torch.cat([p[0] for p in parts]), entropy
 
 
 def completion_logprobs_and_entropy(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor,
-                                    completion_ids: Tensor, completion_mask: Tensor, temperature: float
-                                    ) -> tuple[Tensor, Tensor]:
+                                    completion_ids: Tensor, completion_mask: Tensor, temperature: float,
+                                    with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
     """The training-style forward of the policy: log pi(y_t | x, y_<t) `[N, T]` at the sampling temperature and
-    the per-token entropy of that distribution `[N, T]` (detached), both 0 on padding."""
-    logits = completion_logits(model, input_ids, attention_mask, completion_ids.shape[1]) / temperature
-    with torch.no_grad():
-        entropy = entropy_from_logits(logits) * completion_mask
-    return token_logprobs(logits, completion_ids) * completion_mask, entropy
+    the per-token entropy of that distribution `[N, T]` (detached), both 0 on padding. The LM head runs on the
+    completion positions only, as a contiguous 2-D slice, in chunks (chunked_logprobs_and_entropy)."""
+    n, t = completion_ids.shape
+    if not _head_is_plain(model):
+        logits = completion_logits(model, input_ids, attention_mask, t) / temperature
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits) * completion_mask if with_entropy else None
+        return token_logprobs(logits, completion_ids) * completion_mask, entropy
+    hidden = completion_hidden_states(model, input_ids, attention_mask, t)
+    logprobs, entropy = chunked_logprobs_and_entropy(model.get_output_embeddings(), hidden, completion_ids.reshape(-1),
+                                                     temperature, with_entropy)
+    return logprobs.view(n, t) * completion_mask, None if entropy is None else entropy.view(n, t) * completion_mask
+
+
+def completion_logprobs(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_ids: Tensor,
+                        completion_mask: Tensor, temperature: float) -> Tensor:
+    """log pi(y_t | x, y_<t) of each completion token at the sampling temperature, `[N, T]`, 0 on padding."""
+    return completion_logprobs_and_entropy(model, input_ids, attention_mask, completion_ids, completion_mask,
+                                           temperature, with_entropy=False)[0]
 
 
 def last_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

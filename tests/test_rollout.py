@@ -154,3 +154,63 @@ def test_top_k_off_samples_from_the_whole_vocabulary(policy, tokenizer):
     capped = generate(policy, ids, torch.ones_like(ids), sampling_config(max_new_tokens=1, temperature=1.0, top_k=50),
                       tokenizer.eos_token_id, tokenizer.pad_token_id, 1500)
     assert len(set(capped[:, 0].tolist())) <= 50
+
+
+# ---- the LM head on completion positions only, in chunks -------------------------------------------------------
+def test_the_chunked_log_prob_pass_equals_the_full_logits_with_left_padding_and_mixed_eos(policy, tokenizer):
+    """Reference: the model's own forward to [N, T, V] logits, then log-softmax and entropy, slowly and whole."""
+    from rloo.models import use_fp32_lm_head
+    from rloo.objectives import entropy_from_logits, token_logprobs
+    from rloo.rollout import completion_logits, completion_logprobs, completion_logprobs_and_entropy
+
+    use_fp32_lm_head(policy)
+    ids, mask = prompts(tokenizer, ["POST: cat dog\n\nTL;DR:", "POST: the boat was on the river today\n\nTL;DR:"])
+    torch.manual_seed(0)
+    completion = torch.randint(0, len(tokenizer), (2, 5))
+    completion_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])  # the second ended with EOS at its 2nd token
+    input_ids, attention_mask = torch.cat([ids, completion], 1), torch.cat([mask, completion_mask], 1)
+    logits = completion_logits(policy, input_ids, attention_mask, 5) / 0.7
+    expected = token_logprobs(logits, completion) * completion_mask
+    expected_entropy = entropy_from_logits(logits) * completion_mask
+    logprobs, entropy = completion_logprobs_and_entropy(policy, input_ids, attention_mask, completion, completion_mask, 0.7)
+    assert torch.allclose(logprobs, expected, atol=1e-5) and torch.allclose(entropy, expected_entropy, atol=1e-5)
+    assert torch.allclose(completion_logprobs(policy, input_ids, attention_mask, completion, completion_mask, 0.7),
+                          expected, atol=1e-5)
+
+
+def test_chunks_give_the_values_and_gradients_of_one_whole_pass():
+    from rloo.models import FP32Head
+    from rloo.rollout import chunked_logprobs_and_entropy
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 1000, bias=False)
+    head.__class__ = FP32Head
+    hidden = torch.randn(37, 16, requires_grad=True)
+    ids = torch.randint(0, 1000, (37,))
+    results = []
+    for chunk_elements in (10**9, 5000):  # whole; 5 rows a chunk, the last one short
+        hidden.grad, head.weight.grad = None, None
+        logprobs, entropy = chunked_logprobs_and_entropy(head, hidden, ids, 0.9, chunk_elements=chunk_elements)
+        (logprobs * torch.linspace(-1, 1, 37)).sum().backward()
+        results.append((logprobs.detach(), entropy, hidden.grad.clone(), head.weight.grad.clone()))
+    for whole, chunked in zip(*results):
+        assert torch.allclose(whole, chunked, atol=1e-5)
+    assert chunked_logprobs_and_entropy(head, hidden, ids, 0.9, with_entropy=False)[1] is None
+
+
+def test_adamw_is_the_fused_kernel_on_cpu_and_steps_as_the_plain_loop():
+    from rloo.algorithms.optim import adamw_with_schedule
+
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(5, 7)), torch.nn.Parameter(torch.randn(7))]
+    copies = [torch.nn.Parameter(w.detach().clone()) for w in weights]
+    fused = adamw_with_schedule(weights, 1e-2, total_steps=10, weight_decay=0.1)["optimizer"]
+    plain = torch.optim.AdamW(copies, lr=1e-2, weight_decay=0.1, foreach=False)
+    assert fused.defaults["fused"] is True
+    for step in range(3):
+        grads = [torch.randn_like(w) for w in weights]
+        for w, c, g in zip(weights, copies, grads):
+            w.grad, c.grad = g.clone(), g.clone()
+        fused.step()
+        plain.step()
+    assert all(torch.allclose(w, c, atol=1e-6) for w, c in zip(weights, copies))

@@ -3,6 +3,7 @@
     python -m rloo.bench                                   # presets tiny, small, pythia-160m on CPU
     python -m rloo.bench --presets small --steps 3         # one preset, fewer steps
     python -m rloo.bench --presets pythia-1b --device cuda --precision bf16-true
+    python -m rloo.bench logprobs                          # the log-prob pass: whole vs chunked LM head
 
 Writes <out>/results.json and <out>/results.md (default out: outputs/bench/<date>/<time>) and prints the table.
 Every configuration runs in a fresh interpreter, so one's memory never counts against another's.
@@ -35,9 +36,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m rloo.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", default="speed", choices=("speed", "quality", "stability"),
+    parser.add_argument("mode", nargs="?", default="speed", choices=("speed", "quality", "stability", "logprobs"),
                         help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock; "
-                             "stability: the bf16 mismatch, peer-like vs rloo defaults")
+                             "stability: the bf16 mismatch, peer-like vs rloo defaults; logprobs: peak memory of the "
+                             "log-prob pass, whole vs chunked LM head, at a 50k vocabulary")
     parser.add_argument("overrides", nargs="*", help="quality, stability: extra `python -m rloo.train` overrides for every run")
     parser.add_argument("--presets", default=None,
                         help=f"comma-separated, from: {', '.join(PRESETS)} (default: {','.join(DEFAULT_PRESETS)}; "
@@ -229,6 +231,12 @@ def main(argv=None) -> None:
         table = quality.markdown(report)
         (out_dir / "quality.md").write_text(table)
         print("\n" + table + f"\nbench: wrote {out_dir / 'quality.json'} and {out_dir / 'quality.md'}")
+        return
+    if args.mode == "logprobs":
+        from rloo.bench import logprobs
+
+        logprobs.run(out_dir)
+        print(f"bench: wrote {out_dir / 'logprobs.json'} and {out_dir / 'logprobs.md'}")
         return
     if args.mode == "stability":
         from rloo.bench import stability
