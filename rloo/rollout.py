@@ -159,11 +159,58 @@ def _head_is_plain(model: PreTrainedModel) -> bool:
     return not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", 1.0) in (None, 1.0)
 
 
-def completion_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int) -> Tensor:
-    """The body's hidden states at the positions that predict each completion token, as one contiguous `[N*T, D]`."""
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                              position_ids=position_ids_for(attention_mask), use_cache=False).last_hidden_state
-    return hidden[:, -completion_len - 1:-1].reshape(-1, hidden.shape[-1])
+SHARED_PREFIX_MODELS = ("gpt_neox",)  # bodies whose KV cache the prompt-once forward is tested on
+
+
+def shares_prompts(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int) -> bool:
+    """Rows come in groups of `group_size` with the same (left-padded) prompt, on a body the prompt-once forward
+    supports: then the prompt can run once per group."""
+    n = prompt_ids.shape[0]
+    if group_size < 2 or n % group_size or model.config.model_type not in SHARED_PREFIX_MODELS:
+        return False
+    grouped = prompt_ids.view(n // group_size, group_size, -1), prompt_mask.view(n // group_size, group_size, -1)
+    return bool(all((g == g[:, :1]).all() for g in grouped))
+
+
+def body_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int,
+                       group_size: int = 1) -> tuple[Tensor, Tensor]:
+    """The transformer body's last hidden states of prompt + completion rows: at the last prompt position `[N, D]`
+    and at every completion position `[N, T, D]`.
+
+    When the rows come in groups of `group_size` sharing a prompt (prompt-major, as a rollout lays them), the prompt
+    runs once per group and the group's completions attend to its keys and values (the cache repeated k times);
+    under autograd the k branches' gradients sum into the shared prompt. Same values as one forward of every row.
+    """
+    body, prompt_len = model.base_model, input_ids.shape[1] - completion_len
+    prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
+    positions = position_ids_for(attention_mask)
+    if not shares_prompts(model, prompt_ids, prompt_mask, group_size):
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                      use_cache=False).last_hidden_state
+        return hidden[:, prompt_len - 1], hidden[:, prompt_len:]
+    k = group_size
+    prompt = body(input_ids=prompt_ids[::k], attention_mask=prompt_mask[::k], position_ids=positions[::k, :prompt_len],
+                  use_cache=True)
+    cache = prompt.get("cache", prompt.get("past_key_values"))
+    cache.batch_repeat_interleave(k)                                   # [G, ...] -> [G*k, ...], differentiable
+    completion = body(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask,
+                      position_ids=positions[:, prompt_len:], use_cache=True, **{_cache_argument(body): cache})
+    return prompt.last_hidden_state[:, -1].repeat_interleave(k, 0), completion.last_hidden_state
+
+
+def _cache_argument(body) -> str:
+    """The keyword a body takes its KV cache by: `cache` in recent transformers, `past_key_values` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+
+
+def completion_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int,
+                             group_size: int = 1) -> Tensor:
+    """The hidden states at the positions that predict each completion token, as one contiguous `[N*T, D]`."""
+    last_prompt, completion = body_hidden_states(model, input_ids, attention_mask, completion_len, group_size)
+    hidden = torch.cat([last_prompt.unsqueeze(1), completion[:, :-1]], 1)
+    return hidden.reshape(-1, hidden.shape[-1])
 
 
 def _chunk_logprobs_and_entropy(head, hidden: Tensor, token_ids: Tensor, temperature: float,
@@ -197,27 +244,28 @@ def chunked_logprobs_and_entropy(head, hidden: Tensor, token_ids: Tensor, temper
 
 def completion_logprobs_and_entropy(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor,
                                     completion_ids: Tensor, completion_mask: Tensor, temperature: float,
-                                    with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+                                    with_entropy: bool = True, group_size: int = 1) -> tuple[Tensor, Tensor | None]:
     """The training-style forward of the policy: log pi(y_t | x, y_<t) `[N, T]` at the sampling temperature and
     the per-token entropy of that distribution `[N, T]` (detached), both 0 on padding. The LM head runs on the
-    completion positions only, as a contiguous 2-D slice, in chunks (chunked_logprobs_and_entropy)."""
+    completion positions only, as a contiguous 2-D slice, in chunks (chunked_logprobs_and_entropy); with
+    `group_size` k, each prompt runs once per group of k rows (body_hidden_states)."""
     n, t = completion_ids.shape
     if not _head_is_plain(model):
         logits = completion_logits(model, input_ids, attention_mask, t) / temperature
         with torch.no_grad():
             entropy = entropy_from_logits(logits) * completion_mask if with_entropy else None
         return token_logprobs(logits, completion_ids) * completion_mask, entropy
-    hidden = completion_hidden_states(model, input_ids, attention_mask, t)
+    hidden = completion_hidden_states(model, input_ids, attention_mask, t, group_size)
     logprobs, entropy = chunked_logprobs_and_entropy(model.get_output_embeddings(), hidden, completion_ids.reshape(-1),
                                                      temperature, with_entropy)
     return logprobs.view(n, t) * completion_mask, None if entropy is None else entropy.view(n, t) * completion_mask
 
 
 def completion_logprobs(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_ids: Tensor,
-                        completion_mask: Tensor, temperature: float) -> Tensor:
+                        completion_mask: Tensor, temperature: float, group_size: int = 1) -> Tensor:
     """log pi(y_t | x, y_<t) of each completion token at the sampling temperature, `[N, T]`, 0 on padding."""
     return completion_logprobs_and_entropy(model, input_ids, attention_mask, completion_ids, completion_mask,
-                                           temperature, with_entropy=False)[0]
+                                           temperature, with_entropy=False, group_size=group_size)[0]
 
 
 def last_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -226,8 +274,16 @@ def last_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask
                             position_ids=position_ids_for(attention_mask), use_cache=False).last_hidden_state
 
 
-def reward_scores(reward_model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """Score `[N]` of each prompt+completion at its last real token (found from the mask, not from pad ids)."""
+def reward_scores(reward_model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int = 0,
+                  group_size: int = 1) -> Tensor:
+    """Score `[N]` of each prompt+completion at its last real token (found from the mask, not from pad ids). Given the
+    completion length and rows in groups of `group_size` sharing a prompt, the prompt runs once per group."""
+    if completion_len and group_size > 1:
+        last_prompt, completion = body_hidden_states(reward_model, input_ids, attention_mask, completion_len, group_size)
+        lengths = attention_mask[:, -completion_len:].sum(1)              # real completion tokens (right-padded)
+        at_end = completion[torch.arange(completion.shape[0]), (lengths - 1).clamp(min=0)]
+        last = torch.where((lengths > 0).unsqueeze(1), at_end, last_prompt)
+        return reward_model.score(last).squeeze(-1).float()
     hidden = last_hidden_states(reward_model, input_ids, attention_mask)
     last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # [N] index of the last 1
     return reward_model.score(hidden[torch.arange(hidden.shape[0]), last]).squeeze(-1).float()
@@ -264,10 +320,11 @@ def chunked(fn, batch_size: int, *tensors: Tensor) -> Tensor:
 def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_model: PreTrainedModel,
                     prompt_ids: Tensor, prompt_mask: Tensor, k: int, sampling: SamplingConfig,
                     eos_token_id: int, pad_token_id: int, forward_batch_size: int,
-                    timer: PhaseTimer | None = None) -> Rollout:
+                    timer: PhaseTimer | None = None, share_prompts: bool = False) -> Rollout:
     """Repeat each prompt k times, sample, truncate, and compute reference log-probs and scores.
 
-    `timer`, if given, receives the seconds of the phases generate / ref_logprobs / scores.
+    `timer`, if given, receives the seconds of the phases generate / ref_logprobs / scores. With `share_prompts`
+    the reference and the reward model run each prompt once for its k completions (body_hidden_states).
     """
     timer = timer or PhaseTimer()
     prompt_ids = prompt_ids.repeat_interleave(k, dim=0)    # [B*k, P]
@@ -277,11 +334,12 @@ def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_
             policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, forward_batch_size)
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention_mask = torch.cat([prompt_mask, completion_mask], 1)
+    group = k if share_prompts else 1
     with timer("ref_logprobs"):
-        ref_logprobs = chunked(partial(completion_logprobs, reference, temperature=sampling.temperature),
+        ref_logprobs = chunked(partial(completion_logprobs, reference, temperature=sampling.temperature, group_size=group),
                                forward_batch_size, input_ids, attention_mask, completion_ids, completion_mask)
     with timer("scores"):
-        scores = chunked(partial(reward_scores, reward_model), forward_batch_size, input_ids, attention_mask) \
-            if reward_model is not None else torch.zeros(input_ids.shape[0], device=input_ids.device)  # reward= without model
+        scores = chunked(partial(reward_scores, reward_model, completion_len=completion_ids.shape[1], group_size=group),
+                         forward_batch_size, input_ids, attention_mask) if reward_model is not None else torch.zeros(input_ids.shape[0], device=input_ids.device)  # reward= without model
     return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, generation_logprobs,
                    ref_logprobs.float(), scores)

@@ -214,3 +214,53 @@ def test_adamw_is_the_fused_kernel_on_cpu_and_steps_as_the_plain_loop():
         fused.step()
         plain.step()
     assert all(torch.allclose(w, c, atol=1e-6) for w, c in zip(weights, copies))
+
+
+# ---- each prompt once per group of k ----------------------------------------------------------------------------
+def grouped_batch(tokenizer, k=3):
+    """Three prompts of different lengths (left-padded), k completions each, with EOS at different places."""
+    ids, mask = prompts(tokenizer, ["POST: cat dog\n\nTL;DR:", "POST: the boat was on the river today\n\nTL;DR:",
+                                    "POST: rain\n\nTL;DR:"])
+    torch.manual_seed(1)
+    completion = torch.randint(0, len(tokenizer), (3 * k, 6))
+    lengths = torch.tensor([6, 1, 3, 6, 6, 2, 4, 5, 1][:3 * k])
+    completion_mask = (torch.arange(6) < lengths[:, None]).long()
+    return (torch.cat([ids.repeat_interleave(k, 0), completion], 1),
+            torch.cat([mask.repeat_interleave(k, 0), completion_mask], 1), completion, completion_mask)
+
+
+def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plain_forward(policy, tokenizer):
+    from rloo.rollout import completion_logprobs_and_entropy, shares_prompts
+
+    input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
+    assert shares_prompts(policy, input_ids[:, :-6], attention_mask[:, :-6], 3)
+    weights = torch.randn(completion.shape, generator=torch.Generator().manual_seed(2))
+    results = []
+    for group_size in (1, 3):
+        policy.zero_grad()
+        logprobs, entropy = completion_logprobs_and_entropy(policy, input_ids, attention_mask, completion,
+                                                            completion_mask, 0.8, group_size=group_size)
+        (logprobs * weights).sum().backward()
+        results.append((logprobs.detach(), entropy, {n: p.grad.clone() for n, p in policy.named_parameters()}))
+    (plain, plain_entropy, plain_grads), (shared, shared_entropy, shared_grads) = results
+    assert torch.allclose(plain, shared, atol=1e-5) and torch.allclose(plain_entropy, shared_entropy, atol=1e-5)
+    for name, grad in plain_grads.items():
+        assert torch.allclose(grad, shared_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_the_prompt_once_per_group_gives_the_same_scores(reward_model, tokenizer):
+    from rloo.rollout import reward_scores
+
+    input_ids, attention_mask, completion, _ = grouped_batch(tokenizer)
+    plain = reward_scores(reward_model, input_ids, attention_mask)
+    shared = reward_scores(reward_model, input_ids, attention_mask, completion_len=6, group_size=3)
+    assert torch.allclose(plain, shared, atol=1e-5)
+
+
+def test_rows_that_do_not_share_their_prompt_take_the_plain_forward(policy, tokenizer):
+    from rloo.rollout import shares_prompts
+
+    input_ids, attention_mask, _, _ = grouped_batch(tokenizer)
+    shuffled = torch.tensor([0, 3, 1, 2, 4, 5, 6, 7, 8])  # a group split, as a shuffled mini-batch splits them
+    assert not shares_prompts(policy, input_ids[shuffled, :-6], attention_mask[shuffled, :-6], 3)
+    assert not shares_prompts(policy, input_ids[:8, :-6], attention_mask[:8, :-6], 3)  # not a multiple of k

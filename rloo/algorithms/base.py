@@ -72,6 +72,7 @@ class OnlineRLConfig:
     log_histograms: bool
     log_every: int
     max_bad_steps: int
+    shared_prefix: bool
     total_rollouts: int            # from total_episodes, rollout_batch_size and the devices
 
     @property
@@ -140,7 +141,7 @@ class OnlineRLModule(LightningModule):
         reward_model = self.reward_model if self.reward is None or self.reward.uses_model else None
         rollout = collect_rollout(self.policy, self.reference, reward_model, batch["prompt_ids"], batch["prompt_mask"],
                                   cfg.k, cfg.sampling, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                                  cfg.generation_batch_size, timer=timer)
+                                  cfg.generation_batch_size, timer=timer, share_prompts=cfg.shared_prefix)
         if self.reward is not None:  # the functions of reward= see text: prompts and completions, decoded
             with timer("reward_functions"):
                 prompts = self.tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True)
@@ -162,9 +163,10 @@ class OnlineRLModule(LightningModule):
 
     def policy_forward(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """log pi(y_t | .) `[n, T]` (with gradient) and the per-token entropy `[n, T]` of the policy as it is now."""
+        cfg = self.config
         return completion_logprobs_and_entropy(self.policy, rollout.input_ids, rollout.attention_mask,
-                                               rollout.completion_ids, rollout.completion_mask,
-                                               self.config.sampling.temperature)
+                                               rollout.completion_ids, rollout.completion_mask, cfg.sampling.temperature,
+                                               group_size=cfg.k if cfg.shared_prefix else 1)
 
     @torch.no_grad()
     def rollout_policy_forward(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
