@@ -191,7 +191,7 @@ def body_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask
     k = group_size
     prompt = body(input_ids=prompt_ids[::k], attention_mask=prompt_mask[::k], position_ids=positions[::k, :prompt_len],
                   use_cache=True)
-    cache = prompt.get("cache", prompt.get("past_key_values"))
+    cache = prompt["cache"] if "cache" in prompt else prompt["past_key_values"]
     cache.batch_repeat_interleave(k)                                   # [G, ...] -> [G*k, ...], differentiable
     completion = body(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask,
                       position_ids=positions[:, prompt_len:], use_cache=True, **{_cache_argument(body): cache})
