@@ -162,3 +162,19 @@ def test_diagnostics_at_two_by_two_measure_the_policy_that_sampled(tiny_run_asse
     assert stats["entropy"] == pytest.approx(masked_mean(entropy, rollout.completion_mask).item(), abs=1e-5)
     assert stats["first_epoch_clipfrac"] == 0.0  # old log-probs recomputed: the ratio at the rollout policy is 1
     assert stats["clipfrac"] > 0  # while the later mini-batches, after a step at lr 1e-2, do clip
+
+
+def test_a_reused_rollout_shuffles_whole_groups_so_every_micro_batch_shares_its_prompts(tiny_run_assets, tokenizer):
+    from rloo.rollout import shares_prompts
+
+    seen = []
+
+    class Spy(RLOOModule):
+        def policy_forward(self, rollout):
+            seen.append(shares_prompts(self.policy, rollout.prompt_ids, rollout.prompt_mask, self.config.k))
+            return super().policy_forward(rollout)
+
+    fit(tiny_run_assets, tokenizer, num_rollouts=2, module_class=Spy, num_ppo_epochs=2, num_mini_batches=2,
+        micro_batch_size=4)
+    # per rollout: the old log-probs (one chunk of 16), then 2 epochs x 2 mini-batches x 2 micro-batches of 4
+    assert len(seen) == 2 * (1 + 8) and all(seen)

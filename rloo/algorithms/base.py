@@ -179,9 +179,17 @@ class OnlineRLModule(LightningModule):
 
     def mini_batches(self, n: int, shuffle: bool) -> Iterator[list[Tensor]]:
         """One pass over n rollout rows: num_mini_batches mini-batches, each a list of micro-batch row indices.
-        Without `shuffle` rows keep their prompt-major order, so micro-batches hold whole prompt groups."""
+        Without `shuffle` rows keep their prompt-major order, so micro-batches hold whole prompt groups. With it,
+        whole groups are shuffled where micro-batches hold whole groups (the prompt then runs once per group in
+        the update too, shared_prefix), else single rows."""
         cfg = self.config
-        order = torch.randperm(n, device=self.device) if shuffle else torch.arange(n, device=self.device)
+        k = cfg.k
+        whole_groups = cfg.shared_prefix and k > 1 and cfg.micro_batch_size % k == 0 and (n // cfg.num_mini_batches) % k == 0
+        if shuffle and whole_groups:
+            groups = torch.randperm(n // k, device=self.device)
+            order = (groups[:, None] * k + torch.arange(k, device=self.device)).flatten()
+        else:
+            order = torch.randperm(n, device=self.device) if shuffle else torch.arange(n, device=self.device)
         for mini in order.split(n // cfg.num_mini_batches):
             yield list(mini.split(cfg.micro_batch_size))
 
