@@ -104,3 +104,26 @@ def test_stability_reports_what_the_fp32_head_removes():
              cell("bf16", "peer-like", 8.4e-4), cell("bf16", "rloo default", 1.45e-4)]
     assert head_reductions(cells) == {("m", "bf16"): pytest.approx(8.4e-4 / 1.45e-4)}  # 5.8x; fp32 has no head to compare
     assert head_reductions(cells[:3]) == {}  # no default cell to compare with
+
+
+def test_the_published_schedule_runs_its_optimiser_steps_per_rollout(tmp_path):
+    result = bench("--presets", "tiny", "--steps", "2", "--warmup", "1", "--ppo-epochs", "1", "--peers", "none",
+                   "--rloo-schedule", "2x2", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    ours = next(r for r in report["results"] if r["algorithm"] == "rloo")
+    assert ours["rollouts"] == 3 and ours["optimizer_steps"] == 3 * 4  # 2 epochs x 2 mini-batches per rollout
+    assert ours["settings"]["num_ppo_epochs"] == 2 and ours["settings"]["num_mini_batches"] == 2
+    assert "| tiny | rloo RLOO (2x2) |" in (tmp_path / "results.md").read_text()
+
+
+def test_the_peer_sums_its_optimiser_steps_into_rollouts():
+    import argparse
+
+    from rloo.bench.peers import per_rollout, schedule
+
+    assert schedule(argparse.Namespace(algorithm="rloo", rloo_schedule="2x2", ppo_epochs=4)) == (2, 2)
+    assert schedule(argparse.Namespace(algorithm="ppo", rloo_schedule="2x2", ppo_epochs=4)) == (4, 1)
+    steps = [{"wall": 1.0, "rollout": 0.5, "tokens": 10}, {"wall": 0.2, "rollout": None, "tokens": 0},
+             {"wall": 2.0, "rollout": 1.5, "tokens": 7}, {"wall": 0.3, "rollout": None, "tokens": 0}]
+    assert per_rollout(steps, 2) == [{"wall": 1.2, "tokens": 10, "rollout": 0.5}, {"wall": 2.3, "tokens": 7, "rollout": 1.5}]

@@ -48,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration, after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--ppo-epochs", default="4", help="comma-separated PPO epochs to run (TRL's default: 4)")
+    parser.add_argument("--rloo-schedule", default="1x1",
+                        help="RLOO epochs x mini-batches per rollout, for rloo and TRL alike (the published recipe: 2x2)")
     parser.add_argument("--precision", default="32-true", help="Lightning precision of our runs (TRL runs fp32 on CPU)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads in every configuration")
@@ -92,15 +94,20 @@ def configurations(args) -> list[dict]:
     for preset in args.presets.split(","):
         ours = [sys.executable, "-m", "rloo.bench.worker", "--preset", preset, *common,
                 "--precision", args.precision, "--device", args.device]
-        runs.append(dict(preset=preset, implementation="rloo", algorithm="rloo", command=[*ours, "--algorithm", "rloo"]))
+        epochs, _, minis = args.rloo_schedule.partition("x")
+        micro = get_preset(preset).completions_per_step // int(minis)
+        schedule = ["--set", f"num_ppo_epochs={epochs}", "--set", f"num_mini_batches={minis}",
+                    "--set", f"micro_batch_size={micro}"] if args.rloo_schedule != "1x1" else []
+        runs.append(dict(preset=preset, implementation="rloo", algorithm="rloo", schedule=args.rloo_schedule,
+                         command=[*ours, "--algorithm", "rloo", *schedule]))
         for epochs in args.ppo_epochs:
             runs.append(dict(preset=preset, implementation="rloo", algorithm="ppo", ppo_epochs=epochs,
                              command=[*ours, "--algorithm", "ppo", "--ppo-epochs", str(epochs)]))
         theirs = ["-m", "rloo.bench.peers", "--preset", preset, *common]
         if "rloo" in peers:
             python, version = peers["rloo"]
-            runs.append(dict(preset=preset, implementation=f"trl-{version}", algorithm="rloo",
-                             command=[python, *theirs, "--algorithm", "rloo"]))
+            runs.append(dict(preset=preset, implementation=f"trl-{version}", algorithm="rloo", schedule=args.rloo_schedule,
+                             command=[python, *theirs, "--algorithm", "rloo", "--rloo-schedule", args.rloo_schedule]))
         if "ppo" in peers:
             python, version = peers["ppo"]
             for epochs in args.ppo_epochs:
@@ -110,7 +117,8 @@ def configurations(args) -> list[dict]:
 
 
 def run_one(run: dict, out_dir: Path, timeout: int) -> dict:
-    name = f"{run['preset']}-{run['implementation']}-{run['algorithm']}" + (f"-{run['ppo_epochs']}ep" if "ppo_epochs" in run else "")
+    name = f"{run['preset']}-{run['implementation']}-{run['algorithm']}" + (f"-{run['ppo_epochs']}ep" if "ppo_epochs" in run else "") \
+        + (f"-{run['schedule']}" if run.get("schedule", "1x1") != "1x1" else "")
     result_path = out_dir / "runs" / f"{name}.json"
     result_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
@@ -133,7 +141,7 @@ def run_one(run: dict, out_dir: Path, timeout: int) -> dict:
 
 
 def _identity(run: dict) -> dict:
-    return {k: run[k] for k in ("preset", "implementation", "algorithm", "ppo_epochs") if k in run}
+    return {k: run[k] for k in ("preset", "implementation", "algorithm", "ppo_epochs", "schedule") if k in run}
 
 
 def memory_mb(result: dict) -> float | None:
@@ -173,7 +181,9 @@ def _ratio(a, b):
 
 def label(result: dict) -> str:
     name = f"{result['implementation']} {result['algorithm'].upper()}"
-    return name + (f" ({result['ppo_epochs']} ep)" if result["algorithm"] == "ppo" else "")
+    if result["algorithm"] == "ppo":
+        return name + f" ({result['ppo_epochs']} ep)"
+    return name + (f" ({result['schedule']})" if result.get("schedule", "1x1") != "1x1" else "")
 
 
 def machine() -> dict:

@@ -39,6 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="timed steps after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--ppo-epochs", type=int, default=4, help="PPO passes over each rollout (TRL's default: 4)")
+    parser.add_argument("--rloo-schedule", default="1x1", help="RLOO: EPOCHSxMINI_BATCHES per rollout, as TRL's "
+                        "num_iterations x steps_per_generation (the published recipe: 2x2)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="where the JSON result goes")
@@ -213,8 +215,11 @@ def build_rloo(args, preset, tokenizer, policy, reward_model, workdir: str, reco
     reward_model.config._name_or_path = "reward_model"  # names its metrics
     reward_model.requires_grad_(False)
     completions = preset.completions_per_step
-    config = RLOOConfig(**common_args(args, workdir), max_steps=args.warmup + args.steps,
-                        per_device_train_batch_size=completions, steps_per_generation=1, num_iterations=1,
+    epochs, minis = schedule(args)
+    # one generation of `completions` serves minis optimiser steps of completions/minis each, num_iterations times
+    config = RLOOConfig(**common_args(args, workdir), max_steps=(args.warmup + args.steps) * epochs * minis,
+                        per_device_train_batch_size=completions // minis, steps_per_generation=minis,
+                        num_iterations=epochs,
                         num_generations=preset.k, max_completion_length=preset.response_length,
                         temperature=TEMPERATURE, beta=preset.kl_coef, logging_strategy="no", log_completions=False)
     prompts = prompt_texts(preset, preset.prompts_per_step * (args.warmup + args.steps), args.seed, tokenizer)
@@ -270,6 +275,25 @@ def build_ppo(args, preset, tokenizer, policy, reward_model, workdir: str, recor
     return trainer, lambda: [policy, reference, reward_model, value_model], 1
 
 
+def schedule(args) -> tuple[int, int]:
+    """(epochs, mini-batches) per rollout: --rloo-schedule for RLOO, (--ppo-epochs, 1) for PPO."""
+    if args.algorithm == "ppo":
+        return args.ppo_epochs, 1
+    epochs, _, minis = args.rloo_schedule.partition("x")
+    return int(epochs), int(minis or 1)
+
+
+def per_rollout(steps: list[dict], updates: int) -> list[dict]:
+    """The trainer's steps (one optimiser step each) summed into rollouts of `updates` steps: the first generates."""
+    grouped = []
+    for start in range(0, len(steps), updates):
+        part = steps[start:start + updates]
+        rollouts = [s["rollout"] for s in part if s["rollout"] is not None]
+        grouped.append({"wall": sum(s["wall"] for s in part), "tokens": sum(s["tokens"] for s in part),
+                        "rollout": sum(rollouts) if rollouts else None})
+    return grouped
+
+
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -295,15 +319,16 @@ def run(args) -> dict:
     peak_rss = peak_rss_mb()
     check_run(args, preset, recorder)
 
-    timed = recorder.steps[args.warmup:]
+    epochs, minis = schedule(args)
+    # PPOTrainer's step is a whole rollout with its epochs; RLOOTrainer's is one optimiser step
+    timed = per_rollout(recorder.steps, 1 if args.algorithm == "ppo" else epochs * minis)[args.warmup:]
     walls = [s["wall"] for s in timed]
     rollouts = [s["rollout"] for s in timed if s["rollout"] is not None]
-    epochs = args.ppo_epochs if args.algorithm == "ppo" else 1
     return {
         "implementation": f"trl-{trl.__version__}",
         "algorithm": args.algorithm,
         "preset": preset.name,
-        "settings": preset.as_dict() | {"num_ppo_epochs": epochs, "num_mini_batches": 1, "completions_per_prompt": k,
+        "settings": preset.as_dict() | {"num_ppo_epochs": epochs, "num_mini_batches": minis, "completions_per_prompt": k,
                                         "prompts_per_step": preset.completions_per_step // k, "precision": "fp32",
                                         "temperature": TEMPERATURE, "learning_rate": LEARNING_RATE,
                                         "activation_checkpointing": activation_checkpointing(policy),
@@ -337,8 +362,9 @@ def run(args) -> dict:
 def check_run(args, preset, recorder: Recorder):
     """Fail loudly where the peer did not run what we compare against: the step count or the sampling settings."""
     steps = args.warmup + args.steps
-    epochs = args.ppo_epochs if args.algorithm == "ppo" else 1
-    expected = {"steps": steps, "rollouts": steps, "optimizer_steps": steps * epochs}
+    epochs, minis = schedule(args)
+    trainer_steps = steps if args.algorithm == "ppo" else steps * epochs * minis
+    expected = {"steps": trainer_steps, "rollouts": steps, "optimizer_steps": steps * epochs * minis}
     counted = {"steps": len(recorder.steps), "rollouts": recorder.rollouts, "optimizer_steps": recorder.optimizer_steps}
     if counted != expected:
         raise RuntimeError(f"the peer ran {counted}, expected {expected}")

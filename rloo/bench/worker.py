@@ -130,6 +130,9 @@ def run(args) -> dict:
         torch.cuda.reset_peak_memory_stats()
     trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
 
+    if trainer.global_step != num_steps * config.updates_per_rollout or len(clock.steps) != num_steps:
+        raise SystemExit(f"error: ran {len(clock.steps)} rollouts and {trainer.global_step} optimiser steps, expected "
+                         f"{num_steps} and {num_steps * config.updates_per_rollout}")
     timed = clock.steps[args.warmup:]
     phases = sorted({key for step in timed for key in step} - {"wall", "tokens", "step"})
     models = [m for m in (module.policy, module.reference, module.reward_model, getattr(module, "value_model", None)) if m is not None]
@@ -146,6 +149,8 @@ def run(args) -> dict:
         "threads": torch.get_num_threads(),
         "steps": len(timed),
         "warmup": args.warmup,
+        "optimizer_steps": trainer.global_step,
+        "rollouts": len(clock.steps),
         "step_seconds": [s["wall"] for s in timed],
         "step_seconds_median": step_median,
         "rollout_seconds_median": median([s["rollout"] for s in timed]),
