@@ -35,20 +35,16 @@ class AppendingCSVLogger(CSVLogger):
 
 
 def drop_rows_after(metrics_csv: str, rollouts: int) -> int:
-    """Keep the rows of metrics.csv up to rollout `rollouts` (train rows by train/rollout, evaluations by their
-    step, the rollout they followed): a resumed run logs the later ones again. The dropped rows move to
-    metrics.superseded.csv beside it. Returns how many moved."""
-    def rollout_of(row: dict) -> float:
-        value = row.get("train/rollout") or row.get("step") or "0"
-        return float(value)
-
+    """Keep the rows of metrics.csv up to rollout `rollouts` (every row's step is the rollout it was logged at): a
+    resumed run logs the later ones again. The dropped rows move to metrics.superseded.csv beside it. Returns how
+    many moved."""
     if not os.path.isfile(metrics_csv):
         return 0
     with open(metrics_csv, newline="") as file:
         reader = csv.DictReader(file)
         fields, rows = reader.fieldnames or [], list(reader)
-    kept = [row for row in rows if rollout_of(row) <= rollouts]
-    dropped = [row for row in rows if rollout_of(row) > rollouts]
+    kept = [row for row in rows if float(row["step"]) <= rollouts]
+    dropped = [row for row in rows if float(row["step"]) > rollouts]
     if dropped:
         from rloo import atomic
 

@@ -278,7 +278,7 @@ def reward_scores(reward_model: PreTrainedModel, input_ids: Tensor, attention_ma
                   group_size: int = 1) -> Tensor:
     """Score `[N]` of each prompt+completion at its last real token (found from the mask, not from pad ids). Given the
     completion length and rows in groups of `group_size` sharing a prompt, the prompt runs once per group."""
-    if completion_len and group_size > 1:
+    if completion_len:
         last_prompt, completion = body_hidden_states(reward_model, input_ids, attention_mask, completion_len, group_size)
         lengths = attention_mask[:, -completion_len:].sum(1)              # real completion tokens (right-padded)
         at_end = completion[torch.arange(completion.shape[0]), (lengths - 1).clamp(min=0)]

@@ -177,7 +177,8 @@ def test_run_dirs_are_unique_within_a_second(tmp_path):
 
 def test_rows_after_the_resumed_rollout_move_aside(tmp_path):
     path = tmp_path / "metrics.csv"
-    path.write_text("step,train/rollout,eval/win_rate\n0,,0.5\n0,1.0,\n1,2.0,\n2,,0.6\n2,3.0,\n")
+    # as the run writes them: step = the rollout, for train rows and evaluations alike
+    path.write_text("step,train/rollout,eval/win_rate\n0,,0.5\n1,1.0,\n2,2.0,\n2,,0.6\n3,3.0,\n")
     assert drop_rows_after(str(path), 2) == 1
-    assert path.read_text().splitlines()[1:] == ["0,,0.5", "0,1.0,", "1,2.0,", "2,,0.6"]
-    assert (tmp_path / "metrics.superseded.csv").read_text().splitlines()[1:] == ["2,3.0,"]
+    assert path.read_text().splitlines()[1:] == ["0,,0.5", "1,1.0,", "2,2.0,", "2,,0.6"]
+    assert (tmp_path / "metrics.superseded.csv").read_text().splitlines()[1:] == ["3,3.0,"]
