@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rloo.errors import ConfigError
 from rloo.objectives import IS_CORRECTIONS, KL_ESTIMATORS
-from rloo.sampling import SamplingConfig
+from rloo.sampling import SAMPLERS, SamplingConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger", "algo", "experiment", "debug", "bootstrap")
@@ -155,13 +155,13 @@ def compose_train_config(overrides: list[str]) -> DictConfig:
 def rollout_sampling(cfg: DictConfig) -> SamplingConfig:
     """How rollouts sample (conf/sampling.yaml)."""
     return SamplingConfig(cfg.response_length, cfg.temperature, cfg.top_k, cfg.top_p, greedy=False,
-                          stop_at_eos=cfg.stop_token == "eos", lean_decode=cfg.lean_decode)
+                          stop_at_eos=cfg.stop_token == "eos", lean_decode=cfg.lean_decode, sampler=cfg.sampler)
 
 
 def eval_sampling(cfg: DictConfig) -> SamplingConfig:
     """How held-out evaluation samples: greedy unless eval.greedy=false, up to eval.max_new_tokens."""
     return SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, greedy=cfg.eval.greedy,
-                          stop_at_eos=cfg.stop_token == "eos", lean_decode=cfg.lean_decode)
+                          stop_at_eos=cfg.stop_token == "eos", lean_decode=cfg.lean_decode, sampler=cfg.sampler)
 
 
 def algorithm_config(config_class, cfg: DictConfig, total_rollouts: int):
@@ -367,6 +367,8 @@ def validate_sampling(cfg: DictConfig) -> None:
     for key in ("lean_decode", "eval.greedy"):
         value = OmegaConf.select(cfg, key)
         _require(isinstance(value, bool), key, "true or false", value)
+    _require(OmegaConf.select(cfg, "sampler") in SAMPLERS, "sampler", f"one of {', '.join(SAMPLERS)}",
+             OmegaConf.select(cfg, "sampler"))
     _require(cfg.model.frozen_dtype in FROZEN_DTYPES, "model.frozen_dtype", f"one of {', '.join(FROZEN_DTYPES)}", cfg.model.frozen_dtype)
 
 

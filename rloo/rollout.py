@@ -159,17 +159,42 @@ def _head_is_plain(model: PreTrainedModel) -> bool:
     return not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", 1.0) in (None, 1.0)
 
 
-SHARED_PREFIX_MODELS = ("gpt_neox",)  # bodies whose KV cache the prompt-once forward is tested on
+SHARED_PREFIX_MODELS = ("gpt_neox",)  # bodies the packed forward is tested on
+PACKED_MASK_ATTENTION = ("sdpa", "eager")  # attention implementations that take an arbitrary 4-D mask
 
 
 def shares_prompts(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int) -> bool:
-    """Rows come in groups of `group_size` with the same (left-padded) prompt, on a body the prompt-once forward
+    """Rows come in groups of `group_size` with the same (left-padded) prompt, on a body the packed forward
     supports: then the prompt can run once per group."""
     n = prompt_ids.shape[0]
-    if group_size < 2 or n % group_size or model.config.model_type not in SHARED_PREFIX_MODELS:
+    if (group_size < 2 or n % group_size or model.config.model_type not in SHARED_PREFIX_MODELS
+            or model.config._attn_implementation not in PACKED_MASK_ATTENTION):
         return False
-    grouped = prompt_ids.view(n // group_size, group_size, -1), prompt_mask.view(n // group_size, group_size, -1)
-    return bool(all((g == g[:, :1]).all() for g in grouped))
+    ids, mask = prompt_ids.view(n // group_size, group_size, -1), prompt_mask.view(n // group_size, group_size, -1)
+    return bool((ids == ids[:, :1]).all() & (mask == mask[:, :1]).all())  # one host sync
+
+
+def packed_attention(prompt_mask: Tensor, completion_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Who attends to whom in a packed group row `[prompt | completion 1 | ... | completion k]`, and the positions.
+
+    prompt_mask `[G, P]` (left-padded), completion_mask `[G, k, T]` (right-padded). Returns a bool mask
+    `[G, 1, L, L]` (L = P + k*T; True: may attend) and position ids `[G, L]`. A query sees earlier real tokens of
+    the prompt and of its own completion, never another completion; a pad query sees itself only, so no row of
+    the softmax is empty. Completion j's token t sits at position (real prompt tokens) + t, as in its own row.
+    """
+    groups, k, length = completion_mask.shape
+    prompt_len = prompt_mask.shape[1]
+    segment = torch.cat([torch.zeros(prompt_len, dtype=torch.long, device=prompt_mask.device),
+                         torch.arange(1, k + 1, device=prompt_mask.device).repeat_interleave(length)])  # [L]
+    key_real = torch.cat([prompt_mask, completion_mask.reshape(groups, -1)], 1).bool()  # [G, L]
+    width = segment.shape[0]
+    causal = torch.ones(width, width, dtype=torch.bool, device=prompt_mask.device).tril()
+    same_or_prompt = (segment[None, :] == segment[:, None]) | (segment[None, :] == 0)  # [L, L]
+    mask = (causal & same_or_prompt)[None] & key_real[:, None, :]
+    mask |= torch.eye(width, dtype=torch.bool, device=prompt_mask.device)
+    prompt_positions = position_ids_for(prompt_mask)                                    # [G, P]
+    completion_positions = prompt_mask.sum(1, keepdim=True) + torch.arange(length, device=prompt_mask.device).repeat(k)
+    return mask[:, None], torch.cat([prompt_positions, completion_positions], 1)
 
 
 def body_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int,
@@ -177,32 +202,26 @@ def body_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask
     """The transformer body's last hidden states of prompt + completion rows: at the last prompt position `[N, D]`
     and at every completion position `[N, T, D]`.
 
-    When the rows come in groups of `group_size` sharing a prompt (prompt-major, as a rollout lays them), the prompt
-    runs once per group and the group's completions attend to its keys and values (the cache repeated k times);
-    under autograd the k branches' gradients sum into the shared prompt. Same values as one forward of every row.
+    When the rows come in groups of `group_size` sharing a prompt (prompt-major, as a rollout lays them), each group
+    runs as one packed row `[prompt | completion 1 | ... | completion k]` whose mask lets every completion see the
+    prompt and itself (packed_attention): the prompt is computed once, every weight sees all tokens in one matmul,
+    and under autograd the k completions' gradients meet in the shared prompt. Same values as one forward of every
+    row.
     """
     body, prompt_len = model.base_model, input_ids.shape[1] - completion_len
-    prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
-    positions = position_ids_for(attention_mask)
-    if not shares_prompts(model, prompt_ids, prompt_mask, group_size):
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+    if not shares_prompts(model, input_ids[:, :prompt_len], attention_mask[:, :prompt_len], group_size):
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
                       use_cache=False).last_hidden_state
         return hidden[:, prompt_len - 1], hidden[:, prompt_len:]
-    k = group_size
-    prompt = body(input_ids=prompt_ids[::k], attention_mask=prompt_mask[::k], position_ids=positions[::k, :prompt_len],
-                  use_cache=True)
-    cache = prompt["cache"] if "cache" in prompt else prompt["past_key_values"]
-    cache.batch_repeat_interleave(k)                                   # [G, ...] -> [G*k, ...], differentiable
-    completion = body(input_ids=input_ids[:, prompt_len:], attention_mask=attention_mask,
-                      position_ids=positions[:, prompt_len:], use_cache=True, **{_cache_argument(body): cache})
-    return prompt.last_hidden_state[:, -1].repeat_interleave(k, 0), completion.last_hidden_state
-
-
-def _cache_argument(body) -> str:
-    """The keyword a body takes its KV cache by: `cache` in recent transformers, `past_key_values` before."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+    k, groups = group_size, input_ids.shape[0] // group_size
+    packed_ids = torch.cat([input_ids[::k, :prompt_len], input_ids[:, prompt_len:].reshape(groups, -1)], 1)  # [G, L]
+    mask, positions = packed_attention(attention_mask[::k, :prompt_len],
+                                       attention_mask[:, prompt_len:].reshape(groups, k, completion_len))
+    if model.config._attn_implementation == "eager":  # eager adds the mask to the scores
+        mask = torch.zeros(mask.shape, dtype=model.dtype, device=mask.device).masked_fill_(~mask, torch.finfo(model.dtype).min)
+    hidden = body(input_ids=packed_ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+    completion = hidden[:, prompt_len:].reshape(groups * k, completion_len, -1)      # [N, T, D]
+    return hidden[:, prompt_len - 1].repeat_interleave(k, 0), completion
 
 
 def completion_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int,
@@ -213,33 +232,77 @@ def completion_hidden_states(model: PreTrainedModel, input_ids: Tensor, attentio
     return hidden.reshape(-1, hidden.shape[-1])
 
 
-def _chunk_logprobs_and_entropy(head, hidden: Tensor, token_ids: Tensor, temperature: float,
-                                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    logits = head(hidden) / temperature                       # [rows, V], float32 with the FP32Head
-    with torch.no_grad():
-        entropy = entropy_from_logits(logits) if with_entropy else None
-    return token_logprobs(logits, token_ids), entropy
+def _head_chunks(head, hidden: Tensor, token_ids: Tensor, temperature: float, rows: int,
+                 with_entropy: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """log p(y), the entropy (or None) and log Z `[R]` of softmax(head(h) / temperature), `rows` rows at a time."""
+    logprobs, entropies, log_zs = [], [], []
+    for start in range(0, hidden.shape[0], rows):
+        logits = head(hidden[start:start + rows]).float()  # [rows, V], fresh: divided in place
+        if temperature != 1.0:
+            logits.div_(temperature)
+        log_z = logits.logsumexp(-1)
+        logprobs.append(logits.gather(1, token_ids[start:start + rows, None]).squeeze(1) - log_z)
+        if with_entropy:  # H = log Z - sum_v p_v z_v
+            entropies.append(log_z - (logits - log_z[:, None]).exp_().mul_(logits).sum(-1))
+        log_zs.append(log_z)
+    return torch.cat(logprobs), torch.cat(entropies) if with_entropy else None, torch.cat(log_zs)
+
+
+class _ChunkedHeadLogprobs(torch.autograd.Function):
+    """log softmax(head(h) / temperature)[y] with a backward that keeps no logits: each chunk's logits are
+    recomputed there, and d log p(y) / d z = onehot(y) - softmax(z) is formed from the saved log Z in one pass."""
+
+    @staticmethod
+    def forward(ctx, hidden, token_ids, head, temperature, rows, with_entropy, weight, bias):
+        logprobs, entropy, log_z = _head_chunks(head, hidden, token_ids, temperature, rows, with_entropy)
+        entropy = entropy if with_entropy else logprobs.new_empty(0)
+        ctx.mark_non_differentiable(entropy)
+        ctx.save_for_backward(hidden, token_ids, log_z)
+        ctx.head, ctx.temperature, ctx.rows = head, temperature, rows
+        device = hidden.device.type
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):  # the entropy is a metric: no gradient
+        hidden, token_ids, log_z = ctx.saved_tensors
+        head, temperature, rows = ctx.head, ctx.temperature, ctx.rows
+        wanted = [hidden.requires_grad] + [p is not None and p.requires_grad for p in (head.weight, head.bias)]
+        grad_hidden = torch.empty_like(hidden) if wanted[0] else None
+        grad_weight = grad_bias = None
+        device, enabled, dtype = ctx.autocast
+        for start in range(0, hidden.shape[0], rows):
+            end = min(start + rows, hidden.shape[0])
+            h = hidden[start:end].detach().requires_grad_(wanted[0])
+            with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
+                logits = head(h)                                              # [rows, V]
+            with torch.no_grad():
+                g = grad_logprobs[start:end, None].float()
+                grad_logits = (logits.float() / temperature - log_z[start:end, None]).exp_().mul_(-g)  # -g * softmax
+                grad_logits.scatter_add_(1, token_ids[start:end, None], g).div_(temperature)
+            inputs = [t for t, w in zip((h, head.weight, head.bias), wanted) if w]
+            grads = iter(torch.autograd.grad(logits, inputs, grad_logits.to(logits.dtype)))
+            if wanted[0]:
+                grad_hidden[start:end] = next(grads)
+            if wanted[1]:
+                grad_weight = next(grads) if grad_weight is None else grad_weight.add_(next(grads))
+            if wanted[2]:
+                grad_bias = next(grads) if grad_bias is None else grad_bias.add_(next(grads))
+        return grad_hidden, None, None, None, None, None, grad_weight, grad_bias
 
 
 def chunked_logprobs_and_entropy(head, hidden: Tensor, token_ids: Tensor, temperature: float, with_entropy: bool = True,
                                  chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> tuple[Tensor, Tensor | None]:
-    """log softmax(head(h) / temperature)[y] and the entropy, row by row of `hidden` `[R, D]`, in chunks of about
-    `chunk_elements` logits, so the `[R, V]` logits never exist at once. With gradients each chunk is recomputed in
-    the backward pass (activation checkpointing) instead of being kept: one more head matmul, a chunk of memory."""
+    """log softmax(head(h) / temperature)[y] and the entropy (detached), row by row of `hidden` `[R, D]`, in chunks of
+    about `chunk_elements` logits, so the `[R, V]` logits never exist at once. With gradients, the backward recomputes
+    each chunk's logits (one more head matmul) instead of keeping them (_ChunkedHeadLogprobs)."""
     rows = max(1, chunk_elements // head.out_features)
-    if hidden.shape[0] <= rows:
-        return _chunk_logprobs_and_entropy(head, hidden, token_ids, temperature, with_entropy)
-    keep_graph = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
-    parts = []
-    for start in range(0, hidden.shape[0], rows):
-        h, y = hidden[start:start + rows], token_ids[start:start + rows]
-        if keep_graph:
-            parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs_and_entropy, head, h, y, temperature,
-                                                           with_entropy, use_reentrant=False))
-        else:
-            parts.append(_chunk_logprobs_and_entropy(head, h, y, temperature, with_entropy))
-    entropy = torch.cat([p[1] for p in parts]) if with_entropy else None
-    return torch.cat([p[0] for p in parts]), entropy
+    params = (head.weight, head.bias)
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or any(p is not None and p.requires_grad for p in params))):
+        logprobs, entropy, _ = _head_chunks(head, hidden, token_ids, temperature, rows, with_entropy)
+        return logprobs, entropy
+    logprobs, entropy = _ChunkedHeadLogprobs.apply(hidden, token_ids, head, temperature, rows, with_entropy, *params)
+    return logprobs, entropy if with_entropy else None
 
 
 def completion_logprobs_and_entropy(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor,

@@ -11,8 +11,9 @@ from rloo.sampling import SamplingConfig
 
 
 def sampling(max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-             stop_at_eos: bool = True, lean_decode: bool = True) -> SamplingConfig:
-    return SamplingConfig(max_new_tokens, temperature, top_k, top_p, greedy, stop_at_eos, lean_decode)
+             stop_at_eos: bool = True, lean_decode: bool = True, sampler: str = "multinomial") -> SamplingConfig:
+    """Sampling settings; the multinomial draw by default, so the lean decode and HF generate share a random stream."""
+    return SamplingConfig(max_new_tokens, temperature, top_k, top_p, greedy, stop_at_eos, lean_decode, sampler)
 
 
 def hf_generate(policy, prompt_ids, prompt_mask, sampling: SamplingConfig, eos_token_id: int, pad_token_id: int,

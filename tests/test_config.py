@@ -122,6 +122,7 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
     ("algo=ppo lam=1.5", "lam=1.5", "number in"),
     ("algo=ppo sequence_ratio=mean", "sequence_ratio='mean'", "sum with algo=ppo"),
     ("eval.greedy=3", "eval.greedy=3", "true or false"),
+    ("sampler=gumbel", "sampler='gumbel'", "inverse_cdf, multinomial"),
     ("algo=ppo value_model=/nonexistent/vm", "value_model='/nonexistent/vm'", "does not exist"),
     ("judge=hf", "judge.path", "required"),
     ("judge=openai judge.base_url=http://127.0.0.1:9/v1 judge.max_retries=-1", "judge.max_retries=-1", "integer >= 0"),

@@ -155,15 +155,16 @@ def test_filter_equals_hf_warpers(temperature, top_k, top_p, ties):
         assert ((~filtered.isinf()).sum(-1) == 1).all()  # top_p near 0 keeps the single most likely token
 
 
+@pytest.mark.parametrize("sampler", ["multinomial", "inverse_cdf"])
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (4, 1.0), (0, 0.6)])
-def test_first_step_frequencies_match_softmax(top_k, top_p):
+def test_first_step_frequencies_match_softmax(top_k, top_p, sampler):
     model = tiny_model(vocab_size=16, seed=3)
     ids = torch.tensor([[5, 9, 2, 7]])
     rows, temperature = 20_000, 0.7
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, -1]
     expected = filter_logits((logits / temperature)[None], top_k, top_p)[0].softmax(-1)  # [V]
-    sampling = sampling_config(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = sampling_config(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p, sampler=sampler)
     torch.manual_seed(0)
     completions, _ = lean_generate(model, ids.expand(rows, -1), torch.ones(rows, 4, dtype=torch.long), sampling,
                                    EOS, PAD)
@@ -172,6 +173,18 @@ def test_first_step_frequencies_match_softmax(top_k, top_p):
     tolerance = 6 * (expected * (1 - expected) / rows).sqrt() + 1e-4
     assert ((frequencies - expected).abs() <= tolerance).all(), (frequencies, expected)
     assert (frequencies[expected == 0] == 0).all()
+
+
+def test_inverse_cdf_draw_never_lands_on_a_zero_probability_token(monkeypatch):
+    from rloo.decode import inverse_cdf_draw
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0], [0.2, 0.0, 0.8, 0.0, 0.0, 0.0]])
+    for uniform, expected in ((0.0, [1, 0]), (0.19, [1, 0]), (0.49, [1, 2]), (0.5, [3, 2]), (0.999, [3, 2])):
+        monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.full(shape, uniform, dtype=torch.float64))
+        assert inverse_cdf_draw(probs).tolist() == expected, uniform
+    # a uniform that rounds up to the row's total lands on the last token with probability, not past it
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.ones(shape, dtype=torch.float64))
+    assert inverse_cdf_draw(probs).tolist() == [3, 2]
 
 
 @pytest.mark.parametrize("parallel, rotary_pct", ARCHITECTURES)

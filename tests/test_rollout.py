@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from transformers import GenerationConfig
 
@@ -178,24 +179,54 @@ def test_the_chunked_log_prob_pass_equals_the_full_logits_with_left_padding_and_
                           expected, atol=1e-5)
 
 
-def test_chunks_give_the_values_and_gradients_of_one_whole_pass():
+@pytest.mark.parametrize("fp32_head", [False, True])
+def test_chunks_give_the_values_and_gradients_of_plain_autograd(fp32_head):
+    """Reference: log_softmax over the whole logits, differentiated by autograd; entropy by its definition."""
     from rloo.models import FP32Head
     from rloo.rollout import chunked_logprobs_and_entropy
 
     torch.manual_seed(0)
-    head = torch.nn.Linear(16, 1000, bias=False)
-    head.__class__ = FP32Head
+    head = torch.nn.Linear(16, 1000, bias=True)
+    if fp32_head:
+        head.__class__ = FP32Head
     hidden = torch.randn(37, 16, requires_grad=True)
     ids = torch.randint(0, 1000, (37,))
-    results = []
+    weights = torch.linspace(-1, 1, 37)
+
+    log_p = torch.log_softmax(torch.nn.functional.linear(hidden, head.weight, head.bias) / 0.9, -1)
+    expected_entropy = -(log_p.exp() * log_p).sum(-1).detach()
+    expected = log_p.gather(1, ids[:, None]).squeeze(1)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), (hidden, head.weight, head.bias))
     for chunk_elements in (10**9, 5000):  # whole; 5 rows a chunk, the last one short
-        hidden.grad, head.weight.grad = None, None
+        hidden.grad = head.weight.grad = head.bias.grad = None
         logprobs, entropy = chunked_logprobs_and_entropy(head, hidden, ids, 0.9, chunk_elements=chunk_elements)
-        (logprobs * torch.linspace(-1, 1, 37)).sum().backward()
-        results.append((logprobs.detach(), entropy, hidden.grad.clone(), head.weight.grad.clone()))
-    for whole, chunked in zip(*results):
-        assert torch.allclose(whole, chunked, atol=1e-5)
+        (logprobs * weights).sum().backward()
+        assert torch.allclose(logprobs, expected, atol=1e-5) and torch.allclose(entropy, expected_entropy, atol=1e-5)
+        assert not entropy.requires_grad
+        for got, want in zip((hidden.grad, head.weight.grad, head.bias.grad), expected_grads):
+            assert torch.allclose(got, want, atol=1e-6), chunk_elements
     assert chunked_logprobs_and_entropy(head, hidden, ids, 0.9, with_entropy=False)[1] is None
+    with torch.no_grad():  # the no-gradient path (reference and old log-probs)
+        assert torch.allclose(chunked_logprobs_and_entropy(head, hidden, ids, 0.9, chunk_elements=5000)[0], expected,
+                              atol=1e-5)
+
+
+def test_chunked_log_probs_under_bf16_autocast_match_autograd_through_the_same_head():
+    """The backward recomputes the logits under the forward's autocast state: bf16 logits, as autograd sees them."""
+    from rloo.rollout import chunked_logprobs_and_entropy
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 300, bias=False)
+    hidden = torch.randn(12, 16, requires_grad=True)
+    ids = torch.randint(0, 300, (12,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = torch.log_softmax(head(hidden).float(), -1).gather(1, ids[:, None]).squeeze(1)
+        grads = torch.autograd.grad(expected.sum(), (hidden, head.weight))
+        logprobs, _ = chunked_logprobs_and_entropy(head, hidden, ids, 1.0, with_entropy=False)
+    got = torch.autograd.grad(logprobs.sum(), (hidden, head.weight))
+    assert torch.allclose(logprobs, expected, atol=1e-6)
+    for g, want in zip(got, grads):  # bit for bit: an fp32 recompute would differ by ~1e-3
+        assert torch.equal(g, want)
 
 
 def test_adamw_is_the_fused_kernel_on_cpu_and_steps_as_the_plain_loop():
@@ -229,9 +260,11 @@ def grouped_batch(tokenizer, k=3):
             torch.cat([mask.repeat_interleave(k, 0), completion_mask], 1), completion, completion_mask)
 
 
-def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plain_forward(policy, tokenizer):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plain_forward(policy, tokenizer, attention):
     from rloo.rollout import completion_logprobs_and_entropy, shares_prompts
 
+    policy.set_attn_implementation(attention)  # the packed mask is bool for SDPA, additive for eager
     input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
     assert shares_prompts(policy, input_ids[:, :-6], attention_mask[:, :-6], 3)
     weights = torch.randn(completion.shape, generator=torch.Generator().manual_seed(2))

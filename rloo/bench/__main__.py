@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--precisions", default="fp32,bf16", help="stability: comma-separated, from fp32, bf16, bf16-true")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration, after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--ppo-epochs", default="4", help="comma-separated PPO epochs to run (TRL's default: 4)")
+    parser.add_argument("--ppo-epochs", default="4", help="comma-separated PPO epochs to run (TRL's default: 4), or none")
     parser.add_argument("--rloo-schedule", default="1x1",
                         help="RLOO epochs x mini-batches per rollout, for rloo and TRL alike (the published recipe: 2x2)")
     parser.add_argument("--precision", default="32-true", help="Lightning precision of our runs (TRL runs fp32 on CPU)")
@@ -57,6 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="auto: also run TRL's trainers where an interpreter with TRL is found")
     parser.add_argument("--trl-python", default=os.environ.get("RLOO_BENCH_TRL_PYTHON"),
                         help="interpreter with TRL (>= 1.16) for RLOOTrainer (default: this one, if it has TRL)")
+    parser.add_argument("--trl-lm-head", choices=("compact", "as-shipped"), default="compact",
+                        help="TRL RLOO's LM head on CPU: compact (completion positions only, as TRL runs on a GPU) or "
+                             "as-shipped (its CPU fallback scores every position, prompts included)")
     parser.add_argument("--trl-ppo-python", default=os.environ.get("RLOO_BENCH_TRL_PPO_PYTHON"),
                         help="interpreter with a TRL that still has PPOTrainer (1.12) (default: this one, if it has it)")
     parser.add_argument("--out", default=None, help="output dir (default: outputs/bench/<date>/<time>)")
@@ -73,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if get_preset(name).needs_gpu and args.device != "cuda":
             parser.error(f"--presets: {name!r} is sized for a GPU; add --device cuda or choose a CPU preset")
     try:
-        args.ppo_epochs = [int(e) for e in args.ppo_epochs.split(",")]
+        args.ppo_epochs = [] if args.ppo_epochs == "none" else [int(e) for e in args.ppo_epochs.split(",")]
     except ValueError:
         parser.error(f"--ppo-epochs: {args.ppo_epochs!r} is not a comma-separated list of integers")
     return args
@@ -107,7 +110,8 @@ def configurations(args) -> list[dict]:
         if "rloo" in peers:
             python, version = peers["rloo"]
             runs.append(dict(preset=preset, implementation=f"trl-{version}", algorithm="rloo", schedule=args.rloo_schedule,
-                             command=[python, *theirs, "--algorithm", "rloo", "--rloo-schedule", args.rloo_schedule]))
+                             command=[python, *theirs, "--algorithm", "rloo", "--rloo-schedule", args.rloo_schedule,
+                                      "--lm-head", args.trl_lm_head]))
         if "ppo" in peers:
             python, version = peers["ppo"]
             for epochs in args.ppo_epochs:
@@ -210,7 +214,9 @@ def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores, {m['gpu'] or 'no GPU'}; torch {m['torch']}, "
              f"{report['args']['threads']} threads, precision {report['args']['precision']}; "
-             f"median of {report['args']['steps']} steps after {report['args']['warmup']} warm-up; {report['date']}.", "",
+             f"median of {report['args']['steps']} steps after {report['args']['warmup']} warm-up; "
+             f"RLOO schedule {report['args']['rloo_schedule']} (epochs x mini-batches); "
+             f"TRL RLOO's LM head: {report['args']['trl_lm_head']}; {report['date']}.", "",
              "| preset | trainer | s/step | rollout s | update s | tokens/s | peak RSS MB | above baseline MB | model state MB |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:

@@ -41,6 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ppo-epochs", type=int, default=4, help="PPO passes over each rollout (TRL's default: 4)")
     parser.add_argument("--rloo-schedule", default="1x1", help="RLOO: EPOCHSxMINI_BATCHES per rollout, as TRL's "
                         "num_iterations x steps_per_generation (the published recipe: 2x2)")
+    parser.add_argument("--lm-head", choices=("compact", "as-shipped"), default="compact",
+                        help="RLOO: compact scores only the completion positions, as TRL does where Triton runs; "
+                             "as-shipped keeps TRL's CPU fallback, which scores every position, prompts included")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="where the JSON result goes")
@@ -204,12 +207,26 @@ def prompt_texts(preset, num_prompts: int, seed: int, tokenizer) -> list[str]:
     return texts
 
 
+def use_compact_lm_head():
+    """TRL 1.16's fused LM head scores only the completion positions where Triton runs (`_use_triton(device)`), and
+    every position, prompt included, elsewhere: on CPU that is the LM head over the whole sequence. The compact path
+    is plain torch, and the tile kernels decide for themselves (they keep their own `_use_triton`), so answering
+    True to the head's question alone runs TRL on CPU as it runs on a GPU."""
+    import trl.trainer.utils as trl_utils
+
+    if not hasattr(trl_utils, "_use_triton"):
+        raise RuntimeError("this TRL has no trl.trainer.utils._use_triton; run with --lm-head as-shipped")
+    trl_utils._use_triton = lambda device: True
+
+
 def build_rloo(args, preset, tokenizer, policy, reward_model, workdir: str, recorder: Recorder):
     from datasets import Dataset
     from trl import RLOOConfig, RLOOTrainer
 
     # TRL builds its reference by loading the policy's checkpoint path, so the initial policy goes to disk first:
     # the reference is then an exact, frozen copy of it.
+    if args.lm_head == "compact":
+        use_compact_lm_head()
     policy.save_pretrained(os.path.join(workdir, "policy"))
     policy.config._name_or_path = os.path.join(workdir, "policy")
     reward_model.config._name_or_path = "reward_model"  # names its metrics
@@ -332,6 +349,7 @@ def run(args) -> dict:
                                         "prompts_per_step": preset.completions_per_step // k, "precision": "fp32",
                                         "temperature": TEMPERATURE, "learning_rate": LEARNING_RATE,
                                         "activation_checkpointing": activation_checkpointing(policy),
+                                        **({"lm_head": args.lm_head} if args.algorithm == "rloo" else {}),
                                         **({"missing_eos_penalty": MISSING_EOS_PENALTY} if args.algorithm == "ppo" else {})},
         "device": "cpu",
         "threads": torch.get_num_threads(),
