@@ -60,6 +60,14 @@ def precision_arguments(precision: str, accelerator: str, fabric: bool = False) 
     return {"precision": precision}
 
 
+AUTOCAST_DTYPES = {"bf16-mixed": "bfloat16", "16-mixed": "float16"}
+
+
+def autocast_dtype(precision: str) -> str | None:
+    """The dtype a Lightning precision autocasts compute to over float32 weights; None where it does not."""
+    return AUTOCAST_DTYPES.get(str(precision))
+
+
 def world_size(trainer_args: dict) -> int:
     """The processes a Trainer with these arguments will run (devices x num_nodes), known before it is built, so
     that max_steps can be set up front. rloo.train checks it against the Trainer's own count."""

@@ -14,6 +14,7 @@ from rloo import atomic
 from rloo.errors import NonFiniteError
 from rloo.heldout import evaluate_policy, summarize_eval
 from rloo.judges import Judge
+from rloo.lora import has_adapters, merged_copy
 from rloo.sampling import SamplingConfig
 
 MAX_INVALID_FRACTION = 0.5  # an evaluation whose judge failed for more of its pairs reports no win rate
@@ -156,8 +157,9 @@ class ExportPolicy(Callback):
         if bad:
             raise NonFiniteError(f"the trained policy has non-finite weights ({len(bad)} tensors, e.g. {bad[0]}); "
                                  "not exported")
-        if trainer.is_global_zero:
-            atomic.save_pretrained(module.policy, module.tokenizer, self.directory, "the trained policy")
+        if trainer.is_global_zero:  # LoRA: the adapters merged into a plain copy, which loads without peft
+            policy = merged_copy(module.policy) if has_adapters(module.policy) else module.policy
+            atomic.save_pretrained(policy, module.tokenizer, self.directory, "the trained policy")
             self.exported()
 
 

@@ -172,6 +172,24 @@ def algorithm_config(config_class, cfg: DictConfig, total_rollouts: int):
     return config_class(**{f.name: given[f.name] if f.name in given else cfg[f.name] for f in fields(config_class)})
 
 
+def validate_lora(cfg: DictConfig) -> None:
+    """model.lora and the lora: block; LoRA needs peft, asked for here, before any model loads."""
+    lora = OmegaConf.select(cfg, "model.lora")
+    _require(isinstance(lora, bool), "model.lora", "true or false", lora)
+    if not lora:
+        return
+    _positive_int(cfg, "lora.r")
+    _number(cfg, "lora.alpha", 0.0, low_open=True)
+    _number(cfg, "lora.dropout", 0.0, 1.0)
+    targets = OmegaConf.select(cfg, "lora.target_modules")
+    _require(OmegaConf.is_list(targets) and len(targets) > 0 and all(isinstance(t, str) for t in targets),
+             "lora.target_modules", "a non-empty list of linear-layer names", targets)
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError("model.lora=true needs peft, which is not installed: pip install -e '.[lora]'")
+
+
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Check every key `rloo.train` reads; raises ConfigError with a one-line message."""
     ppo = cfg.get("algorithm") == "ppo"
@@ -203,6 +221,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
              "an integer >= 0, or -1 (all)", keep)
     _positive_int(cfg, "max_bad_steps")
     validate_reward(cfg, ppo)
+    validate_lora(cfg)
     from rloo.resume import check_resume_argument
 
     check_resume_argument(cfg.get("resume"))

@@ -42,8 +42,14 @@ class _Shape(NamedTuple):
 
 
 def supports_lean_decode(model) -> bool:
-    """True for a GPTNeoXForCausalLM with plain rotary (scaled rope types recompute frequencies per length)."""
-    return isinstance(model, GPTNeoXForCausalLM) and model.gpt_neox.rotary_emb.rope_type == "default"
+    """True for a GPTNeoXForCausalLM with plain rotary (scaled rope types recompute frequencies per length) whose
+    layers are plain linear layers: the loop reads their weights, so an adapter-wrapped layer (LoRA) would be
+    sampled without its adapter."""
+    if not (isinstance(model, GPTNeoXForCausalLM) and model.gpt_neox.rotary_emb.rope_type == "default"):
+        return False
+    return all(type(module) is torch.nn.Linear for layer in model.gpt_neox.layers
+               for module in (layer.attention.query_key_value, layer.attention.dense, layer.mlp.dense_h_to_4h,
+                              layer.mlp.dense_4h_to_h))
 
 
 def _layers(model: GPTNeoXForCausalLM) -> list[_Layer]:

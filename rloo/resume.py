@@ -24,7 +24,8 @@ from rloo.errors import ConfigError
 # keys a run cannot change on resume: the shape of a rollout and of the schedule, the models, the data order
 FIXED_KEYS = ("algorithm", "k", "rollout_batch_size", "micro_batch_size", "num_ppo_epochs", "num_mini_batches", "seed",
               "model.policy", "model.reward_model", "model.tokenizer", "data.train.path", "data.shuffle",
-              "data.max_prompt_length", "data.truncate_prompts", "trainer.devices", "trainer.num_nodes", "bootstrap")
+              "data.max_prompt_length", "data.truncate_prompts", "trainer.devices", "trainer.num_nodes", "bootstrap",
+              "model.lora", "lora.r", "lora.target_modules")
 # keys that take effect from the resumed rollout on, said in the log
 APPLIED_KEYS = ("lr", "total_episodes", "lr_schedule", "warmup_ratio", "kl_coef", "clip_range", "max_grad_norm",
                 "checkpoint_every", "eval_every", "log_every")

@@ -18,6 +18,7 @@ from torch import Tensor
 from transformers import GenerationConfig, PreTrainedModel
 
 from rloo import decode
+from rloo.lora import adapters_disabled
 from rloo.objectives import entropy_from_logits, token_logprobs
 from rloo.sampling import SamplingConfig, position_ids_for
 
@@ -156,7 +157,8 @@ def _head_is_plain(model: PreTrainedModel) -> bool:
     """The logits are head(hidden): no soft-capping or scaling after the head (Gemma 2, Cohere) that only the model's
     own forward applies."""
     config = model.config
-    return not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", 1.0) in (None, 1.0)
+    return (isinstance(model.get_output_embeddings(), torch.nn.Linear)  # not an adapter-wrapped head
+            and not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", 1.0) in (None, 1.0))
 
 
 SHARED_PREFIX_MODELS = ("gpt_neox",)  # bodies the packed forward is tested on
@@ -380,7 +382,7 @@ def chunked(fn, batch_size: int, *tensors: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_model: PreTrainedModel,
+def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel | None, reward_model: PreTrainedModel,
                     prompt_ids: Tensor, prompt_mask: Tensor, k: int, sampling: SamplingConfig,
                     eos_token_id: int, pad_token_id: int, forward_batch_size: int,
                     timer: PhaseTimer | None = None, share_prompts: bool = False) -> Rollout:
@@ -398,8 +400,9 @@ def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel, reward_
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention_mask = torch.cat([prompt_mask, completion_mask], 1)
     group = k if share_prompts else 1
-    with timer("ref_logprobs"):
-        ref_logprobs = chunked(partial(completion_logprobs, reference, temperature=sampling.temperature, group_size=group),
+    # reference None: the policy's base, its LoRA adapters switched off (rloo.lora)
+    with timer("ref_logprobs"), (adapters_disabled(policy) if reference is None else contextlib.nullcontext(reference)) as ref:
+        ref_logprobs = chunked(partial(completion_logprobs, ref, temperature=sampling.temperature, group_size=group),
                                forward_batch_size, input_ids, attention_mask, completion_ids, completion_mask)
     with timer("scores"):
         scores = chunked(partial(reward_scores, reward_model, completion_len=completion_ids.shape[1], group_size=group),

@@ -23,7 +23,8 @@ def precision_runs(finished_run):
     base, _ = finished_run
     runs = {}
     for name, overrides in (("fp32", ["precision=fp32"]), ("bf16", ["precision=bf16"]),
-                            ("bf16-head", ["precision=bf16", "fp32_lm_head=false"])):
+                            ("bf16-head", ["precision=bf16", "fp32_lm_head=false"]),
+                            ("bf16-frozen", ["precision=bf16", "model.frozen_dtype=bfloat16"])):
         run = base / f"mismatch-{name}"
         result = train(run, base / "cache", *overrides, "num_ppo_epochs=2", "eval_every=0", "checkpoint_every=0",
                        "log_histograms=true")
@@ -52,6 +53,13 @@ def test_fp32_rollout_matches_the_training_forward_and_a_bf16_head_does_not(prec
     # the fp32 head strictly reduces the mismatch of the same bf16 run
     assert sum(bf16["mismatch/logprob_abs_mean"]) < sum(bf16_head["mismatch/logprob_abs_mean"])
     assert max(bf16_head["mismatch/token_mult_prob_error"]) < 1.05  # inside NeMo-RL's threshold even so
+
+
+def test_the_kl_starts_at_zero_in_bf16_with_a_bf16_reference(precision_runs):
+    """The reference is the initial policy: before the first optimiser step their log-probs agree exactly, in fp32
+    and under bf16 autocast, whether the frozen models are stored in float32 or in bfloat16."""
+    for name in ("fp32", "bf16", "bf16-head", "bf16-frozen"):
+        assert metrics(precision_runs[name])["objective/kl"][0] == 0.0, name
 
 
 def test_histograms_reach_the_offline_wandb_run(precision_runs):

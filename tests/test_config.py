@@ -100,7 +100,7 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
     for name in group_options("model"):
         keys = set(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")) - {"defaults"}
         assert keys == {"name", "policy", "reference", "reward_model", "tokenizer", "chat_template", "pad_token",
-                        "frozen_dtype"}, name
+                        "frozen_dtype", "lora"}, name
 
 
 @pytest.mark.parametrize("override, key, allowed", [

@@ -297,3 +297,29 @@ def test_rows_that_do_not_share_their_prompt_take_the_plain_forward(policy, toke
     shuffled = torch.tensor([0, 3, 1, 2, 4, 5, 6, 7, 8])  # a group split, as a shuffled mini-batch splits them
     assert not shares_prompts(policy, input_ids[shuffled, :-6], attention_mask[shuffled, :-6], 3)
     assert not shares_prompts(policy, input_ids[:8, :-6], attention_mask[:8, :-6], 3)  # not a multiple of k
+
+
+# ---- a frozen reference in bf16 computes what the initial policy computes under bf16 autocast ----------------------
+@pytest.mark.parametrize("fp32_head", [True, False])
+def test_a_bf16_reference_gives_the_policy_log_probs_exactly_under_bf16_autocast(policy, tokenizer, fp32_head):
+    """KL = 0 at step 0: only the layers autocast computes in bf16 anyway are stored in bf16. The whole-model cast
+    (embeddings and norms rounded too) is the reference that drifted, kept here as the counter-example."""
+    import copy
+
+    from rloo.models import reference_from, use_fp32_lm_head
+    from rloo.rollout import completion_logprobs
+
+    if fp32_head:
+        use_fp32_lm_head(policy)
+    input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
+    reference = reference_from(policy, None, "bfloat16", autocast_dtype="bfloat16")
+    whole_cast = copy.deepcopy(policy).to(torch.bfloat16)
+    stored = {name: p.dtype for name, p in reference.named_parameters()}
+    assert stored["gpt_neox.layers.0.attention.query_key_value.weight"] == torch.bfloat16
+    assert stored["gpt_neox.embed_in.weight"] == stored["gpt_neox.layers.0.input_layernorm.weight"] == torch.float32
+    assert reference.get_output_embeddings().weight.dtype == (torch.float32 if fp32_head else torch.bfloat16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logprobs = [completion_logprobs(model, input_ids, attention_mask, completion, completion_mask, 0.7, group_size=3)
+                    for model in (policy, reference, whole_cast)]
+    assert torch.equal(logprobs[0], logprobs[1])
+    assert not torch.equal(logprobs[0], logprobs[2])

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.errors import NonFiniteError
+from rloo.lora import ADAPTER_MARK, has_adapters
 from rloo.objectives import importance_weights, logprob_mismatch, masked_mean
 from rloo.resume import restore_rng_states, rng_states
 from rloo.rewards import Reward
@@ -243,7 +244,7 @@ class OnlineRLModule(LightningModule):
         self.last_rollout, self.last_targets = rollout, targets
 
     def trained_parameters(self) -> Iterator[torch.nn.Parameter]:
-        return self.policy.parameters()
+        return (p for p in self.policy.parameters() if p.requires_grad)  # with LoRA, the adapters only
 
     def on_before_optimizer_step(self, optimizer) -> None:
         # here gradients are already unscaled under fp16, so clipping sees their true norm
@@ -339,7 +340,10 @@ class OnlineRLModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # the reference and reward model never change: keep only what is trained (and the counters)
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k.startswith(self.trained_prefixes)}
+        state = {k: v for k, v in checkpoint["state_dict"].items() if k.startswith(self.trained_prefixes)}
+        if has_adapters(self.policy):  # LoRA: the frozen base is the model every run loads; the adapters are trained
+            state = {k: v for k, v in state.items() if not k.startswith("policy.") or ADAPTER_MARK in k}
+        checkpoint["state_dict"] = state
         checkpoint["rloo_episodes"] = self.episodes
         checkpoint["rloo_rollouts"] = self.rollouts
         checkpoint["rloo_guard"] = {"skipped_updates": self.skipped_updates, "bad_in_a_row": self.bad_in_a_row}

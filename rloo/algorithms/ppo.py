@@ -70,7 +70,7 @@ class PPOModule(OnlineRLModule):
         self.value_model.eval()  # no dropout, as the policy
 
     def trained_parameters(self):
-        return itertools.chain(self.policy.parameters(), self.value_model.parameters())
+        return itertools.chain(super().trained_parameters(), self.value_model.parameters())
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         cfg, timer, started = self.config, PhaseTimer(), time.perf_counter()

@@ -1,0 +1,76 @@
+"""LoRA on the policy, with the base model as the reference: one copy of the weights serves both.
+
+peft injects low-rank adapters into the policy's linear layers in place, so the policy stays the same transformers
+model and every rollout function runs on it unchanged. The reference is that model with its adapters switched off
+(`adapters_disabled`): exactly the initial policy, at no memory. `merged_copy` folds the adapters into a plain copy
+for `save_pretrained`, which then loads in transformers without peft.
+Plain torch + peft; no Lightning or Hydra. peft is imported only here, and only when adapters are asked for.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+from torch import nn
+
+ADAPTER_MARK = "lora_"  # in the name of every adapter parameter
+
+
+def add_adapters(model: nn.Module, r: int, alpha: float, dropout: float, target_modules: Sequence[str]) -> nn.Module:
+    """Inject LoRA adapters (rank r, scale alpha / r) into the linear layers named in `target_modules`, in place.
+    Only the adapters train; the base weights are frozen, and at initialisation the model computes what it did."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none")
+    model = inject_adapter_in_model(config, model)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(ADAPTER_MARK in name)
+    return model
+
+
+def adapter_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers peft wrapped (empty when peft is not installed: then nothing can have adapters)."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        return []
+    return [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+
+
+def has_adapters(model: nn.Module) -> bool:
+    return bool(adapter_layers(model))
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """The base model inside the block: every adapter off, then on again (and trainable) however the block ends."""
+    layers = adapter_layers(model)
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)  # peft makes the active adapters trainable again
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(ADAPTER_MARK in name)
+
+
+def merged_copy(model: nn.Module) -> nn.Module:
+    """A copy with every adapter folded into its base weight (W + B A * alpha / r) and the wrappers removed: a plain
+    transformers model. The model itself is left as it is."""
+    merged = copy.deepcopy(model)
+    wrapped = set(adapter_layers(merged))
+    for name, module in list(merged.named_modules()):
+        if module in wrapped:
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(merged.get_submodule(parent), child, module.get_base_layer())
+    return merged
+
+
+def adapter_state(state_dict: dict) -> dict:
+    """The adapter entries of a state dict: all a LoRA checkpoint needs to keep (the base is the model it loads)."""
+    return {key: value for key, value in state_dict.items() if ADAPTER_MARK in key}
