@@ -70,6 +70,7 @@ class HeldOutEval(Callback):
         self.history.append({"step": step, **summary})
         for logger in trainer.loggers:
             logger.log_metrics(summary, step=step)
+            logger.save()  # on disk before the rollout's checkpoint, which follows: a kill after it loses no row
         if not trainer.is_global_zero:
             return summary
         shown = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in summary.items() if k.split("/")[1] in SHOWN)

@@ -96,10 +96,16 @@ def build_module(args, preset, tokenizer, policy, reward_model):
         raise SystemExit(f"error: {error}") from None
     except Exception as error:  # Hydra's own: an unknown key
         raise SystemExit(f"error: --set: {str(error).splitlines()[0]}") from None
-    reference = freeze(copy.deepcopy(policy))
+    if cfg.fp32_lm_head:
+        use_fp32_lm_head(policy)
+    if cfg.model.lora:  # the reference is the policy's base, adapters off: no second copy
+        from rloo.lora import add_adapters
+
+        reference = None
+        add_adapters(policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules))
+    else:
+        reference = freeze(copy.deepcopy(policy))
     freeze(reward_model)
-    for model in (policy, reference) if cfg.fp32_lm_head else ():
-        use_fp32_lm_head(model)
     value_model = lambda: copy.deepcopy(reward_model).requires_grad_(True)  # noqa: E731  (initialised from the reward model)
     module = build(cfg, policy, reference, reward_model, tokenizer, steps, value_model)
     return module, module.config
