@@ -20,12 +20,13 @@ class SamplingConfig:
     greedy: bool
     stop_at_eos: bool
     lean_decode: bool       # rloo.decode's KV-cache loop where the architecture has one (GPT-NeoX), else HF generate
-    sampler: str = "inverse_cdf"  # the lean decode's draw: inverse_cdf | multinomial (HF generate's random stream)
+    sampler: str            # the lean decode's draw: inverse_cdf | multinomial (HF generate's random stream)
 
     @classmethod
     def greedy_decoding(cls, max_new_tokens: int, stop_at_eos: bool, lean_decode: bool) -> "SamplingConfig":
         """Greedy decoding, where temperature and filtering play no part (temperature 1: raw log-probs)."""
-        return cls(max_new_tokens, 1.0, 0, 1.0, greedy=True, stop_at_eos=stop_at_eos, lean_decode=lean_decode)
+        return cls(max_new_tokens, 1.0, 0, 1.0, greedy=True, stop_at_eos=stop_at_eos, lean_decode=lean_decode,
+                   sampler="inverse_cdf")  # greedy draws nothing
 
 
 SAMPLERS = ("inverse_cdf", "multinomial")
