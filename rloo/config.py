@@ -172,6 +172,31 @@ def algorithm_config(config_class, cfg: DictConfig, total_rollouts: int):
     return config_class(**{f.name: given[f.name] if f.name in given else cfg[f.name] for f in fields(config_class)})
 
 
+SHARDED_STRATEGIES = ("fsdp", "deepspeed_stage_3", "deepspeed_stage_3_offload")  # parameters partitioned across ranks
+
+
+def validate_strategy(cfg: DictConfig) -> None:
+    """What Lightning would refuse with a traceback after the models load, refused here in one line: sharded
+    strategies on CPU, and the lean decode under partitioned parameters."""
+    strategy = str(OmegaConf.select(cfg, "trainer.strategy", default="auto"))
+    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
+    if strategy.startswith(("fsdp", "deepspeed")) and accelerator == "cpu":
+        raise ConfigError(f"trainer.strategy={strategy} needs GPUs (trainer=gpu); on CPU use trainer.strategy=ddp")
+    if strategy in SHARDED_STRATEGIES and cfg.lean_decode:
+        raise ConfigError(f"lean_decode=true cannot run under trainer.strategy={strategy}: the lean decode reads whole "
+                          "weights, which this strategy partitions across ranks; set lean_decode=false (HF generate)")
+
+
+def check_strategy_installed(cfg: DictConfig) -> None:
+    """This machine, not the config: a DeepSpeed strategy needs the deepspeed package (asked before any model loads)."""
+    import importlib.util
+
+    strategy = str(OmegaConf.select(cfg, "trainer.strategy", default="auto"))
+    if strategy.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(f"trainer.strategy={strategy} needs DeepSpeed, which is not installed: "
+                          "pip install -e '.[deepspeed]' on a GPU machine, or use trainer.strategy=ddp | fsdp")
+
+
 def validate_lora(cfg: DictConfig) -> None:
     """model.lora and the lora: block; LoRA needs peft, asked for here, before any model loads."""
     lora = OmegaConf.select(cfg, "model.lora")
@@ -222,6 +247,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     _positive_int(cfg, "max_bad_steps")
     validate_reward(cfg, ppo)
     validate_lora(cfg)
+    validate_strategy(cfg)
     from rloo.resume import check_resume_argument
 
     check_resume_argument(cfg.get("resume"))

@@ -29,11 +29,13 @@ def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
     from rloo.assemble import (autocast_dtype, build_module, precision_arguments, quiet_lightning_logs, resolve_sources,
                                world_size)
-    from rloo.config import check_model_sources, eval_sampling, num_rollouts, updates_per_rollout
+    from rloo.config import (check_model_sources, check_strategy_installed, eval_sampling, num_rollouts,
+                             updates_per_rollout)
 
     trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
     processes = world_size(trainer_args)
     validate_train_config(cfg, world_size=processes)  # once, before anything heavy is imported, written or loaded
+    check_strategy_installed(cfg)                      # DeepSpeed strategies need deepspeed on this machine
     check_model_sources(cfg)                           # the model dirs (config.json) or the hub cache, read only
     # a batch of the train loop is one rollout; Lightning counts every optimiser step of it (global_step)
     rollouts, updates = num_rollouts(cfg, processes), updates_per_rollout(cfg)

@@ -123,6 +123,10 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
     ("algo=ppo sequence_ratio=mean", "sequence_ratio='mean'", "sum with algo=ppo"),
     ("eval.greedy=3", "eval.greedy=3", "true or false"),
     ("sampler=gumbel", "sampler='gumbel'", "inverse_cdf, multinomial"),
+    ("trainer.strategy=fsdp", "trainer.strategy=fsdp", "needs GPUs"),
+    ("trainer=gpu trainer.strategy=deepspeed_stage_3", "lean_decode=true", "set lean_decode=false"),
+    ("model.lora=yes", "model.lora='yes'", "true or false"),
+    ("model.lora=true lora.r=0", "lora.r=0", "positive integer"),
     ("algo=ppo value_model=/nonexistent/vm", "value_model='/nonexistent/vm'", "does not exist"),
     ("judge=hf", "judge.path", "required"),
     ("judge=openai judge.base_url=http://127.0.0.1:9/v1 judge.max_retries=-1", "judge.max_retries=-1", "integer >= 0"),
@@ -207,3 +211,14 @@ def test_real_recipe_judges_with_openai_and_asks_for_the_key(monkeypatch):
 def test_oracle_judge_is_refused_off_the_embedded_task(monkeypatch):
     with pytest.raises(ConfigError, match="judge=OracleJudge needs data=toy"):
         validate_train_config(composed("model=pythia1b", "judge=oracle"))
+
+
+def test_a_deepspeed_strategy_without_deepspeed_is_one_line_before_any_model_loads(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is not None:
+        pytest.skip("deepspeed is installed here")
+    result = run_train("trainer=gpu", "trainer.strategy=deepspeed_stage_2", f"hydra.run.dir={tmp_path / 'run'}", "logger=none")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "trainer.strategy=deepspeed_stage_2 needs DeepSpeed" in lines[0], result.stderr
