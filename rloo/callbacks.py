@@ -114,6 +114,23 @@ class HeldOutEval(Callback):
             self.final = self.evaluate(trainer, module, "final policy")
 
 
+class RanksAgree(Callback):
+    """Data parallel: after every rollout, every rank must hold the same policy. A per-tensor checksum (float64 sums)
+    is gathered from all ranks; any difference stops the run, naming the first tensor that differs. Bit-equal
+    gradients after the all-reduce and the same AdamW step give bit-equal weights, so the tolerance is zero."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.world_size < 2:
+            return
+        names, params = zip(*[(n, p) for n, p in module.policy.named_parameters() if p.requires_grad])
+        sums = torch.stack([p.detach().double().sum() for p in params])              # [P]
+        gathered = trainer.strategy.all_gather(sums)                                 # [world, P]
+        differ = (gathered != gathered[0]).any(0)
+        if bool(differ.any()):
+            raise RuntimeError(f"data parallel ranks hold different weights after rollout {module.rollouts} "
+                               f"({int(differ.sum())} tensors, e.g. {names[int(differ.nonzero()[0])]})")
+
+
 class RolloutCheckpoints(Callback):
     """`step<optimiser steps>.ckpt` every `every` rollouts, after a rollout that ends `minutes` or more after the last
     checkpoint, and after the last rollout; the newest `keep` kept (-1: all), `last.ckpt` pointing at the newest.

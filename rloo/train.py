@@ -46,7 +46,7 @@ def run(cfg: DictConfig) -> dict:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from rloo import atomic
-    from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, SampleTable
+    from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, RanksAgree, SampleTable
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
     from rloo.loggers import drop_rows_after
@@ -76,7 +76,7 @@ def run(cfg: DictConfig) -> dict:
     # in list order at each hook. on_train_end: the policy exported, the summary so far (write_summary below), then
     # the final evaluation. After each rollout: evaluation and samples, then the checkpoint that includes them.
     callbacks = [export, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
-                 MismatchHistograms(cfg.log_every), *checkpoint_callbacks(cfg, out)]
+                 MismatchHistograms(cfg.log_every), RanksAgree(), *checkpoint_callbacks(cfg, out)]
     precision = precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator)
     plugins = precision.pop("plugins", []) + [atomic.checkpoint_io()]
     trainer = L.Trainer(**trainer_args, **precision, plugins=plugins, logger=loggers, default_root_dir=out,

@@ -222,3 +222,28 @@ def test_a_corrupted_cache_artifact_is_detected_and_rebuilt(tmp_path):
     rebuilt = ensure_artifacts(cfg, tmp_path, log=said.append)
     assert any("corrupt (its sha256 changed): rebuilding" in line for line in said)
     assert damage(rebuilt.root) is None and len(train_split.read_text().splitlines()) > 1
+
+
+def test_ranks_that_hold_different_weights_stop_the_run():
+    """RanksAgree against a stand-in for a 2-rank strategy whose second rank drifted by one ulp in one tensor."""
+    from types import SimpleNamespace
+
+    from rloo.callbacks import RanksAgree
+
+    policy = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+
+    def gather(drift):
+        def all_gather(sums):
+            other = sums.clone()
+            other[2] = torch.nextafter(other[2], torch.tensor(float("inf"), dtype=other.dtype)) if drift else other[2]
+            return torch.stack([sums, other])
+        return all_gather
+
+    module = SimpleNamespace(policy=policy, rollouts=7)
+    for drift in (False, True):
+        trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(all_gather=gather(drift)))
+        if not drift:
+            RanksAgree().on_train_batch_end(trainer, module, None, None, 0)
+            continue
+        with pytest.raises(RuntimeError, match=r"after rollout 7 \(1 tensors, e.g. 1.weight\)"):
+            RanksAgree().on_train_batch_end(trainer, module, None, None, 0)
