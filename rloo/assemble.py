@@ -99,6 +99,10 @@ def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, to
 
         module = RLOOModule(policy, reference, reward_model, tokenizer, algorithm_config(RLOOConfig, cfg, total_rollouts))
     module.reward = reward_from_config(cfg)
+    if cfg.activation_checkpointing:  # after the module put the policy in eval mode
+        from rloo.models import use_activation_checkpointing
+
+        use_activation_checkpointing(module.policy)
     return module
 
 

@@ -266,7 +266,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     _require(cfg.old_logprobs in OLD_LOGPROBS, "old_logprobs", f"one of {', '.join(OLD_LOGPROBS)}", cfg.old_logprobs)
     _require(cfg.sequence_ratio in SEQUENCE_RATIOS, "sequence_ratio", f"one of {', '.join(SEQUENCE_RATIOS)}", cfg.sequence_ratio)
     _require(cfg.is_correction in IS_CORRECTIONS, "is_correction", f"one of {', '.join(IS_CORRECTIONS)}", cfg.is_correction)
-    for key in ("fp32_lm_head", "log_histograms", "shared_prefix"):
+    for key in ("fp32_lm_head", "log_histograms", "shared_prefix", "activation_checkpointing"):
         _require(isinstance(cfg[key], bool), key, "true or false", cfg[key])
     _number(cfg, "is_cap", 0.0, low_open=True)
     _number(cfg, "is_low", 0.0, 1.0, low_open=True)

@@ -120,3 +120,24 @@ def use_fp32_lm_head(model: PreTrainedModel) -> PreTrainedModel:
     if not isinstance(head, FP32Head):
         head.__class__ = FP32Head
     return model
+
+
+def use_activation_checkpointing(model: PreTrainedModel) -> PreTrainedModel:
+    """Recompute each transformer block in the backward pass instead of keeping its activations (in place).
+
+    transformers checkpoints a block only while that block is in training mode; the policy stays in eval mode (no
+    dropout: on-policy the ratio must be exactly 1), so only the blocks' own flag is set, not their children's.
+    Without gradients (the rollout, generate) the blocks run as they are.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated there)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    blocks = [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
+    if not blocks:
+        raise ValueError(f"activation_checkpointing: {type(model).__name__} has no checkpointable blocks")
+    for block in blocks:
+        block.training = True
+    return model

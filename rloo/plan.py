@@ -94,6 +94,7 @@ class Shape:
     prompt_length: int
     response_length: int
     shared_prefix: bool
+    activation_checkpointing: bool = False
 
 
 def _bytes(dtype: str) -> int:
@@ -137,7 +138,10 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     groups = max(rows // shape.k, 1)
     tokens = groups * (prompt + shape.k * response) if shape.shared_prefix else rows * (prompt + response)
     per_token = (10 * arch.hidden_size + 2 * arch.intermediate_size) * compute
-    items["activations"] = tokens * per_token * arch.num_layers
+    if shape.activation_checkpointing:  # each block's input is kept; one block's activations live at a time
+        items["activations"] = tokens * arch.hidden_size * compute * arch.num_layers + tokens * per_token
+    else:
+        items["activations"] = tokens * per_token * arch.num_layers
     # the LM head: a chunk of float32 logits, its softmax-gradient and the head's weight gradient before it is added
     chunk = min(LOGIT_CHUNK_ELEMENTS, rows * response * arch.vocab_size)
     items["logit chunks"] = 2 * chunk * 4 + (head * 4 if not shape.lora else 0)
@@ -161,13 +165,15 @@ def shape_from_config(cfg) -> Shape:
                  separate_reference=not cfg.model.lora or cfg.model.reference is not None,
                  has_reward_model="model" in str(cfg.reward), k=int(cfg.k), micro_batch_size=int(cfg.micro_batch_size),
                  generation_batch_size=int(cfg.generation_batch_size), prompt_length=int(cfg.data.max_prompt_length),
-                 response_length=int(cfg.response_length), shared_prefix=bool(cfg.shared_prefix))
+                 response_length=int(cfg.response_length), shared_prefix=bool(cfg.shared_prefix),
+                 activation_checkpointing=bool(cfg.activation_checkpointing))
 
 
 def render(arch: Architecture, shape: Shape, mib: dict[str, float], gpu_gib: float | None) -> str:
     lines = [f"memory plan per device: hidden {arch.hidden_size}, {arch.num_layers} layers, vocabulary "
              f"{arch.vocab_size}; {shape.precision}, strategy {shape.strategy} x {shape.world_size}"
-             + (f", LoRA r={shape.lora_r}" if shape.lora else "")]
+             + (f", LoRA r={shape.lora_r}" if shape.lora else "")
+             + (", activation checkpointing" if shape.activation_checkpointing else "")]
     lines += [f"  {key:<22} {value:>10.0f} MiB" for key, value in mib.items() if key != "peak"]
     lines.append(f"  {'peak (estimate)':<22} {mib['peak']:>10.0f} MiB = {mib['peak'] / 1024:.1f} GiB")
     if gpu_gib is not None:

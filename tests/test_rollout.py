@@ -323,3 +323,35 @@ def test_a_bf16_reference_gives_the_policy_log_probs_exactly_under_bf16_autocast
                     for model in (policy, reference, whole_cast)]
     assert torch.equal(logprobs[0], logprobs[1])
     assert not torch.equal(logprobs[0], logprobs[2])
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_activation_checkpointing_keeps_the_gradients_and_saves_less_for_the_backward(policy, tokenizer, group_size):
+    """The blocks are recomputed in the backward pass: same log-probs and gradients (to float rounding), and the
+    tensors autograd keeps for the backward shrink (counted with saved-tensor hooks)."""
+    import copy
+
+    from rloo.models import use_activation_checkpointing
+    from rloo.rollout import completion_logprobs_and_entropy
+
+    input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
+    checkpointed = use_activation_checkpointing(copy.deepcopy(policy))
+    assert not any(m.training for m in checkpointed.modules() if isinstance(m, torch.nn.Dropout))  # still no dropout
+    results = []
+    for model in (policy, checkpointed):
+        saved = []
+
+        def pack(tensor):
+            saved.append(tensor.numel() * tensor.element_size())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            logprobs, _ = completion_logprobs_and_entropy(model, input_ids, attention_mask, completion, completion_mask,
+                                                          0.8, group_size=group_size)
+        logprobs.sum().backward()
+        results.append((logprobs.detach(), sum(saved), {n: p.grad for n, p in model.named_parameters()}))
+    (plain, plain_saved, plain_grads), (ckpt, ckpt_saved, ckpt_grads) = results
+    assert torch.allclose(plain, ckpt, atol=1e-6)
+    assert ckpt_saved < plain_saved / 2
+    for name, grad in plain_grads.items():
+        assert torch.allclose(grad, ckpt_grads[name], atol=1e-6, rtol=1e-5), name
