@@ -157,13 +157,15 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
 
 def shape_from_config(cfg) -> Shape:
     from rloo.assemble import world_size
+    from rloo.rewards import MODEL, parse_reward
 
     trainer = dict(cfg.trainer)
     return Shape(precision=str(cfg.precision.trainer), frozen_dtype=str(cfg.model.frozen_dtype),
                  strategy=str(trainer.get("strategy", "auto")), world_size=world_size(trainer),
                  lora=bool(cfg.model.lora), lora_r=int(cfg.lora.r), lora_targets=tuple(cfg.lora.target_modules),
                  separate_reference=not cfg.model.lora or cfg.model.reference is not None,
-                 has_reward_model="model" in str(cfg.reward), k=int(cfg.k), micro_batch_size=int(cfg.micro_batch_size),
+                 has_reward_model=any(term.name == MODEL for term in parse_reward(str(cfg.reward))),
+                 k=int(cfg.k), micro_batch_size=int(cfg.micro_batch_size),
                  generation_batch_size=int(cfg.generation_batch_size), prompt_length=int(cfg.data.max_prompt_length),
                  response_length=int(cfg.response_length), shared_prefix=bool(cfg.shared_prefix),
                  activation_checkpointing=bool(cfg.activation_checkpointing))
