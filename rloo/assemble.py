@@ -68,6 +68,22 @@ def autocast_dtype(precision: str) -> str | None:
     return AUTOCAST_DTYPES.get(str(precision))
 
 
+def policy_and_reference(cfg: DictConfig, policy, reference_path: str | None):
+    """The policy as trained (its fp32 LM head, LoRA adapters) and its frozen reference: a stored copy of the initial
+    policy or of `reference_path`, or None with LoRA and no reference path, where the reference is the policy's
+    base with its adapters switched off (rloo.lora)."""
+    from rloo.lora import add_adapters
+    from rloo.models import reference_from, use_fp32_lm_head
+
+    if cfg.fp32_lm_head:
+        use_fp32_lm_head(policy)
+    reference = None if cfg.model.lora and reference_path is None else \
+        reference_from(policy, reference_path, cfg.model.frozen_dtype, autocast_dtype(cfg.precision.trainer))
+    if cfg.model.lora:
+        add_adapters(policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules))
+    return policy, reference
+
+
 def world_size(trainer_args: dict) -> int:
     """The processes a Trainer with these arguments will run (devices x num_nodes), known before it is built, so
     that max_steps can be set up front. rloo.train checks it against the Trainer's own count."""

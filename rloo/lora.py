@@ -24,7 +24,11 @@ def add_adapters(model: nn.Module, r: int, alpha: float, dropout: float, target_
     from peft import LoraConfig, inject_adapter_in_model
 
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none")
-    model = inject_adapter_in_model(config, model)
+    return train_adapters_only(inject_adapter_in_model(config, model))
+
+
+def train_adapters_only(model: nn.Module) -> nn.Module:
+    """Adapter parameters trainable, every other parameter frozen."""
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(ADAPTER_MARK in name)
     return model
@@ -53,9 +57,8 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         for layer in layers:
-            layer.enable_adapters(True)  # peft makes the active adapters trainable again
-        for name, parameter in model.named_parameters():
-            parameter.requires_grad_(ADAPTER_MARK in name)
+            layer.enable_adapters(True)
+        train_adapters_only(model)  # peft's switch also flips requires_grad: restore exactly what trains
 
 
 def merged_copy(model: nn.Module) -> nn.Module:

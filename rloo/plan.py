@@ -18,11 +18,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from rloo.assemble import autocast_dtype, world_size
+from rloo.config import SHARDED_STRATEGIES
 from rloo.rollout import LOGIT_CHUNK_ELEMENTS
 
 MIB = 2**20
-SHARD_ALL = ("fsdp", "deepspeed_stage_3", "deepspeed_stage_3_offload")   # weights, gradients and AdamW state
-SHARD_STATE = ("deepspeed_stage_2", "deepspeed_stage_2_offload")          # gradients and AdamW state
+SHARD_STATE = ("deepspeed_stage_2", "deepspeed_stage_2_offload")  # gradients and AdamW state only
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     trained = adapters if shape.lora else policy_params
 
     frozen = _bytes(shape.frozen_dtype)
-    autocast = {"bf16-mixed": "bfloat16", "16-mixed": "float16"}.get(shape.precision)
+    autocast = autocast_dtype(shape.precision)
     if not shape.separate_reference:
         reference = 0
     elif shape.frozen_dtype == autocast:   # rloo.models.store_frozen: linear layers cast, the rest float32
@@ -123,8 +124,8 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     reward = (linear + rest + arch.hidden_size) * frozen if shape.has_reward_model else 0
 
     world = max(shape.world_size, 1)
-    shard_weights = world if shape.strategy in SHARD_ALL else 1
-    shard_state = world if shape.strategy in SHARD_ALL + SHARD_STATE else 1
+    shard_weights = world if shape.strategy in SHARDED_STRATEGIES else 1  # weights, gradients and AdamW state
+    shard_state = world if shape.strategy in SHARDED_STRATEGIES + SHARD_STATE else 1
     items = {
         "policy weights": policy_params * weight / (1 if shape.lora else shard_weights) + adapters * weight,
         "reference weights": reference,
@@ -156,7 +157,6 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
 
 
 def shape_from_config(cfg) -> Shape:
-    from rloo.assemble import world_size
     from rloo.rewards import MODEL, parse_reward
 
     trainer = dict(cfg.trainer)

@@ -27,8 +27,8 @@ SIGTERM_EXIT_CODE = 128 + 15
 
 def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
-    from rloo.assemble import (autocast_dtype, build_module, precision_arguments, quiet_lightning_logs, resolve_sources,
-                               world_size)
+    from rloo.assemble import (build_module, policy_and_reference, precision_arguments, quiet_lightning_logs,
+                               resolve_sources, world_size)
     from rloo.config import (check_model_sources, check_strategy_installed, eval_sampling, num_rollouts,
                              updates_per_rollout)
 
@@ -51,8 +51,7 @@ def run(cfg: DictConfig) -> dict:
     from rloo.judges import build_judge
     from rloo.loggers import drop_rows_after
     from rloo.memory import peak_rss_mb
-    from rloo.lora import add_adapters
-    from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model, reference_from, use_fp32_lm_head
+    from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model
 
     started = time.time()  # after the imports, as wall_seconds always counted
 
@@ -99,16 +98,7 @@ def run(cfg: DictConfig) -> dict:
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
     eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
 
-    policy = load_policy(model_src["policy"], tokenizer)
-    if cfg.fp32_lm_head:
-        use_fp32_lm_head(policy)
-    if cfg.model.lora and model_src["reference"] is None:
-        reference = None  # the policy's own base, its adapters switched off: one copy of the weights (rloo.lora)
-    else:
-        reference = reference_from(policy, model_src["reference"], model_src["frozen_dtype"],
-                                   autocast_dtype(cfg.precision.trainer))
-    if cfg.model.lora:
-        add_adapters(policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules))
+    policy, reference = policy_and_reference(cfg, load_policy(model_src["policy"], tokenizer), model_src["reference"])
     reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer) \
         if model_src["reward_model"] else None  # reward= may score with functions alone
     module = build_module(cfg, policy, reference, reward_model, tokenizer, rollouts,

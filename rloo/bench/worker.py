@@ -76,9 +76,9 @@ class StepClock:
 
 def build_module(args, preset, tokenizer, policy, reward_model):
     """The module of `args.algorithm` with conf/train.yaml's settings, the preset's shape and `--set` on top."""
-    from rloo.assemble import build_module as build
+    from rloo.assemble import build_module as build, policy_and_reference
     from rloo.config import ConfigError, compose_train_config, validate_train_config
-    from rloo.models import freeze, use_fp32_lm_head
+    from rloo.models import freeze
 
     completions, steps = preset.completions_per_step, args.steps + args.warmup
     shape = {"kl_coef": preset.kl_coef, "response_length": preset.response_length, "temperature": 0.7,
@@ -96,15 +96,7 @@ def build_module(args, preset, tokenizer, policy, reward_model):
         raise SystemExit(f"error: {error}") from None
     except Exception as error:  # Hydra's own: an unknown key
         raise SystemExit(f"error: --set: {str(error).splitlines()[0]}") from None
-    if cfg.fp32_lm_head:
-        use_fp32_lm_head(policy)
-    if cfg.model.lora:  # the reference is the policy's base, adapters off: no second copy
-        from rloo.lora import add_adapters
-
-        reference = None
-        add_adapters(policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules))
-    else:
-        reference = freeze(copy.deepcopy(policy))
+    policy, reference = policy_and_reference(cfg, policy, None)  # as rloo.train builds them
     freeze(reward_model)
     value_model = lambda: copy.deepcopy(reward_model).requires_grad_(True)  # noqa: E731  (initialised from the reward model)
     module = build(cfg, policy, reference, reward_model, tokenizer, steps, value_model)
