@@ -103,6 +103,19 @@ def world_size(trainer_args: dict) -> int:
         raise ConfigError(f"trainer.devices={devices!r} is not allowed: a count, a list of device ids, or auto") from None
 
 
+def lightning_strategy(trainer_args: dict, processes: int):
+    """trainer.strategy as the Trainer takes it. fsdp2 is built here: Lightning's ModelParallelStrategy, data parallel
+    over all `processes` (the module shards the policy in configure_model), saving whole checkpoints through the
+    run's atomic checkpoint writer. Other names go to Lightning as they are."""
+    strategy = trainer_args.get("strategy", "auto")
+    if strategy == "fsdp2":
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(data_parallel_size=processes, tensor_parallel_size=1,
+                                     save_distributed_checkpoint=False)
+    return strategy
+
+
 def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, total_rollouts: int, value_model):
     """The LightningModule of `cfg.algorithm` (`value_model`: a loader, called for PPO only), scoring with `reward=`."""
     if cfg.algorithm == "ppo":

@@ -16,6 +16,7 @@ from rloo.heldout import evaluate_policy, summarize_eval
 from rloo.judges import Judge
 from rloo.lora import has_adapters, merged_copy
 from rloo.sampling import SamplingConfig
+from rloo.sharding import weights_partitioned, whole_copy
 
 MAX_INVALID_FRACTION = 0.5  # an evaluation whose judge failed for more of its pairs reports no win rate
 
@@ -39,6 +40,10 @@ class HeldOutEval(Callback):
         started = time.perf_counter()
         rank, world = trainer.global_rank, trainer.world_size
         shard = self.rows[rank::world]
+        real = len(shard)
+        if weights_partitioned(module.policy) and world > 1:
+            # every decode step gathers weights, a collective: every rank completes as many rows, repeating one
+            shard = shard + [self.rows[0]] * (-(-len(self.rows) // world) - real)
         if self.judge is not None:
             self.judge.setup(module.device)
         # a sampled evaluation draws from its own copy of the random state: training draws the same with or without it
@@ -46,6 +51,7 @@ class HeldOutEval(Callback):
         with torch.random.fork_rng(devices=devices), trainer.precision_plugin.forward_context():
             per_row, samples = evaluate_policy(module.policy, module.tokenizer, shard, self.sampling, self.batch_size,
                                                self.judge, module.reward_model, module.device)
+        per_row, samples = {k: v[:real] for k, v in per_row.items()}, samples[:real]
         if world > 1:  # shards differ by at most one row: pad with nan, gather, keep the rows that exist
             size = -(-len(self.rows) // world)
             per_row = {k: torch.nn.functional.pad(v, (0, size - len(v)), value=float("nan")) for k, v in per_row.items()}
@@ -120,7 +126,7 @@ class RanksAgree(Callback):
     gradients after the all-reduce and the same AdamW step give bit-equal weights, so the tolerance is zero."""
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if trainer.world_size < 2:
+        if trainer.world_size < 2 or weights_partitioned(module.policy):  # sharded: each rank holds its own part
             return
         names, params = zip(*[(n, p) for n, p in module.policy.named_parameters() if p.requires_grad])
         sums = torch.stack([p.detach().double().sum() for p in params])              # [P]
@@ -171,12 +177,16 @@ class ExportPolicy(Callback):
         self.directory, self.exported = Path(directory), exported
 
     def on_train_end(self, trainer, module) -> None:
-        bad = [name for name, p in module.policy.named_parameters() if not torch.isfinite(p).all()]
+        policy = module.policy
+        if weights_partitioned(policy):  # FSDP2: the whole weights gathered into a plain copy on rank 0
+            policy = whole_copy(policy)
+        bad = [name for name, p in policy.named_parameters() if not torch.isfinite(p).all()] if policy else []
+        bad = trainer.strategy.broadcast(bad)  # every rank raises, or none does
         if bad:
             raise NonFiniteError(f"the trained policy has non-finite weights ({len(bad)} tensors, e.g. {bad[0]}); "
                                  "not exported")
         if trainer.is_global_zero:  # LoRA: the adapters merged into a plain copy, which loads without peft
-            policy = merged_copy(module.policy) if has_adapters(module.policy) else module.policy
+            policy = merged_copy(policy) if has_adapters(policy) else policy
             atomic.save_pretrained(policy, module.tokenizer, self.directory, "the trained policy")
             self.exported()
 

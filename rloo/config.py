@@ -172,19 +172,26 @@ def algorithm_config(config_class, cfg: DictConfig, total_rollouts: int):
     return config_class(**{f.name: given[f.name] if f.name in given else cfg[f.name] for f in fields(config_class)})
 
 
-SHARDED_STRATEGIES = ("fsdp", "deepspeed_stage_3", "deepspeed_stage_3_offload")  # parameters partitioned across ranks
+# parameters partitioned across ranks. fsdp2: Lightning's ModelParallelStrategy with the policy sharded block by
+# block (rloo.sharding), on GPUs or on CPU (gloo); the others are Lightning's own and need GPUs
+SHARDED_STRATEGIES = ("fsdp2", "fsdp", "deepspeed_stage_3", "deepspeed_stage_3_offload")
+CPU_STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp2")
 
 
 def validate_strategy(cfg: DictConfig) -> None:
-    """What Lightning would refuse with a traceback after the models load, refused here in one line: sharded
-    strategies on CPU, and the lean decode under partitioned parameters."""
+    """What Lightning would refuse with a traceback after the models load, refused here in one line: Lightning's
+    FSDP and DeepSpeed on CPU, the lean decode under partitioned parameters, LoRA with them."""
     strategy = str(OmegaConf.select(cfg, "trainer.strategy", default="auto"))
     accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
-    if strategy.startswith(("fsdp", "deepspeed")) and accelerator == "cpu":
-        raise ConfigError(f"trainer.strategy={strategy} needs GPUs (trainer=gpu); on CPU use trainer.strategy=ddp")
+    if strategy.startswith(("fsdp", "deepspeed")) and strategy not in CPU_STRATEGIES and accelerator == "cpu":
+        raise ConfigError(f"trainer.strategy={strategy} needs GPUs (trainer=gpu); on CPU use trainer.strategy=ddp "
+                          "or fsdp2")
     if strategy in SHARDED_STRATEGIES and cfg.lean_decode:
         raise ConfigError(f"lean_decode=true cannot run under trainer.strategy={strategy}: the lean decode reads whole "
                           "weights, which this strategy partitions across ranks; set lean_decode=false (HF generate)")
+    if strategy in SHARDED_STRATEGIES and OmegaConf.select(cfg, "model.lora"):
+        raise ConfigError(f"model.lora=true cannot run under trainer.strategy={strategy}: LoRA keeps one whole base "
+                          "on each rank (it is also the reference); use trainer.strategy=ddp")
 
 
 def check_strategy_installed(cfg: DictConfig) -> None:

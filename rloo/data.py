@@ -144,29 +144,35 @@ def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tenso
 
 
 class EpisodeSampler(Sampler[int]):
-    """Exactly `num_samples` indices: seeded reshuffled passes over the dataset, back to back, from index `start`
-    of that stream on (a resumed run skips what it trained on; its length stays the whole run's, as Lightning
-    counts the batches already done).
+    """Exactly `num_samples` indices over all ranks: seeded reshuffled passes over the dataset, back to back, from
+    index `start` of that stream on (a resumed run skips what it trained on; its length stays the whole run's, as
+    Lightning counts the batches already done). Rank `rank` of `world` takes every world-th index of the stream,
+    from its own offset, so each rank's batches are whole prompts and together the ranks cover the stream once.
 
     One Lightning epoch is then the whole run, so the progress bar ends where training ends.
     """
 
-    def __init__(self, dataset_size: int, num_samples: int, seed: int, shuffle: bool = True, start: int = 0):
+    def __init__(self, dataset_size: int, num_samples: int, seed: int, shuffle: bool = True, start: int = 0,
+                 rank: int = 0, world: int = 1):
         self.dataset_size, self.num_samples, self.seed, self.shuffle = dataset_size, num_samples, seed, shuffle
-        self.start = start
+        self.start, self.rank, self.world = start, rank, world
 
-    def __iter__(self):
+    def stream(self):
+        """The indices of every rank, from `start` on."""
         data_pass, position = self.start // self.dataset_size, self.start // self.dataset_size * self.dataset_size
         while position < self.num_samples:
             generator = torch.Generator().manual_seed(self.seed + data_pass)
             order = torch.randperm(self.dataset_size, generator=generator) if self.shuffle else torch.arange(self.dataset_size)
             chunk = order[:self.num_samples - position].tolist()
-            yield from chunk[max(self.start - position, 0):]
+            yield from ((position + i, index) for i, index in enumerate(chunk) if position + i >= self.start)
             position += len(chunk)
             data_pass += 1
 
+    def __iter__(self):
+        return (index for position, index in self.stream() if position % self.world == self.rank)
+
     def __len__(self) -> int:
-        return self.num_samples
+        return self.num_samples // self.world
 
 
 class PromptDataModule(LightningDataModule):
@@ -211,11 +217,11 @@ class PromptDataModule(LightningDataModule):
         return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}
 
     def train_dataloader(self) -> DataLoader:
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        # Lightning splits a custom sampler across ranks, so ask for every rank's share
+        # the sampler splits the prompts across ranks itself (the Trainer runs with use_distributed_sampler=False)
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
         per_rollout = self.prompts_per_rollout * world_size
         sampler = EpisodeSampler(len(self.train_rows), self.num_rollouts * per_rollout, self.seed, self.shuffle,
-                                 start=self.first_rollout * per_rollout)
+                                 start=self.first_rollout * per_rollout, rank=rank, world=world_size)
         # its own generator for the workers' base seed: a resumed run's global random state stays the checkpoint's
         return DataLoader(self.train_rows, batch_size=self.prompts_per_rollout, sampler=sampler,
                           collate_fn=self.collate, num_workers=self.num_workers, drop_last=True,

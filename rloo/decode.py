@@ -21,6 +21,7 @@ from torch import Tensor
 from transformers import GPTNeoXForCausalLM
 
 from rloo.sampling import SamplingConfig, position_ids_for
+from rloo.sharding import weights_partitioned
 
 
 class _Layer(NamedTuple):
@@ -44,8 +45,10 @@ class _Shape(NamedTuple):
 def supports_lean_decode(model) -> bool:
     """True for a GPTNeoXForCausalLM with plain rotary (scaled rope types recompute frequencies per length) whose
     layers are plain linear layers: the loop reads their weights, so an adapter-wrapped layer (LoRA) would be
-    sampled without its adapter."""
+    sampled without its adapter, and a partitioned weight would be read as this rank's part."""
     if not (isinstance(model, GPTNeoXForCausalLM) and model.gpt_neox.rotary_emb.rope_type == "default"):
+        return False
+    if weights_partitioned(model):  # FSDP2 / ZeRO-3: each rank holds a part of each weight
         return False
     return all(type(module) is torch.nn.Linear for layer in model.gpt_neox.layers
                for module in (layer.attention.query_key_value, layer.attention.dense, layer.mlp.dense_h_to_4h,

@@ -146,6 +146,8 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     # the LM head: a chunk of float32 logits, its softmax-gradient and the head's weight gradient before it is added
     chunk = min(LOGIT_CHUNK_ELEMENTS, rows * response * arch.vocab_size)
     items["logit chunks"] = 2 * chunk * 4 + (head * 4 if not shape.lora else 0)
+    if shape.strategy in SHARDED_STRATEGIES:  # partitioned weights: the model's own forward, every logit at once
+        items["logit chunks"] = 3 * rows * (response + 1) * arch.vocab_size * 4  # logits, log-softmax, its gradient
     # the rollout: the decode's cache, k|v per layer for every row over prompt + response
     cache = shape.generation_batch_size * (prompt + response) * arch.num_layers * 2 * arch.hidden_size * compute
     items["KV cache"] = cache

@@ -21,6 +21,7 @@ from rloo import decode
 from rloo.lora import adapters_disabled
 from rloo.objectives import entropy_from_logits, token_logprobs
 from rloo.sampling import SamplingConfig, position_ids_for
+from rloo.sharding import ranks_step_together, weights_partitioned
 
 
 @dataclass
@@ -125,8 +126,8 @@ def generate_with_logprobs(policy: PreTrainedModel, prompt_ids: Tensor, prompt_m
 def _hf_generate_with_logprobs(policy, ids, mask, sampling, eos_token_id, pad_token_id) -> tuple[Tensor, Tensor]:
     config = generation_config_for(sampling, eos_token_id, pad_token_id)
     with _own_generation_config(policy, config):
-        output = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                 output_logits=True, return_dict_in_generate=True)
+        output = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config, output_logits=True,
+                                 return_dict_in_generate=True, synced_gpus=ranks_step_together(policy))
     completion = output.sequences[:, ids.shape[1]:]
     temperature = 1.0 if sampling.greedy else sampling.temperature
     logits = torch.stack(output.logits, dim=1).float() / temperature  # [B, T, V] raw logits of each step
@@ -313,9 +314,10 @@ def completion_logprobs_and_entropy(model: PreTrainedModel, input_ids: Tensor, a
     """The training-style forward of the policy: log pi(y_t | x, y_<t) `[N, T]` at the sampling temperature and
     the per-token entropy of that distribution `[N, T]` (detached), both 0 on padding. The LM head runs on the
     completion positions only, as a contiguous 2-D slice, in chunks (chunked_logprobs_and_entropy); with
-    `group_size` k, each prompt runs once per group of k rows (body_hidden_states)."""
+    `group_size` k, each prompt runs once per group of k rows (body_hidden_states). A model whose weights are
+    partitioned across ranks (rloo.sharding) runs its own forward, which gathers them."""
     n, t = completion_ids.shape
-    if not _head_is_plain(model):
+    if not _head_is_plain(model) or weights_partitioned(model):
         logits = completion_logits(model, input_ids, attention_mask, t) / temperature
         with torch.no_grad():
             entropy = entropy_from_logits(logits) * completion_mask if with_entropy else None

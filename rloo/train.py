@@ -27,8 +27,8 @@ SIGTERM_EXIT_CODE = 128 + 15
 
 def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
-    from rloo.assemble import (build_module, policy_and_reference, precision_arguments, quiet_lightning_logs,
-                               resolve_sources, world_size)
+    from rloo.assemble import (build_module, lightning_strategy, policy_and_reference, precision_arguments,
+                               quiet_lightning_logs, resolve_sources, world_size)
     from rloo.config import (check_model_sources, check_strategy_installed, eval_sampling, num_rollouts,
                              updates_per_rollout)
 
@@ -39,6 +39,7 @@ def run(cfg: DictConfig) -> dict:
     check_model_sources(cfg)                           # the model dirs (config.json) or the hub cache, read only
     # a batch of the train loop is one rollout; Lightning counts every optimiser step of it (global_step)
     rollouts, updates = num_rollouts(cfg, processes), updates_per_rollout(cfg)
+    trainer_args["strategy"] = lightning_strategy(trainer_args, processes)
 
     import lightning as L
     import torch
@@ -80,7 +81,7 @@ def run(cfg: DictConfig) -> dict:
     plugins = precision.pop("plugins", []) + [atomic.checkpoint_io()]
     trainer = L.Trainer(**trainer_args, **precision, plugins=plugins, logger=loggers, default_root_dir=out,
                         callbacks=callbacks, max_epochs=1, max_steps=rollouts * updates,
-                        log_every_n_steps=cfg.log_every,
+                        log_every_n_steps=cfg.log_every, use_distributed_sampler=False,  # PromptDataModule splits
                         num_sanity_val_steps=0)
     if trainer.world_size != processes:
         raise ConfigError(f"trainer.devices={cfg.trainer.devices!r} runs {trainer.world_size} processes, not the "

@@ -125,6 +125,8 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
     ("sampler=gumbel", "sampler='gumbel'", "inverse_cdf, multinomial"),
     ("trainer.strategy=fsdp", "trainer.strategy=fsdp", "needs GPUs"),
     ("trainer=gpu trainer.strategy=deepspeed_stage_3", "lean_decode=true", "set lean_decode=false"),
+    ("trainer.strategy=fsdp2", "lean_decode=true", "set lean_decode=false"),
+    ("trainer.strategy=fsdp2 lean_decode=false model.lora=true", "model.lora=true", "trainer.strategy=ddp"),
     ("model.lora=yes", "model.lora='yes'", "true or false"),
     ("model.lora=true lora.r=0", "lora.r=0", "positive integer"),
     ("algo=ppo value_model=/nonexistent/vm", "value_model='/nonexistent/vm'", "does not exist"),

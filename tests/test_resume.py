@@ -114,6 +114,21 @@ def test_the_sampler_started_at_s_yields_the_rest_of_the_uninterrupted_stream(si
         assert list(EpisodeSampler(size, total, seed=3, start=start)) == full[start:]
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_rank_takes_every_world_th_index_of_the_stream_also_when_resumed(world):
+    size, per_rollout, rollouts = 7, 4 * world, 5  # 4 prompts per rank and rollout
+    full = list(EpisodeSampler(size, rollouts * per_rollout, seed=3))
+    for first_rollout in range(rollouts):
+        start = first_rollout * per_rollout
+        shares = [list(EpisodeSampler(size, rollouts * per_rollout, seed=3, start=start, rank=r, world=world))
+                  for r in range(world)]
+        assert [share == full[start + r::world] for r, share in enumerate(shares)] == [True] * world
+        # each rank's rollout batches: 4 prompts apiece, the ranks together one rollout of the stream
+        for rollout in range(rollouts - first_rollout):
+            batches = [share[4 * rollout:4 * rollout + 4] for share in shares]
+            assert sorted(sum(batches, [])) == sorted(full[start + rollout * per_rollout:start + (rollout + 1) * per_rollout])
+
+
 def save_checkpoint(path, rollouts, steps):
     torch.save({"rloo_rollouts": rollouts, "global_step": steps, "state_dict": {}}, path)
 

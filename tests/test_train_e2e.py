@@ -103,3 +103,38 @@ def test_ddp_on_two_cpu_processes_splits_the_episodes(finished_run):
     summary = json.loads((base / "ddp" / "summary.json").read_text())
     assert summary["rollouts"] == 32 // (8 * 2) and summary["episodes"] == 32  # each rollout runs on every rank
     assert summary["optimizer_steps"] == summary["rollouts"] * 2 * 2
+    # resumed after its first rollout, each rank from its own random states: the same bits
+    resumed = train(base / "ddp_resumed", base / "cache", "trainer.strategy=ddp", "trainer.devices=2",
+                    "trainer.num_threads=1", "total_episodes=32", "logger=csv", "num_ppo_epochs=2", "num_mini_batches=2",
+                    "eval.before=false", f"resume={base / 'ddp' / 'checkpoints' / 'step4.ckpt'}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = (AutoModelForCausalLM.from_pretrained(base / run / "policy").state_dict() for run in ("ddp", "ddp_resumed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fsdp2_on_two_cpu_processes_trains_the_policy_ddp_trains_and_resumes_bit_identical(finished_run):
+    """trainer.strategy=fsdp2: the policy sharded block by block over 2 gloo processes, sampled with HF generate
+    (ranks stepping together), scored through its own forward. Against DDP with the same settings and draws: the
+    same policy up to the order of float sums; resumed from its first checkpoint: the same bits."""
+    base, _ = finished_run
+    common = ("trainer.devices=2", "trainer.num_threads=1", "lean_decode=false", "total_episodes=32", "logger=csv",
+              "num_ppo_epochs=2", "num_mini_batches=2", "eval.num_prompts=5")  # 5 prompts: 3 + 2 on the ranks
+    runs = {}
+    for name, *extra in (("fsdp2", "trainer.strategy=fsdp2"), ("ddp", "trainer.strategy=ddp"),
+                         ("fsdp2_resumed", "trainer.strategy=fsdp2", "eval.before=false",
+                          f"resume={base / 'fsdp2' / 'checkpoints' / 'step4.ckpt'}")):
+        result = train(base / name, base / "cache", *common, *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = json.loads((base / name / "summary.json").read_text())
+        assert (summary["rollouts"], summary["episodes"], summary["optimizer_steps"]) == (2, 32, 8)
+        runs[name] = AutoModelForCausalLM.from_pretrained(base / name / "policy").state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(next((base / "cache").glob("*/policy"))).state_dict()
+    moved = max((runs["ddp"][k] - initial[k]).abs().max().item() for k in initial)
+    apart = max((runs["ddp"][k] - runs["fsdp2"][k]).abs().max().item() for k in initial)
+    assert moved > 1e-3 and apart < 1e-5, (moved, apart)
+    assert all(torch.equal(runs["fsdp2"][k], runs["fsdp2_resumed"][k]) for k in initial)
+    checkpoint = torch.load(base / "fsdp2" / "checkpoints" / "step4.ckpt", weights_only=False)
+    assert all(k.startswith("policy.") and type(v) is torch.Tensor for k, v in checkpoint["state_dict"].items())
+    assert len(checkpoint["rloo_rng_by_rank"]) == 2  # each rank's generators
+    evaluation = json.loads((base / "fsdp2" / "summary.json").read_text())["final"]
+    assert evaluation["eval/num_judged"] + evaluation["eval/invalid"] == 5  # the padded row dropped

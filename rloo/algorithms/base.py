@@ -27,6 +27,7 @@ from rloo.resume import restore_rng_states, rng_states
 from rloo.rewards import Reward
 from rloo.rollout import PhaseTimer, Rollout, collect_rollout, completion_logprobs_and_entropy
 from rloo.sampling import SamplingConfig
+from rloo.sharding import shard_model
 
 log = logging.getLogger("rloo")
 
@@ -206,8 +207,11 @@ class OnlineRLModule(LightningModule):
         return None, None, {}
 
     def accumulate_gradients(self, loss: Tensor, rows: int, last_of_mini_batch: bool) -> None:
-        """Accumulate the gradient of a micro-batch's mean loss as its share of the mini-batch mean."""
+        """Accumulate the gradient of a micro-batch's mean loss as its share of the mini-batch mean. Gradients are
+        reduced across ranks after the last micro-batch of a mini-batch only (DDP: no_sync; FSDP2: its own switch)."""
         optimizer = self.optimizers()
+        if hasattr(self.policy, "set_requires_gradient_sync"):  # FSDP2 (shard_model)
+            self.policy.set_requires_gradient_sync(last_of_mini_batch)
         with optimizer.toggle_model(sync_grad=last_of_mini_batch):
             self.manual_backward(loss * rows / (self.config.rollout_batch_size // self.config.num_mini_batches))
 
@@ -251,6 +255,8 @@ class OnlineRLModule(LightningModule):
         params = [p for p in self.trained_parameters() if p.grad is not None]
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # the norm before clipping
+        if hasattr(norm, "full_tensor"):  # FSDP2: the norm over every rank's shards, as a DTensor
+            norm = norm.full_tensor()
         if params and not torch.isfinite(norm):
             # guard: a non-finite loss or gradient. Without gradients AdamW leaves every weight and moment as it is;
             # Lightning still counts the step, so the schedule and the checkpoints' step counts stay regular
@@ -327,7 +333,16 @@ class OnlineRLModule(LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         return getattr(datamodule, "num_train_prompts", 0) or 0
 
-    # ---- optimiser, checkpoints ----------------------------------------------------------------------------
+    # ---- sharding, optimiser, checkpoints -------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """trainer.strategy=fsdp2 (Lightning's ModelParallelStrategy): the policy sharded block by block over the
+        data-parallel ranks before the optimiser is built. The frozen reference and reward model stay whole on each
+        rank. Other strategies wrap the module themselves."""
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        if isinstance(self.trainer.strategy, ModelParallelStrategy) and not hasattr(self.policy, "unshard"):
+            shard_model(self.policy, self.device_mesh["data_parallel"])
+
     def configure_optimizers(self):
         cfg = self.config
         return adamw_with_schedule(self.trained_parameters(), cfg.lr, cfg.total_rollouts * cfg.updates_per_rollout,
@@ -347,14 +362,21 @@ class OnlineRLModule(LightningModule):
         checkpoint["rloo_episodes"] = self.episodes
         checkpoint["rloo_rollouts"] = self.rollouts
         checkpoint["rloo_guard"] = {"skipped_updates": self.skipped_updates, "bad_in_a_row": self.bad_in_a_row}
-        checkpoint["rloo_rng"] = rng_states() if self._rollout_finished else self._rng_before_rollout
+        states = rng_states() if self._rollout_finished else self._rng_before_rollout
+        checkpoint["rloo_rng"] = states
+        if self.trainer.world_size > 1:  # every rank samples from its own generators: keep each rank's (a collective)
+            by_rank = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(by_rank, states)
+            checkpoint["rloo_rng_by_rank"] = by_rank
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.episodes = checkpoint.get("rloo_episodes", 0)
         self.rollouts = checkpoint.get("rloo_rollouts", 0)
         guard = checkpoint.get("rloo_guard", {})
         self.skipped_updates, self.bad_in_a_row = guard.get("skipped_updates", 0), guard.get("bad_in_a_row", 0)
-        self._rng_to_restore = checkpoint.get("rloo_rng")
+        by_rank = checkpoint.get("rloo_rng_by_rank") or []
+        same_world = len(by_rank) == self.trainer.world_size
+        self._rng_to_restore = by_rank[self.trainer.global_rank] if same_world else checkpoint.get("rloo_rng")
 
     def on_train_start(self) -> None:
         """On resume: the random states of the checkpoint (as late as possible: nothing draws after this before the
