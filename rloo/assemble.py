@@ -103,17 +103,35 @@ def world_size(trainer_args: dict) -> int:
         raise ConfigError(f"trainer.devices={devices!r} is not allowed: a count, a list of device ids, or auto") from None
 
 
-def lightning_strategy(trainer_args: dict, processes: int):
-    """trainer.strategy as the Trainer takes it. fsdp2 is built here: Lightning's ModelParallelStrategy, data parallel
-    over all `processes` (the module shards the policy in configure_model), saving whole checkpoints through the
-    run's atomic checkpoint writer. Other names go to Lightning as they are."""
+def lightning_strategy(cfg: DictConfig, trainer_args: dict, processes: int):
+    """trainer.strategy as the Trainer takes it. Built here:
+    - fsdp2: Lightning's ModelParallelStrategy, data parallel over all `processes` (the module shards the policy in
+      configure_model), saving whole checkpoints through the run's atomic checkpoint writer;
+    - deepspeed_*: Lightning's DeepSpeedStrategy of that name, with deepspeed_settings(cfg) in its config (DeepSpeed
+      clips inside its own step; the Trainer's clipping cannot reach it under manual optimisation).
+    Other names go to Lightning as they are."""
     strategy = trainer_args.get("strategy", "auto")
     if strategy == "fsdp2":
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         return ModelParallelStrategy(data_parallel_size=processes, tensor_parallel_size=1,
                                      save_distributed_checkpoint=False)
+    if isinstance(strategy, str) and strategy.startswith("deepspeed"):
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        entry = StrategyRegistry[strategy]
+        built = entry["strategy"](**entry["init_params"])
+        built.config.update(deepspeed_settings(cfg))
+        return built
     return strategy
+
+
+def deepspeed_settings(cfg: DictConfig) -> dict:
+    """What a DeepSpeed engine must know of the run: the gradient norm it clips to (max_grad_norm; 0 turns clipping
+    off) and the micro-batch each backward sees. Gradient accumulation is not counted by DeepSpeed: the module marks
+    the last micro-batch of each mini-batch as the boundary (OnlineRLModule.accumulate_gradients)."""
+    return {"gradient_clipping": float(cfg.max_grad_norm) if cfg.max_grad_norm is not None else 0.0,
+            "train_micro_batch_size_per_gpu": int(cfg.micro_batch_size)}
 
 
 def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, total_rollouts: int, value_model):

@@ -4,6 +4,7 @@ and the mismatch histograms. Each counts rollouts (`module.rollouts`), the x-axi
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -162,7 +163,7 @@ class RolloutCheckpoints(Callback):
             atomic.symlink(name, self.directory / "last.ckpt")
             steps = sorted(self.directory.glob("step*.ckpt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1)
             for old in steps[:-self.keep] if self.keep > 0 else ():
-                old.unlink(missing_ok=True)
+                shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)  # DeepSpeed: a dir per checkpoint
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         if self.due(module.rollouts, module.config.total_rollouts):

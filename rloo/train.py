@@ -39,7 +39,7 @@ def run(cfg: DictConfig) -> dict:
     check_model_sources(cfg)                           # the model dirs (config.json) or the hub cache, read only
     # a batch of the train loop is one rollout; Lightning counts every optimiser step of it (global_step)
     rollouts, updates = num_rollouts(cfg, processes), updates_per_rollout(cfg)
-    trainer_args["strategy"] = lightning_strategy(trainer_args, processes)
+    trainer_args["strategy"] = lightning_strategy(cfg, trainer_args, processes)
 
     import lightning as L
     import torch

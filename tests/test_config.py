@@ -45,6 +45,18 @@ def test_pythia_recipe_matches_the_published_hyperparameters(size):
     assert cfg.bootstrap is None
 
 
+@pytest.mark.parametrize("size", ["1b", "6.9b"])
+def test_a_deepspeed_recipe_hands_deepspeed_the_clipping_norm_and_the_micro_batch(size):
+    """DeepSpeed keeps the gradients and clips inside its own step: max_grad_norm must reach its config (0 is off)."""
+    from rloo.assemble import deepspeed_settings
+
+    cfg = composed(f"model=pythia{size}")
+    settings = deepspeed_settings(cfg)
+    assert settings == {"gradient_clipping": cfg.max_grad_norm, "train_micro_batch_size_per_gpu": 16}
+    assert settings["gradient_clipping"] > 0
+    assert deepspeed_settings(composed(f"model=pythia{size}", "max_grad_norm=null"))["gradient_clipping"] == 0.0
+
+
 def test_command_line_beats_the_recipe():
     cfg = composed("model=pythia1b", "precision=fp32", "k=4", "lr=1e-6")
     assert cfg.precision.name == "fp32" and cfg.k == 4 and cfg.lr == 1e-6

@@ -212,6 +212,9 @@ class OnlineRLModule(LightningModule):
         optimizer = self.optimizers()
         if hasattr(self.policy, "set_requires_gradient_sync"):  # FSDP2 (shard_model)
             self.policy.set_requires_gradient_sync(last_of_mini_batch)
+        engine = self.deepspeed_engine()
+        if engine is not None:  # DeepSpeed reduces and may step only at a boundary it is told of, before the backward
+            engine.set_gradient_accumulation_boundary(last_of_mini_batch)
         with optimizer.toggle_model(sync_grad=last_of_mini_batch):
             self.manual_backward(loss * rows / (self.config.rollout_batch_size // self.config.num_mini_batches))
 
@@ -219,8 +222,17 @@ class OnlineRLModule(LightningModule):
         """One optimiser step (Lightning counts it in global_step), the schedule, and fresh gradients."""
         optimizer = self.optimizers()
         optimizer.step()
+        engine = self.deepspeed_engine()
+        if engine is not None:  # the norm DeepSpeed clipped by in that step (None before its first)
+            norm = engine.get_global_grad_norm()
+            self._last_grad_norm = torch.as_tensor(float("nan") if norm is None else float(norm))
         self.lr_schedulers().step()
         optimizer.zero_grad(set_to_none=True)
+
+    def deepspeed_engine(self):
+        """The DeepSpeed engine under a DeepSpeed strategy, else None. It holds the gradients (not `p.grad`), clips
+        them in its step (gradient_clipping, rloo.assemble.deepspeed_settings) and reduces them at boundaries."""
+        return getattr(self.trainer.strategy, "deepspeed_engine", None) if self._trainer is not None else None
 
     def rollout_diagnostics(self, rollout: Rollout, rollout_policy_logprobs: Tensor, entropy: Tensor) -> dict[str, Tensor]:
         """The training forward at the rollout policy against the sampler (mismatch/*), and the policy's entropy.
@@ -251,6 +263,8 @@ class OnlineRLModule(LightningModule):
         return (p for p in self.policy.parameters() if p.requires_grad)  # with LoRA, the adapters only
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        if self.deepspeed_engine() is not None:  # DeepSpeed clips inside its step; p.grad holds nothing here
+            return
         # here gradients are already unscaled under fp16, so clipping sees their true norm
         params = [p for p in self.trained_parameters() if p.grad is not None]
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
