@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ENTRY_POINTS = {"rloo.train", "rloo.evaluate", "rloo.sft", "rloo.reward", "rloo.report", "rloo.plan",
                 "rloo.bench.__main__"}
 CORE = {"rloo.objectives", "rloo.rollout", "rloo.sampling", "rloo.decode", "rloo.rewards", "rloo.resume",
-        "rloo.lora"}  # no Lightning or Hydra
+        "rloo.lora", "rloo.sharding"}  # no Lightning or Hydra
 
 
 def modules() -> dict[str, Path]:

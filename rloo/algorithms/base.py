@@ -22,6 +22,7 @@ from torch import Tensor
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.errors import NonFiniteError
 from rloo.lora import ADAPTER_MARK, has_adapters
+from rloo.memory import peak_rss_mb
 from rloo.objectives import importance_weights, logprob_mismatch, masked_mean
 from rloo.resume import restore_rng_states, rng_states
 from rloo.rewards import Reward
@@ -320,7 +321,10 @@ class OnlineRLModule(LightningModule):
             "train/episode": float(self.episodes),
             "train/epoch": self.episodes / max(self._num_train_prompts() * self.config.k, 1),
             "time/tokens_per_second": tokens / max(timings.get("step", 0.0), 1e-9),
+            "memory/peak_rss_mb": peak_rss_mb(),  # this process so far (averaged over ranks when logged)
         }
+        if torch.cuda.is_available():
+            metrics["memory/peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
         metrics.update({f"time/{phase}": seconds for phase, seconds in timings.items() if phase != "step"})
         metrics.update(self.reward_metrics(rollout))
         if getattr(self, "_last_grad_norm", None) is not None:

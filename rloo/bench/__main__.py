@@ -4,6 +4,7 @@
     python -m rloo.bench --presets small --steps 3         # one preset, fewer steps
     python -m rloo.bench --presets pythia-1b --device cuda --precision bf16-true
     python -m rloo.bench logprobs                          # the log-prob pass: whole vs chunked LM head
+    python -m rloo.bench strategies --presets pythia-160m  # memory per rank: one process, ddp, fsdp2 (CPU)
 
 Writes <out>/results.json and <out>/results.md (default out: outputs/bench/<date>/<time>) and prints the table.
 Every configuration runs in a fresh interpreter, so one's memory never counts against another's.
@@ -36,10 +37,11 @@ class OneLineParser(argparse.ArgumentParser):
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m rloo.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", default="speed", choices=("speed", "quality", "stability", "logprobs"),
+    parser.add_argument("mode", nargs="?", default="speed", choices=("speed", "quality", "stability", "logprobs", "strategies"),
                         help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock; "
                              "stability: the bf16 mismatch, peer-like vs rloo defaults; logprobs: peak memory of the "
-                             "log-prob pass, whole vs chunked LM head, at a 50k vocabulary")
+                             "log-prob pass, whole vs chunked LM head, at a 50k vocabulary; strategies: peak memory per rank and "
+                             "time of real rloo.train runs in one process, under ddp and under fsdp2")
     parser.add_argument("overrides", nargs="*", help="quality, stability: extra `python -m rloo.train` overrides for every run")
     parser.add_argument("--presets", default=None,
                         help=f"comma-separated, from: {', '.join(PRESETS)} (default: {','.join(DEFAULT_PRESETS)}; "
@@ -66,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per configuration")
     args = parser.parse_intermixed_args(argv)
     if args.presets is None:
-        args.presets = "pythia-160m" if args.mode == "stability" else ",".join(DEFAULT_PRESETS)
+        args.presets = "pythia-160m" if args.mode in ("stability", "strategies") else ",".join(DEFAULT_PRESETS)
     for precision in args.precisions.split(","):
         if precision not in ("fp32", "bf16", "bf16-true"):
             parser.error(f"--precisions: {precision!r} is not one of fp32, bf16, bf16-true")
@@ -253,6 +255,13 @@ def main(argv=None) -> None:
 
         logprobs.run(out_dir)
         print(f"bench: wrote {out_dir / 'logprobs.json'} and {out_dir / 'logprobs.md'}")
+        return
+    if args.mode == "strategies":
+        from rloo.bench import strategies
+
+        preset = args.presets.split(",")[0] if args.presets else "pythia-160m"
+        strategies.run(out_dir.resolve(), preset, overrides=args.overrides)
+        print(f"bench: wrote {out_dir / 'strategies.json'} and {out_dir / 'strategies.md'}")
         return
     if args.mode == "stability":
         from rloo.bench import stability
