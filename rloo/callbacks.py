@@ -179,10 +179,11 @@ class ExportPolicy(Callback):
 
     def on_train_end(self, trainer, module) -> None:
         policy = module.policy
-        if weights_partitioned(policy):  # FSDP2: the whole weights gathered into a plain copy on rank 0
+        if weights_partitioned(policy):  # FSDP2: the whole weights gathered into a plain copy on rank 0 (a collective)
             policy = whole_copy(policy)
-        bad = [name for name, p in policy.named_parameters() if not torch.isfinite(p).all()] if policy else []
-        bad = trainer.strategy.broadcast(bad)  # every rank raises, or none does
+        bad = [name for name, p in policy.named_parameters() if not torch.isfinite(p).all()] \
+            if trainer.is_global_zero else None
+        bad = trainer.strategy.broadcast(bad)  # rank 0's finding: every rank raises, or none does
         if bad:
             raise NonFiniteError(f"the trained policy has non-finite weights ({len(bad)} tensors, e.g. {bad[0]}); "
                                  "not exported")

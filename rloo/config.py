@@ -201,7 +201,7 @@ def check_strategy_installed(cfg: DictConfig) -> None:
     strategy = str(OmegaConf.select(cfg, "trainer.strategy", default="auto"))
     if strategy.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(f"trainer.strategy={strategy} needs DeepSpeed, which is not installed: "
-                          "pip install -e '.[deepspeed]' on a GPU machine, or use trainer.strategy=ddp | fsdp")
+                          "pip install -e '.[deepspeed]' on a GPU machine, or use trainer.strategy=ddp | fsdp2")
 
 
 def validate_lora(cfg: DictConfig) -> None:

@@ -15,11 +15,13 @@ from torch import nn
 
 
 def weights_partitioned(model: nn.Module) -> bool:
-    """True when some weight of `model` holds only this rank's part: an FSDP2 / tensor-parallel DTensor, or a
-    DeepSpeed ZeRO-3 parameter (which carries a `ds_id`)."""
+    """True when the weights of `model` hold only this rank's part: FSDP2 DTensors, or DeepSpeed ZeRO-3 parameters
+    (which carry a `ds_id`). Both partition every parameter of a model they manage (shard_model shards the root), so
+    the first one tells; this runs on every log-prob pass and generation call."""
     from torch.distributed.tensor import DTensor
 
-    return any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in model.parameters())
+    first = next(model.parameters(), None)
+    return isinstance(first, DTensor) or hasattr(first, "ds_id")
 
 
 def ranks_step_together(model: nn.Module) -> bool:
