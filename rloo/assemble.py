@@ -141,10 +141,15 @@ def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, to
 
         module = PPOModule(policy, reference, reward_model, value_model(), tokenizer,
                            algorithm_config(PPOConfig, cfg, total_rollouts))
-    else:
+    else:  # RLOO's step with its own baseline
+        from rloo.algorithms.raft import RAFTModule
+        from rloo.algorithms.reinforce import ReinforceConfig, ReinforceModule, VanillaPGModule
         from rloo.algorithms.rloo import RLOOConfig, RLOOModule
 
-        module = RLOOModule(policy, reference, reward_model, tokenizer, algorithm_config(RLOOConfig, cfg, total_rollouts))
+        module_class, config_class = {"rloo": (RLOOModule, RLOOConfig), "raft": (RAFTModule, RLOOConfig),
+                                      "reinforce": (ReinforceModule, ReinforceConfig),
+                                      "vanilla_pg": (VanillaPGModule, RLOOConfig)}[cfg.algorithm]
+        module = module_class(policy, reference, reward_model, tokenizer, algorithm_config(config_class, cfg, total_rollouts))
     module.reward = reward_from_config(cfg)
     if cfg.activation_checkpointing:  # after the module put the policy in eval mode
         from rloo.models import use_activation_checkpointing

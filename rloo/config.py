@@ -222,6 +222,9 @@ def validate_lora(cfg: DictConfig) -> None:
         raise ConfigError("model.lora=true needs peft, which is not installed: pip install -e '.[lora]'")
 
 
+POLICY_GRADIENTS = ("rloo", "raft", "reinforce", "vanilla_pg")  # RLOO's step, each with its own baseline
+
+
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Check every key `rloo.train` reads; raises ConfigError with a one-line message."""
     ppo = cfg.get("algorithm") == "ppo"
@@ -239,8 +242,16 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         if value_model is not None and _looks_local(str(value_model)) and not Path(str(value_model)).exists():
             raise ConfigError(f"value_model={value_model!r} does not exist: a sequence classifier dir, a hub id, or null (the reward model)")
     else:
-        _require(cfg.get("algorithm") == "rloo", "algorithm", "rloo or ppo (choose with algo=rloo|ppo)", cfg.get("algorithm"))
-        _require(isinstance(k, int) and not isinstance(k, bool) and k >= 2, "k", "an integer >= 2 (the leave-one-out baseline needs another completion)", k)
+        algorithm = cfg.get("algorithm")
+        _require(algorithm in POLICY_GRADIENTS, "algorithm",
+                 f"one of ppo, {', '.join(POLICY_GRADIENTS)} (choose with algo=)", algorithm)
+        if algorithm in ("rloo", "raft"):
+            _require(isinstance(k, int) and not isinstance(k, bool) and k >= 2, "k",
+                     f"an integer >= 2 with algo={algorithm} (it compares each completion with the others of its prompt)", k)
+        else:
+            _require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "an integer >= 1 (completions per prompt)", k)
+        if algorithm == "reinforce":
+            _number(cfg, "baseline_decay", 0.0, 1.0)
     validate_sampling(cfg)
     for key in ("rollout_batch_size", "micro_batch_size", "generation_batch_size", "total_episodes", "num_ppo_epochs",
                 "num_mini_batches", "log_every"):

@@ -164,6 +164,29 @@ def masked_leave_one_out_advantages(rewards: Tensor, k: int, valid: Tensor) -> T
     return torch.where(v & (m >= 2), r - baseline, torch.zeros_like(r)).reshape(-1)
 
 
+def moving_average_advantages(rewards: Tensor, baseline: float | None) -> Tensor:
+    """REINFORCE with a moving-average baseline: A_i = R_i - b, where b summarises earlier rollouts only (so it is
+    independent of these samples); before any rollout (None) b = 0. [N] -> [N]."""
+    return _upcast(rewards) - (0.0 if baseline is None else baseline)
+
+
+def updated_moving_average(baseline: float | None, rollout_mean: float, decay: float) -> float:
+    """b <- decay * b + (1 - decay) * mean R of the rollout just trained on; the first rollout's mean starts it."""
+    return rollout_mean if baseline is None else decay * baseline + (1.0 - decay) * rollout_mean
+
+
+def best_of_k_advantages(scores: Tensor, k: int) -> Tensor:
+    """RAFT (Dong et al. 2023) as weights of the REINFORCE loss: k on the best completion of each prompt by score
+    (the first of equal ones; a non-finite score never wins over a finite one), 0 on the others. The mean over all
+    N rows of -A_i * sum_t log pi(y_i,t) is then the mean negative log-likelihood of the N/k best completions:
+    fine-tuning on the best of k. [N] -> [N]."""
+    groups = _groups(scores, k, min_k=2)                                    # [P, k]
+    best = torch.nan_to_num(groups, nan=-torch.inf).argmax(dim=1)          # [P]
+    weights = torch.zeros_like(groups)
+    weights[torch.arange(groups.shape[0], device=groups.device), best] = float(k)
+    return weights.reshape(-1)
+
+
 def normalize_advantages(advantages: Tensor, eps: float = 1e-8) -> Tensor:
     """(A - mean) / (std + eps) over the whole batch. [N] -> [N]."""
     a = _upcast(advantages)

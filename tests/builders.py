@@ -4,6 +4,7 @@ defaults of their own), and HF generate is the reference the lean decode is held
 from dataclasses import replace
 
 from rloo.algorithms.ppo import PPOConfig
+from rloo.algorithms.reinforce import ReinforceConfig
 from rloo.algorithms.rloo import RLOOConfig
 from rloo.config import algorithm_config, compose_train_config, validate_train_config
 from rloo.rollout import generate_with_logprobs
@@ -24,11 +25,13 @@ def hf_generate(policy, prompt_ids, prompt_mask, sampling: SamplingConfig, eos_t
 
 
 def train_config(algorithm: str, total_rollouts: int, **keys):
-    """RLOOConfig / PPOConfig of conf/train.yaml with `keys` set, checked as rloo.train checks them."""
+    """The typed config of `algorithm` (RLOOConfig, PPOConfig, ReinforceConfig) from conf/train.yaml with `keys` set,
+    checked as rloo.train checks them."""
     overrides = [f"algo={algorithm}", "judge=none"] + [f"{key}={value}" for key, value in keys.items()]
     cfg = compose_train_config(overrides)
     validate_train_config(cfg)
-    return algorithm_config(PPOConfig if algorithm == "ppo" else RLOOConfig, cfg, total_rollouts)
+    config_class = {"ppo": PPOConfig, "reinforce": ReinforceConfig}.get(algorithm, RLOOConfig)
+    return algorithm_config(config_class, cfg, total_rollouts)
 
 
 def toy_split(path) -> "SplitSpec":

@@ -13,10 +13,10 @@ from rloo.models import freeze
 from tests.builders import toy_split, train_config
 
 
-def fit(assets, tokenizer, num_rollouts=3, module_class=RLOOModule, **overrides):
+def fit(assets, tokenizer, num_rollouts=3, module_class=RLOOModule, algorithm="rloo", callbacks=(), **overrides):
     values = dict(k=4, rollout_batch_size=16, micro_batch_size=8, generation_batch_size=16, response_length=6,
                   lr=1e-2, warmup_ratio=0.0, total_episodes=16 * num_rollouts)
-    config = train_config("rloo", num_rollouts, **{**values, **overrides})
+    config = train_config(algorithm, num_rollouts, **{**values, **overrides})
     torch.manual_seed(0)  # the sampling stream: equal settings draw equal rollouts
     policy = AutoModelForCausalLM.from_pretrained(assets / "policy")
     reference = freeze(copy.deepcopy(policy))
@@ -26,7 +26,7 @@ def fit(assets, tokenizer, num_rollouts=3, module_class=RLOOModule, **overrides)
     datamodule = PromptDataModule(tokenizer, spec, spec, 64, False, config.rollout_batch_size // config.k, num_rollouts,
                                   seed=0, shuffle=True, num_workers=0, log=lambda *_: None)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=num_rollouts * config.updates_per_rollout,
-                        logger=False, enable_checkpointing=False,
+                        logger=False, enable_checkpointing=False, callbacks=list(callbacks),
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=datamodule)
     return trainer, module

@@ -37,7 +37,7 @@ METRIC_NAMES = {"entropy": "objective/entropy", "loss": "loss/policy_avg", "clip
                 "token_clipfrac": "policy/token_clipfrac_avg", "approxkl": "policy/approxkl_avg",
                 "first_epoch_clipfrac": "policy/clipfrac_first_epoch",
                 "ratio": "policy/ratio", "ratio_min": "policy/ratio_min", "ratio_max": "policy/ratio_max",
-                "is_weight": "is/weight_mean",
+                "is_weight": "is/weight_mean", "baseline": "objective/baseline",
                 "mismatch_abs_mean": "mismatch/logprob_abs_mean", "mismatch_abs_max": "mismatch/logprob_abs_max",
                 "mismatch_token_mult_prob_error": "mismatch/token_mult_prob_error",
                 "mismatch_seq_log_ratio_mean": "mismatch/seq_log_ratio_mean",

@@ -132,13 +132,17 @@ class RLOOModule(OnlineRLModule):
         kl_tokens = kl_per_token(logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask  # KL_t, 0 on padding
         scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
         rewards = sequence_rewards(scores, kl_tokens, mask, cfg.kl_coef)   # R_i = s_i - beta * sum_t KL_t
-        if self.masks_bad_scores() and not torch.isfinite(scores).all():  # reward_errors=mask: unscored ones sit out
-            advantages = masked_leave_one_out_advantages(rewards, cfg.k, torch.isfinite(scores))
-        else:
-            advantages = leave_one_out_advantages(rewards, cfg.k)         # A_i = R_i - (sum_j R_j - R_i)/(k-1)
+        advantages = self.advantages(rewards, scores)
         if cfg.normalize_advantages:
             advantages = normalize_advantages(advantages)
         return RLOOTargets(kl_tokens.sum(1), rewards, advantages)
+
+    def advantages(self, rewards: Tensor, scores: Tensor) -> Tensor:
+        """A_i = R_i - (sum_j R_j - R_i)/(k-1) within each prompt's group: the leave-one-out baseline. (The other
+        policy-gradient baselines of rloo/algorithms/ replace this method only.)"""
+        if self.masks_bad_scores() and not torch.isfinite(scores).all():  # reward_errors=mask: unscored ones sit out
+            return masked_leave_one_out_advantages(rewards, self.config.k, torch.isfinite(scores))
+        return leave_one_out_advantages(rewards, self.config.k)
 
     def ppo_clip(self, part: Rollout, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor,
              token_w: Tensor | None = None, sequence_w: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -160,8 +164,9 @@ class RLOOModule(OnlineRLModule):
             "objective/non_score_reward": (-cfg.kl_coef * targets.kl).mean(),
             "objective/rlhf_reward": targets.rewards.nanmean(),
             "objective/advantage_std": targets.advantages.std(),
-            "objective/frac_reward_zero_std": (group_reward_std(scores, cfg.k) < 1e-6).float().mean(),
         }
+        if cfg.k > 1:  # one completion per prompt (algo=reinforce, vanilla_pg) has no group
+            metrics["objective/frac_reward_zero_std"] = (group_reward_std(scores, cfg.k) < 1e-6).float().mean()
         metrics.update({METRIC_NAMES[key]: value for key, value in stats.items()})
         self.log_metrics(metrics, batch_size=len(rollout))
 
