@@ -74,7 +74,9 @@ class HeldOutEval(Callback):
             self.log_fn(f"eval ({label}): {self.judge_failure}")
             for key in [k for k in summary if k.startswith("eval/win_rate")]:
                 del summary[key]  # a rate over the few pairs that got a verdict is no win rate
-        self.history.append({"step": step, **summary})
+        # where the run stood: the x-axes of learning curves (rloo.report), episodes and seconds of training
+        self.history.append({"step": step, "episodes": module.episodes, "train_seconds": round(module.train_seconds, 2),
+                             **summary})
         for logger in trainer.loggers:
             logger.log_metrics(summary, step=step)
             logger.save()  # on disk before the rollout's checkpoint, which follows: a kill after it loses no row

@@ -5,7 +5,9 @@
 Reads every job dir (`<n>_<overrides>/`: .hydra/overrides.yaml, config.yaml, summary.json, csv/metrics.csv) and
 writes, into the multirun dir: report.md and report.csv (one row per job: overrides, status, final win rate
 with its interval, reward, KL, clip fraction, wall time, peak memory), win_rate_vs_k.png and kl_vs_k.png
-(one line per clip range). A job with no summary.json is reported as failed, and one whose summary.json says it
+(one line per clip range), settings.md (the jobs grouped by their overrides other than seed: the final win rate
+as mean and 95% interval over seeds), and the learning curves win_rate_vs_episodes.png and
+win_rate_vs_seconds.png (one line per setting, the mean over its seeds). A job with no summary.json is reported as failed, and one whose summary.json says it
 did not finish by its status (interrupted, failed, evaluating); none is dropped.
 """
 
@@ -19,8 +21,12 @@ from pathlib import Path
 
 import yaml
 
-COLUMNS = ["job", "overrides", "status", "k", "clip_range", "kl_coef", "win_rate", "win_rate_ci_low",
-           "win_rate_ci_high", "reward", "kl", "clipfrac", "wall_seconds", "peak_rss_mb", "peak_gpu_mb"]
+COLUMNS = ["job", "overrides", "status", "algorithm", "seed", "k", "clip_range", "kl_coef", "win_rate",
+           "win_rate_ci_low", "win_rate_ci_high", "reward", "kl", "clipfrac", "wall_seconds", "peak_rss_mb",
+           "peak_gpu_mb"]
+# two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1); beyond the table, the normal's
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         15: 2.131, 20: 2.086, 30: 2.042}
 TAIL_STEPS = 10  # train metrics are averaged over the last steps: one step is noisy
 
 
@@ -38,8 +44,10 @@ def tail_mean(rows: list[dict], key: str) -> float | None:
 def job_row(job: Path) -> dict:
     overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
     config = yaml.safe_load((job / ".hydra" / "config.yaml").read_text()) or {}
-    row = {"job": job.name, "overrides": " ".join(overrides), "k": config.get("k"),
-           "clip_range": config.get("clip_range"), "kl_coef": config.get("kl_coef")}
+    row = {"job": job.name, "overrides": " ".join(overrides), "algorithm": config.get("algorithm"),
+           "seed": config.get("seed"), "k": config.get("k"), "clip_range": config.get("clip_range"),
+           "kl_coef": config.get("kl_coef"),
+           "setting": " ".join(o for o in overrides if not o.startswith("seed=")) or "(defaults)"}
     summary_path = job / "summary.json"
     if not summary_path.exists():
         return row | {"status": "failed"}
@@ -56,7 +64,7 @@ def job_row(job: Path) -> dict:
         "reward": tail_mean(rows, "objective/rlhf_reward"), "kl": tail_mean(rows, "objective/kl"),
         "clipfrac": tail_mean(rows, "policy/clipfrac_avg"),
         "wall_seconds": summary.get("wall_seconds"), "peak_rss_mb": summary.get("peak_rss_mb"),
-        "peak_gpu_mb": summary.get("peak_gpu_mb"),
+        "peak_gpu_mb": summary.get("peak_gpu_mb"), "history": summary.get("eval_history") or [],
     }
 
 
@@ -78,6 +86,73 @@ def markdown(rows: list[dict]) -> str:
                      f"| {_cell(r.get('kl'))} | {_cell(r.get('clipfrac'))} | {_cell(r.get('wall_seconds'))} "
                      f"| {_cell(r.get('peak_rss_mb'))} |")
     return "\n".join(lines) + "\n"
+
+
+def seed_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% interval over seeds (Student's t on their standard error); one seed: no interval."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    df = len(values) - 1
+    t = T_975[max(d for d in T_975 if d <= df)] if df <= max(T_975) else 1.96
+    half = t * statistics.stdev(values) / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def by_setting(rows: list[dict]) -> list[dict]:
+    """The finished jobs grouped by their overrides other than seed: one row per setting (a method, say), the final
+    win rate as mean and 95% interval over its seeds, the other columns as means."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["status"] == "ok" and r.get("win_rate") is not None:
+            groups.setdefault(r["setting"], []).append(r)
+    table = []
+    for setting, jobs in groups.items():
+        mean, low, high = seed_interval([j["win_rate"] for j in jobs])
+        averaged = {key: statistics.fmean(values) if (values := [j[key] for j in jobs if j.get(key) is not None]) else None
+                    for key in ("reward", "kl", "wall_seconds", "peak_rss_mb")}
+        table.append({"setting": setting, "seeds": len(jobs), "win_rate": mean, "win_rate_low": low,
+                      "win_rate_high": high, **averaged})
+    return sorted(table, key=lambda r: -r["win_rate"])
+
+
+def settings_markdown(table: list[dict]) -> str:
+    lines = ["| setting | seeds | final win rate, mean [95% CI over seeds] | reward | KL | wall s | peak RSS MB |",
+             "|---|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append(f"| {r['setting']} | {r['seeds']} | {r['win_rate']:.3f} [{r['win_rate_low']:.3f}, "
+                     f"{r['win_rate_high']:.3f}] | {_cell(r['reward'])} | {_cell(r['kl'])} | {_cell(r['wall_seconds'])} "
+                     f"| {_cell(r['peak_rss_mb'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(rows: list[dict], x_key: str, xlabel: str, path: Path) -> None:
+    """Held-out win rate against `x_key` of each evaluation (episodes, train_seconds): one line per setting, the
+    mean over its seeds at each evaluation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(5.5, 3.8), dpi=120)
+    groups: dict[str, list[list[dict]]] = {}
+    for r in rows:
+        evaluations = [h for h in r.get("history") or [] if h.get("eval/win_rate") is not None and x_key in h]
+        if r["status"] == "ok" and evaluations:
+            groups.setdefault(r["setting"], []).append(evaluations)
+    for setting, runs in sorted(groups.items()):
+        points = min(len(run) for run in runs)  # evaluations every seed has
+        xs = [statistics.fmean(run[i][x_key] for run in runs) for i in range(points)]
+        ys = [statistics.fmean(run[i]["eval/win_rate"] for run in runs) for i in range(points)]
+        axes.plot(xs, ys, marker="o", markersize=3, label=f"{setting} ({len(runs)} seeds)")
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel("held-out win rate (mean over seeds)")
+    if groups:
+        axes.legend(fontsize=7)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
 
 
 def plot_against_k(rows: list[dict], key: str, ylabel: str, path: Path) -> None:
@@ -118,6 +193,9 @@ def report(multirun_dir: Path) -> list[dict]:
         writer.writerows(rows)
     plot_against_k(rows, "win_rate", "final win rate (95% CI)", multirun_dir / "win_rate_vs_k.png")
     plot_against_k(rows, "kl", f"KL (mean of last {TAIL_STEPS} steps)", multirun_dir / "kl_vs_k.png")
+    (multirun_dir / "settings.md").write_text(settings_markdown(by_setting(rows)))
+    plot_curves(rows, "episodes", "episodes (completions trained on)", multirun_dir / "win_rate_vs_episodes.png")
+    plot_curves(rows, "train_seconds", "seconds of training (no evaluation)", multirun_dir / "win_rate_vs_seconds.png")
     return rows
 
 
@@ -135,8 +213,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     rows = report(multirun_dir)
     print(markdown(rows))
+    print(settings_markdown(by_setting(rows)))
     print(f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished; wrote report.md, "
-          f"report.csv, win_rate_vs_k.png, kl_vs_k.png in {multirun_dir}")
+          f"report.csv, settings.md, win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, "
+          f"win_rate_vs_seconds.png in {multirun_dir}")
 
 
 if __name__ == "__main__":

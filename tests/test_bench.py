@@ -127,3 +127,14 @@ def test_the_peer_sums_its_optimiser_steps_into_rollouts():
     steps = [{"wall": 1.0, "rollout": 0.5, "tokens": 10}, {"wall": 0.2, "rollout": None, "tokens": 0},
              {"wall": 2.0, "rollout": 1.5, "tokens": 7}, {"wall": 0.3, "rollout": None, "tokens": 0}]
     assert per_rollout(steps, 2) == [{"wall": 1.2, "tokens": 10, "rollout": 0.5}, {"wall": 2.3, "tokens": 7, "rollout": 1.5}]
+
+
+def test_the_quality_table_renders_its_rows():
+    """rloo.bench quality's markdown from the rows it builds out of two summaries."""
+    from rloo.bench.quality import markdown, row
+
+    evaluation = {"eval/win_rate": 0.7, "eval/win_rate_ci_low": 0.6, "eval/win_rate_ci_high": 0.8, "eval/score": 1.5}
+    summary = {"rollouts": 3, "episodes": 24, "fit_seconds": 12.0, "initial": evaluation, "final": evaluation,
+               "output_dir": "x"}
+    table = markdown({"rows": [row("RLOO", summary), row("PPO", summary)]})
+    assert "| RLOO | 3 | 24 | 12 | 0.700 | 0.700 [0.600, 0.800] | 1.50 |" in table and table.count("\n") == 4

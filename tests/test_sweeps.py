@@ -96,3 +96,45 @@ def test_an_interrupted_job_is_reported_by_its_status(multirun, tmp_path):
 def test_report_refuses_a_dir_that_is_not_a_multirun(tmp_path):
     result = report(tmp_path)
     assert result.returncode == 2 and "no Hydra job dirs" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_seed_interval_is_students_t_over_the_seeds():
+    from rloo.report import seed_interval
+
+    assert seed_interval([0.5]) == (0.5, 0.5, 0.5)
+    mean, low, high = seed_interval([0.6, 0.8])  # sd 0.1414, se 0.1, t(1) 12.706
+    assert mean == pytest.approx(0.7) and high - mean == pytest.approx(12.706 * 0.1) and mean - low == pytest.approx(1.2706)
+    mean, low, high = seed_interval([0.1, 0.2, 0.3, 0.4])  # se 0.0645, t(3) 3.182
+    assert high - mean == pytest.approx(3.182 * (0.016667 ** 0.5) / 2, rel=1e-3)
+
+
+def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curves(finished_run):
+    """sweeps/methods.yaml's shape at the tests' size: methods x seeds, then rloo.report's per-method table."""
+    base, _ = finished_run
+    sweep_dir = base / "methods"
+    settings = OmegaConf.from_dotlist(["checkpoint_every=0", "eval_every=1", f"hydra.sweep.dir={sweep_dir}",
+                                       "hydra.sweeper.params.algo=rloo,vanilla_pg", "hydra.sweeper.params.seed=0,1"])
+    (base / "sweeps").mkdir(exist_ok=True)
+    (base / "sweeps" / "methods_sweep.yaml").write_text("defaults:\n  - train\n  - override debug: fast\n  - override logger: csv\n"
+                                                          "  - _self_\n\n"
+                                                          + OmegaConf.to_yaml(settings))
+    env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-m", "rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", "methods_sweep"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert report(sweep_dir).returncode == 0
+    finals = {}
+    for job in sweep_dir.iterdir():
+        if (job / "summary.json").exists():
+            summary = json.loads((job / "summary.json").read_text())
+            finals.setdefault(summary["algorithm"], []).append(summary["final"]["eval/win_rate"])
+            episodes = [h["episodes"] for h in summary["eval_history"]]
+            assert episodes == [0, 8, 16, 24] and summary["eval_history"][-1]["train_seconds"] > 0
+    table = (sweep_dir / "settings.md").read_text()
+    for algorithm, rates in finals.items():
+        from rloo.report import seed_interval
+
+        mean, low, high = seed_interval(rates)
+        assert f"| algo={algorithm} | 2 | {mean:.3f} [{low:.3f}, {high:.3f}] |" in table
+    for name in ("win_rate_vs_episodes.png", "win_rate_vs_seconds.png"):
+        assert matplotlib.image.imread(sweep_dir / name).shape[0] > 100

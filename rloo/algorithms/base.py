@@ -125,6 +125,7 @@ class OnlineRLModule(LightningModule):
         self.policy.eval()                   # no dropout: on-policy the ratio must be exactly 1
         self.rollouts = 0                    # rollouts trained on (Lightning's global_step counts optimiser steps)
         self.episodes = 0                    # completions trained on, summed over devices
+        self.train_seconds = 0.0             # seconds spent in training steps (rollout and update; no evaluation)
         self.last_rollout: Rollout | None = None
         self.last_targets = None             # what the algorithm derived from it (RLOOTargets, PPOTargets)
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
@@ -256,6 +257,7 @@ class OnlineRLModule(LightningModule):
                                  step=now - started)
         self.rollouts += 1
         self.episodes += len(rollout) * self.trainer.world_size
+        self.train_seconds += now - started
         self._rollout_finished = True
         self.check_guard()
         self.last_rollout, self.last_targets = rollout, targets
@@ -378,6 +380,7 @@ class OnlineRLModule(LightningModule):
             state = {k: v for k, v in state.items() if not k.startswith("policy.") or ADAPTER_MARK in k}
         checkpoint["state_dict"] = state
         checkpoint["rloo_episodes"] = self.episodes
+        checkpoint["rloo_train_seconds"] = self.train_seconds
         checkpoint["rloo_rollouts"] = self.rollouts
         checkpoint["rloo_guard"] = {"skipped_updates": self.skipped_updates, "bad_in_a_row": self.bad_in_a_row}
         states = rng_states() if self._rollout_finished else self._rng_before_rollout
@@ -389,6 +392,7 @@ class OnlineRLModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.episodes = checkpoint.get("rloo_episodes", 0)
+        self.train_seconds = checkpoint.get("rloo_train_seconds", 0.0)
         self.rollouts = checkpoint.get("rloo_rollouts", 0)
         guard = checkpoint.get("rloo_guard", {})
         self.skipped_updates, self.bad_in_a_row = guard.get("skipped_updates", 0), guard.get("bad_in_a_row", 0)

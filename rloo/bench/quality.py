@@ -46,9 +46,9 @@ def run_quality(out_dir: Path, extra: list[str], timeout: int) -> dict:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| run | steps | episodes | fit s | win rate before | win rate after [95% CI] | score after |",
+    lines = ["| run | rollouts | episodes | fit s | win rate before | win rate after [95% CI] | score after |",
              "|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
-        lines.append(f"| {r['run']} | {r['steps']} | {r['episodes']} | {r['fit_seconds']:.0f} | {r['initial_win_rate']:.3f} "
+        lines.append(f"| {r['run']} | {r['rollouts']} | {r['episodes']} | {r['fit_seconds']:.0f} | {r['initial_win_rate']:.3f} "
                      f"| {r['final_win_rate']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['final_score']:.2f} |")
     return "\n".join(lines) + "\n"
