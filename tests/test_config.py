@@ -191,6 +191,10 @@ def test_every_sweep_composes_with_its_parameters(sweep):
     job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     validate_train_config(job)
     for key, values in params.items():
+        if (ROOT / "conf" / key).is_dir():  # a config group (algo=rloo,ppo): each option composes and validates
+            for value in str(values).split(","):
+                validate_train_config(composed(f"{key}={value}"))
+            continue
         assert OmegaConf.select(job, key) is not None, f"{sweep}: swept key {key} is not a config key"
         if "(" in str(values):  # an Optuna distribution such as interval(0.01, 0.2): the job config is checked above
             continue

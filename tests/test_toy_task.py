@@ -107,6 +107,25 @@ def test_examples_format_and_structure():
         assert ex["reference"].startswith(" ") and "<|endoftext|>" not in ex["reference"]
 
 
+def test_the_hard_shape_draws_longer_posts_with_more_topics_and_its_pairs_follow_it():
+    from collections import Counter
+
+    from rloo.toy.task import PostShape, post_topics
+
+    hard = PostShape(length=(12, 24), topics=(3, 4, 5, 6))
+    examples = make_examples(2000, seed=3, shape=hard)
+    lengths = [len(task.post_words(ex["prompt"])) for ex in examples]
+    counts = Counter(len(post_topics(ex["prompt"])) for ex in examples)
+    assert min(lengths) == 12 and max(lengths) == 24
+    assert set(counts) == {3, 4, 5, 6} and min(counts.values()) > 400  # uniform: about 500 each
+    assert all(3 <= len(post_topics(p["prompt"])) <= 6 for p in make_preference_pairs(200, seed=3, shape=hard))
+    assert make_examples(50, seed=7) == make_examples(50, seed=7, shape=PostShape())  # the default is unchanged
+    with pytest.raises(ValueError, match="topic counts"):
+        PostShape(length=(2, 4), topics=(3,))  # more topics than the shortest post has words
+    with pytest.raises(ValueError, match="post length"):
+        PostShape(length=(5, 4))
+
+
 def test_generators_are_deterministic_given_seed():
     assert make_examples(50, seed=7) == make_examples(50, seed=7)
     assert make_examples(50, seed=7) != make_examples(50, seed=8)

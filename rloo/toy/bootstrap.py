@@ -26,7 +26,7 @@ from rloo.algorithms.reward_model import RewardModelModule, collate_pairs, encod
 from rloo.algorithms.sft import SFTModule, collate_sft, encode_sft_examples, sft_loss
 from rloo.toy.evaluation import evaluate, pair_accuracy
 from rloo.toy.preferences import make_preference_pairs
-from rloo.toy.task import make_splits, split_seed
+from rloo.toy.task import PostShape, make_splits, split_seed
 from rloo.toy.tokenizer import task_corpus, train_tokenizer
 
 # Bump when task, tokenizer or training code changes what a given config builds.
@@ -67,16 +67,23 @@ def build_tokenizer(bootstrap_cfg):
     return train_tokenizer(task_corpus(seed=bootstrap_cfg["seed"]), bootstrap_cfg["tokenizer"]["vocab_size"])
 
 
+def post_shape(bootstrap_cfg) -> PostShape:
+    task = bootstrap_cfg["task"]
+    return PostShape(tuple(task["post_length"]), tuple(task["topics"]))
+
+
 def task_splits(bootstrap_cfg) -> dict[str, list[dict]]:
     task = bootstrap_cfg["task"]
-    return make_splits(bootstrap_cfg["seed"], task["n_train"], task["n_validation"], task["n_test"])
+    return make_splits(bootstrap_cfg["seed"], task["n_train"], task["n_validation"], task["n_test"],
+                       post_shape(bootstrap_cfg))
 
 
 def reward_pairs(bootstrap_cfg, heldout: bool = False) -> list[dict]:
     """Training pairs, or held-out pairs from an unrelated seed."""
     reward = bootstrap_cfg["reward"]
     n = reward["num_heldout_pairs"] if heldout else reward["num_pairs"]
-    return make_preference_pairs(n, split_seed(bootstrap_cfg["seed"], "reward-heldout" if heldout else "reward-train"))
+    return make_preference_pairs(n, split_seed(bootstrap_cfg["seed"], "reward-heldout" if heldout else "reward-train"),
+                                 post_shape(bootstrap_cfg))
 
 
 def _fit(module: L.LightningModule, rows: list, collate, stage_cfg: dict, seed: int, out_dir: Path) -> None:

@@ -10,7 +10,7 @@ from rloo.algorithms.sft import collate_sft, encode_sft_examples
 from rloo.heldout import complete
 from rloo.rollout import chunked, reward_scores
 from rloo.sampling import SamplingConfig
-from rloo.toy.task import oracle_judge, oracle_score
+from rloo.toy.task import ideal_summary, oracle_judge, oracle_score
 
 
 @torch.no_grad()
@@ -48,7 +48,10 @@ def evaluate(policy, reward_model, tokenizer, validation: list[dict], heldout_pa
     texts, ended = done["texts"], done["eos"]
     report = {"sft_win_rate_vs_reference": sum(map(oracle_judge, prompts, texts, references)) / len(prompts),
               "sft_ended_with_eos": float(ended.float().mean()),
-              "sft_oracle_score": sum(map(oracle_score, prompts, texts)) / len(prompts)}
+              "sft_oracle_score": sum(map(oracle_score, prompts, texts)) / len(prompts),
+              # the ceiling: the ideal summary of every prompt against its reference (ties with it count 0.5)
+              "ideal_win_rate_vs_reference": sum(map(oracle_judge, prompts, map(ideal_summary, prompts), references))
+              / len(prompts)}
     if reward_model is None:
         return report
     reward_model.eval()

@@ -10,6 +10,7 @@ import random
 
 from rloo.toy.task import (
     TIC_WORDS,
+    DEFAULT_SHAPE,
     TOPIC_WORDS,
     FILLER_WORDS,
     format_completion,
@@ -87,7 +88,7 @@ def sample_candidate(rng, post):
     return format_completion(words)
 
 
-def make_preference_pairs(n, seed):
+def make_preference_pairs(n, seed, shape=DEFAULT_SHAPE):
     """n {prompt, chosen, rejected} pairs labelled by oracle_score.
 
     Ties (equal oracle score, including identical candidates) are skipped and
@@ -96,7 +97,7 @@ def make_preference_pairs(n, seed):
     rng = random.Random(seed)
     pairs = []
     while len(pairs) < n:
-        post = sample_post(rng)
+        post = sample_post(rng, shape)
         prompt = format_prompt(post)
         a, b = sample_candidate(rng, post), sample_candidate(rng, post)
         score_a, score_b = oracle_score(prompt, a), oracle_score(prompt, b)

@@ -1,7 +1,8 @@
 """A deterministic toy summarisation task that mirrors TL;DR.
 
-A "post" is a short sequence of filler words with 2-4 distinct topic words
-scattered in it; the ideal "TL;DR" lists the topic words in order of
+A "post" is a short sequence of filler words (6-12 by default) with 2-4
+distinct topic words scattered in it (``PostShape``; bootstrap=hard draws
+longer posts with more topics); the ideal "TL;DR" lists the topic words in order of
 appearance.  Human references are systematically imperfect (see the HUMAN_*
 constants) so the mode of the reference distribution is NOT the optimum:
 SFT on references learns the human habits, and RL against a reward model
@@ -14,6 +15,7 @@ All randomness goes through ``random.Random`` instances, never global state.
 import random
 import re
 import zlib
+from dataclasses import dataclass
 
 TOPIC_WORDS = (
     "cat", "dog", "boat", "rain", "car", "tree", "house", "phone",
@@ -29,8 +31,24 @@ TIC_WORDS = ("basically", "anyway", "lol", "idk")
 ALL_WORDS = TOPIC_WORDS + FILLER_WORDS + TIC_WORDS
 _TOPIC_SET = frozenset(TOPIC_WORDS)
 
-POST_LEN_RANGE = (6, 12)
-N_TOPICS_CHOICES = (2, 3, 4)
+
+
+@dataclass(frozen=True)
+class PostShape:
+    """How posts are drawn: a length (words, both ends included) and a number of distinct topic words."""
+
+    length: tuple[int, int] = (6, 12)
+    topics: tuple[int, ...] = (2, 3, 4)
+
+    def __post_init__(self):
+        low, high = self.length
+        if not 1 <= low <= high:
+            raise ValueError(f"post length must be 1 <= low <= high, got {self.length}")
+        if not self.topics or min(self.topics) < 1 or max(self.topics) > min(low, len(TOPIC_WORDS)):
+            raise ValueError(f"topic counts must be 1..min(shortest post, {len(TOPIC_WORDS)}), got {self.topics}")
+
+
+DEFAULT_SHAPE = PostShape()  # the default task: the main job's
 
 # Human reference habits (applied independently, in this order).
 HUMAN_DROP_LAST_PROB = 0.6  # lazy: the last topic word is left out
@@ -123,10 +141,10 @@ def win_rate(prompts, completions_a, completions_b):
     return sum(verdicts) / len(verdicts)
 
 
-def sample_post(rng):
+def sample_post(rng, shape=DEFAULT_SHAPE):
     """Draw post words: filler with n_topics distinct topic words at random spots."""
-    length = rng.randint(*POST_LEN_RANGE)
-    n_topics = rng.choice(N_TOPICS_CHOICES)
+    length = rng.randint(*shape.length)
+    n_topics = rng.choice(shape.topics)
     words = [rng.choice(FILLER_WORDS) for _ in range(length)]
     topics = rng.sample(TOPIC_WORDS, n_topics)
     for pos, topic in zip(sorted(rng.sample(range(length), n_topics)), topics):
@@ -148,10 +166,10 @@ def human_summary_words(rng, topics):
     return words
 
 
-def _example_stream(rng):
+def _example_stream(rng, shape=DEFAULT_SHAPE):
     """Infinite stream of {prompt, reference} dicts."""
     while True:
-        words = sample_post(rng)
+        words = sample_post(rng, shape)
         topics = [w for w in words if w in _TOPIC_SET]
         yield {
             "prompt": format_prompt(words),
@@ -159,9 +177,9 @@ def _example_stream(rng):
         }
 
 
-def make_examples(n, seed):
+def make_examples(n, seed, shape=DEFAULT_SHAPE):
     """n examples with a human reference each; deterministic given seed."""
-    stream = _example_stream(random.Random(seed))
+    stream = _example_stream(random.Random(seed), shape)
     return [next(stream) for _ in range(n)]
 
 
@@ -170,7 +188,7 @@ def split_seed(seed, split):
     return zlib.crc32(f"rloo-toy/{split}/{seed}".encode())
 
 
-def make_splits(seed=0, n_train=20000, n_validation=2000, n_test=2000):
+def make_splits(seed=0, n_train=20000, n_validation=2000, n_test=2000, shape=DEFAULT_SHAPE):
     """Canonical train/validation/test splits.
 
     Prompts are unique across (and within) splits: test is drawn first, then
@@ -180,7 +198,7 @@ def make_splits(seed=0, n_train=20000, n_validation=2000, n_test=2000):
     taken = set()
     splits = {}
     for name, n in (("test", n_test), ("validation", n_validation), ("train", n_train)):
-        stream = _example_stream(random.Random(split_seed(seed, name)))
+        stream = _example_stream(random.Random(split_seed(seed, name)), shape)
         rows = []
         while len(rows) < n:
             row = next(stream)
