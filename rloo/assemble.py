@@ -141,6 +141,10 @@ def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, to
 
         module = PPOModule(policy, reference, reward_model, value_model(), tokenizer,
                            algorithm_config(PPOConfig, cfg, total_rollouts))
+    elif cfg.algorithm == "dpo":
+        from rloo.algorithms.dpo import DPOConfig, DPOModule
+
+        module = DPOModule(policy, reference, reward_model, tokenizer, algorithm_config(DPOConfig, cfg, total_rollouts))
     else:  # RLOO's step with its own baseline
         from rloo.algorithms.raft import RAFTModule
         from rloo.algorithms.reinforce import ReinforceConfig, ReinforceModule, VanillaPGModule

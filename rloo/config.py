@@ -223,6 +223,7 @@ def validate_lora(cfg: DictConfig) -> None:
 
 
 POLICY_GRADIENTS = ("rloo", "raft", "reinforce", "vanilla_pg")  # RLOO's step, each with its own baseline
+OFFLINE = ("dpo",)  # trained on pairs sampled from the frozen reference
 
 
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
@@ -243,15 +244,20 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             raise ConfigError(f"value_model={value_model!r} does not exist: a sequence classifier dir, a hub id, or null (the reward model)")
     else:
         algorithm = cfg.get("algorithm")
-        _require(algorithm in POLICY_GRADIENTS, "algorithm",
-                 f"one of ppo, {', '.join(POLICY_GRADIENTS)} (choose with algo=)", algorithm)
-        if algorithm in ("rloo", "raft"):
+        _require(algorithm in POLICY_GRADIENTS + OFFLINE, "algorithm",
+                 f"one of ppo, {', '.join(POLICY_GRADIENTS + OFFLINE)} (choose with algo=)", algorithm)
+        if algorithm in ("rloo", "raft", "dpo"):
             _require(isinstance(k, int) and not isinstance(k, bool) and k >= 2, "k",
                      f"an integer >= 2 with algo={algorithm} (it compares each completion with the others of its prompt)", k)
         else:
             _require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "an integer >= 1 (completions per prompt)", k)
         if algorithm == "reinforce":
             _number(cfg, "baseline_decay", 0.0, 1.0)
+        if algorithm == "dpo":
+            _number(cfg, "dpo_beta", 0.0, low_open=True)
+            if OmegaConf.select(cfg, "model.lora"):
+                raise ConfigError("model.lora=true is not allowed with algo=dpo: its pairs are sampled from the "
+                                  "reference, which LoRA makes the policy itself; use model.lora=false")
     validate_sampling(cfg)
     for key in ("rollout_batch_size", "micro_batch_size", "generation_batch_size", "total_episodes", "num_ppo_epochs",
                 "num_mini_batches", "log_every"):
@@ -297,7 +303,9 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
              f"a divisor of the mini-batch rollout_batch_size/num_mini_batches={rollout // minis}", micro)
     _require(rollout % cfg.generation_batch_size == 0 or cfg.generation_batch_size >= rollout, "generation_batch_size",
              f"a divisor of rollout_batch_size={rollout}", cfg.generation_batch_size)
-    if updates_per_rollout(cfg) == 1 and not ppo:
+    if cfg.get("algorithm") in OFFLINE:  # a micro-batch holds whole pairs (each prompt's k rows)
+        _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} with algo=dpo", micro)
+    elif updates_per_rollout(cfg) == 1 and not ppo:
         # on-policy path: advantages come from the same forward as the loss, one micro-batch of whole groups at a time
         _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} when each rollout is used once", micro)
     elif cfg.loss == "reinforce":

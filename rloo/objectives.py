@@ -187,6 +187,37 @@ def best_of_k_advantages(scores: Tensor, k: int) -> Tensor:
     return weights.reshape(-1)
 
 
+def preference_pairs(scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Each prompt's k completions as one preference pair: the best by score chosen, the worst rejected (the first
+    of equal ones). Returns the row indices of the chosen and the rejected [N/k], and whether the pair is decided
+    [N/k]: its scores differ and all k are finite (a tie teaches no preference, a missing score none we can trust)."""
+    groups = _groups(scores, k, min_k=2)                                    # [P, k]
+    finite = torch.isfinite(groups)
+    best = torch.where(finite, groups, -torch.inf).argmax(dim=1)            # [P]
+    worst = torch.where(finite, groups, torch.inf).argmin(dim=1)            # [P]
+    offsets = torch.arange(groups.shape[0], device=groups.device) * k
+    high, low = groups.gather(1, best[:, None])[:, 0], groups.gather(1, worst[:, None])[:, 0]
+    decided = finite.all(dim=1) & (high > low)
+    return offsets + best, offsets + worst, decided
+
+
+def dpo_loss(chosen_logprobs: Tensor, rejected_logprobs: Tensor, ref_chosen_logprobs: Tensor,
+             ref_rejected_logprobs: Tensor, beta: float, weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPO (Rafailov et al. 2023) on sequence log-probs [P]: the implicit rewards r = beta * (log pi - log pi_ref) of
+    the chosen and the rejected, and the loss mean_p w_p * -log sigmoid(r_chosen - r_rejected) (w: 1 or 0 per pair,
+    so an undecided pair adds nothing but still counts in the mean). Returns the loss and its statistics."""
+    chosen = beta * (_upcast(chosen_logprobs) - _upcast(ref_chosen_logprobs))
+    rejected = beta * (_upcast(rejected_logprobs) - _upcast(ref_rejected_logprobs))
+    margin = chosen - rejected
+    losses = -torch.nn.functional.logsigmoid(margin)
+    weights = torch.ones_like(losses) if weights is None else weights.to(losses.dtype)
+    decided = weights.sum().clamp(min=1)
+    stats = {"chosen_reward": (chosen * weights).sum() / decided, "rejected_reward": (rejected * weights).sum() / decided,
+             "margin": (margin * weights).sum() / decided,
+             "accuracy": ((margin > 0).to(losses.dtype) * weights).sum() / decided}
+    return (losses * weights).mean(), stats
+
+
 def normalize_advantages(advantages: Tensor, eps: float = 1e-8) -> Tensor:
     """(A - mean) / (std + eps) over the whole batch. [N] -> [N]."""
     a = _upcast(advantages)

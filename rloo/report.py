@@ -3,12 +3,15 @@
     python -m rloo.report outputs/multirun/2026-12-03/08-30-00
 
 Reads every job dir (`<n>_<overrides>/`: .hydra/overrides.yaml, config.yaml, summary.json, csv/metrics.csv) and
-writes, into the multirun dir: report.md and report.csv (one row per job: overrides, status, final win rate
-with its interval, reward, KL, clip fraction, wall time, peak memory), win_rate_vs_k.png and kl_vs_k.png
-(one line per clip range), settings.md (the jobs grouped by their overrides other than seed: the final win rate
-as mean and 95% interval over seeds), and the learning curves win_rate_vs_episodes.png and
-win_rate_vs_seconds.png (one line per setting, the mean over its seeds). A job with no summary.json is reported as failed, and one whose summary.json says it
-did not finish by its status (interrupted, failed, evaluating); none is dropped.
+writes, into the multirun dir:
+- report.md and report.csv: one row per job (overrides, status, final win rate with its interval, reward-model
+  score, reward, KL, clip fraction, episodes, training seconds, wall time, peak memory);
+- win_rate_vs_k.png and kl_vs_k.png: one line per clip range;
+- settings.md: the jobs grouped by their overrides other than seed (a method, say), the final win rate as mean and
+  Student-t 95% interval over the seeds, the other columns as means;
+- win_rate_vs_episodes.png and win_rate_vs_seconds.png: learning curves, one line per setting (mean over seeds).
+A job with no summary.json is reported as failed, and one whose summary.json says it did not finish by its status
+(interrupted, failed, evaluating); none is dropped.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from pathlib import Path
 import yaml
 
 COLUMNS = ["job", "overrides", "status", "algorithm", "seed", "k", "clip_range", "kl_coef", "win_rate",
-           "win_rate_ci_low", "win_rate_ci_high", "reward", "kl", "clipfrac", "wall_seconds", "peak_rss_mb",
-           "peak_gpu_mb"]
+           "win_rate_ci_low", "win_rate_ci_high", "score", "reward", "kl", "clipfrac", "episodes", "train_seconds",
+           "wall_seconds", "peak_rss_mb", "peak_gpu_mb"]
 # two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1); beyond the table, the normal's
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
          15: 2.131, 20: 2.086, 30: 2.042}
@@ -47,7 +50,7 @@ def job_row(job: Path) -> dict:
     row = {"job": job.name, "overrides": " ".join(overrides), "algorithm": config.get("algorithm"),
            "seed": config.get("seed"), "k": config.get("k"), "clip_range": config.get("clip_range"),
            "kl_coef": config.get("kl_coef"),
-           "setting": " ".join(o for o in overrides if not o.startswith("seed=")) or "(defaults)"}
+           "setting": [o for o in overrides if not o.startswith("seed=")]}
     summary_path = job / "summary.json"
     if not summary_path.exists():
         return row | {"status": "failed"}
@@ -57,14 +60,17 @@ def job_row(job: Path) -> dict:
     final = summary.get("final") or {}
     metrics_path = job / "csv" / "metrics.csv"
     rows = list(csv.DictReader(metrics_path.open())) if metrics_path.exists() else []
+    history = summary.get("eval_history") or []
+    train_seconds = summary.get("train_seconds", history[-1].get("train_seconds") if history else None)
     return row | {
         "status": "ok",
         "win_rate": final.get("eval/win_rate"), "win_rate_ci_low": final.get("eval/win_rate_ci_low"),
-        "win_rate_ci_high": final.get("eval/win_rate_ci_high"),
+        "win_rate_ci_high": final.get("eval/win_rate_ci_high"), "score": final.get("eval/score"),
+        "episodes": summary.get("episodes"), "train_seconds": train_seconds,
         "reward": tail_mean(rows, "objective/rlhf_reward"), "kl": tail_mean(rows, "objective/kl"),
         "clipfrac": tail_mean(rows, "policy/clipfrac_avg"),
         "wall_seconds": summary.get("wall_seconds"), "peak_rss_mb": summary.get("peak_rss_mb"),
-        "peak_gpu_mb": summary.get("peak_gpu_mb"), "history": summary.get("eval_history") or [],
+        "peak_gpu_mb": summary.get("peak_gpu_mb"), "history": history,
     }
 
 
@@ -110,19 +116,23 @@ def by_setting(rows: list[dict]) -> list[dict]:
     for setting, jobs in groups.items():
         mean, low, high = seed_interval([j["win_rate"] for j in jobs])
         averaged = {key: statistics.fmean(values) if (values := [j[key] for j in jobs if j.get(key) is not None]) else None
-                    for key in ("reward", "kl", "wall_seconds", "peak_rss_mb")}
+                    for key in ("score", "reward", "kl", "episodes", "train_seconds", "wall_seconds", "peak_rss_mb")}
+        if averaged["train_seconds"] is not None and averaged["episodes"]:
+            averaged["ms_per_episode"] = 1000 * averaged["train_seconds"] / averaged["episodes"]
         table.append({"setting": setting, "seeds": len(jobs), "win_rate": mean, "win_rate_low": low,
                       "win_rate_high": high, **averaged})
     return sorted(table, key=lambda r: -r["win_rate"])
 
 
 def settings_markdown(table: list[dict]) -> str:
-    lines = ["| setting | seeds | final win rate, mean [95% CI over seeds] | reward | KL | wall s | peak RSS MB |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| setting | seeds | final win rate, mean [95% CI over seeds] | RM score (held-out) | reward | KL "
+             "| episodes | train s | ms per episode | wall s | peak RSS MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r['setting']} | {r['seeds']} | {r['win_rate']:.3f} [{r['win_rate_low']:.3f}, "
-                     f"{r['win_rate_high']:.3f}] | {_cell(r['reward'])} | {_cell(r['kl'])} | {_cell(r['wall_seconds'])} "
-                     f"| {_cell(r['peak_rss_mb'])} |")
+                     f"{r['win_rate_high']:.3f}] | {_cell(r['score'])} | {_cell(r['reward'])} | {_cell(r['kl'])} "
+                     f"| {_cell(r['episodes'])} | {_cell(r['train_seconds'])} | {_cell(r.get('ms_per_episode'))} "
+                     f"| {_cell(r['wall_seconds'])} | {_cell(r['peak_rss_mb'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -184,8 +194,16 @@ def plot_against_k(rows: list[dict], key: str, ylabel: str, path: Path) -> None:
     plt.close(figure)
 
 
+def name_settings(rows: list[dict]) -> None:
+    """Each job's setting as text: its overrides other than seed, less those every job shares (logger=csv, say)."""
+    shared = set.intersection(*(set(r["setting"]) for r in rows)) if rows else set()
+    for r in rows:
+        r["setting"] = " ".join(o for o in r["setting"] if o not in shared) or "(defaults)"
+
+
 def report(multirun_dir: Path) -> list[dict]:
     rows = [job_row(job) for job in job_dirs(multirun_dir)]
+    name_settings(rows)
     (multirun_dir / "report.md").write_text(markdown(rows))
     with (multirun_dir / "report.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")

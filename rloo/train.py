@@ -120,6 +120,7 @@ def run(cfg: DictConfig) -> dict:
             "rollouts": module.rollouts,
             "optimizer_steps": trainer.global_step,
             "episodes": module.episodes,
+            "train_seconds": round(module.train_seconds, 2),  # in training steps only: no evaluation, no checkpoint
             "algorithm": cfg.algorithm,
             "wall_seconds": round(time.time() - started, 2),
             "fit_seconds": round(time.time() - fit_started, 2),  # trainer.fit: training steps and the evaluations inside it

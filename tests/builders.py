@@ -25,12 +25,14 @@ def hf_generate(policy, prompt_ids, prompt_mask, sampling: SamplingConfig, eos_t
 
 
 def train_config(algorithm: str, total_rollouts: int, **keys):
-    """The typed config of `algorithm` (RLOOConfig, PPOConfig, ReinforceConfig) from conf/train.yaml with `keys` set,
+    """The typed config of `algorithm` (RLOOConfig, PPOConfig, ReinforceConfig, DPOConfig) from conf/train.yaml with `keys` set,
     checked as rloo.train checks them."""
     overrides = [f"algo={algorithm}", "judge=none"] + [f"{key}={value}" for key, value in keys.items()]
     cfg = compose_train_config(overrides)
     validate_train_config(cfg)
-    config_class = {"ppo": PPOConfig, "reinforce": ReinforceConfig}.get(algorithm, RLOOConfig)
+    from rloo.algorithms.dpo import DPOConfig
+
+    config_class = {"ppo": PPOConfig, "reinforce": ReinforceConfig, "dpo": DPOConfig}.get(algorithm, RLOOConfig)
     return algorithm_config(config_class, cfg, total_rollouts)
 
 

@@ -13,20 +13,26 @@ from omegaconf import OmegaConf
 from tests.e2e import ROOT
 
 
-@pytest.fixture(scope="module")
-def multirun(finished_run):
-    """A sweep file as in sweeps/ (fixed settings in the file, the swept ones in hydra.sweeper.params)."""
-    base, _ = finished_run
-    sweep_dir = base / "multirun"
-    settings = OmegaConf.from_dotlist(["checkpoint_every=0", "eval_every=0", f"hydra.sweep.dir={sweep_dir}",
-                                       "hydra.sweeper.params.k=2,4", "hydra.sweeper.params.clip_range=0.2"])
+def run_sweep(base, name: str, settings: list[str], overrides=("debug: fast",)):
+    """A sweep file as in sweeps/ (fixed settings in the file, the swept ones in hydra.sweeper.params), run through
+    `python -m rloo.train -m -cd <dir> -cn <name>`; returns its multirun dir."""
+    sweep_dir = base / name
+    settings = OmegaConf.from_dotlist([*settings, f"hydra.sweep.dir={sweep_dir}"])
+    defaults = "".join(f"  - override {o}\n" for o in overrides)
     (base / "sweeps").mkdir(exist_ok=True)
-    (base / "sweeps" / "tiny_sweep.yaml").write_text("defaults:\n  - train\n  - override debug: fast\n  - _self_\n\n" + OmegaConf.to_yaml(settings))
+    (base / "sweeps" / f"{name}.yaml").write_text(f"defaults:\n  - train\n{defaults}  - _self_\n\n" + OmegaConf.to_yaml(settings))
     env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-m", "rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", "tiny_sweep"],
+    result = subprocess.run([sys.executable, "-m", "rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", name],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return sweep_dir
+
+
+@pytest.fixture(scope="module")
+def multirun(finished_run):
+    base, _ = finished_run
+    return run_sweep(base, "multirun", ["checkpoint_every=0", "eval_every=0", "hydra.sweeper.params.k=2,4",
+                                        "hydra.sweeper.params.clip_range=0.2"])
 
 
 def report(path):
@@ -108,20 +114,23 @@ def test_seed_interval_is_students_t_over_the_seeds():
     assert high - mean == pytest.approx(3.182 * (0.016667 ** 0.5) / 2, rel=1e-3)
 
 
+def test_settings_are_named_by_what_differs_between_jobs():
+    from rloo.report import name_settings
+
+    rows = [{"setting": ["algo=rloo", "logger=csv"]}, {"setting": ["algo=ppo", "logger=csv"]},
+            {"setting": ["algo=rloo", "logger=csv"]}]  # seeds already left out
+    name_settings(rows)
+    assert [r["setting"] for r in rows] == ["algo=rloo", "algo=ppo", "algo=rloo"]
+    alone = [{"setting": ["k=2"]}]
+    name_settings(alone)
+    assert alone[0]["setting"] == "(defaults)"
+
+
 def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curves(finished_run):
     """sweeps/methods.yaml's shape at the tests' size: methods x seeds, then rloo.report's per-method table."""
     base, _ = finished_run
-    sweep_dir = base / "methods"
-    settings = OmegaConf.from_dotlist(["checkpoint_every=0", "eval_every=1", f"hydra.sweep.dir={sweep_dir}",
-                                       "hydra.sweeper.params.algo=rloo,vanilla_pg", "hydra.sweeper.params.seed=0,1"])
-    (base / "sweeps").mkdir(exist_ok=True)
-    (base / "sweeps" / "methods_sweep.yaml").write_text("defaults:\n  - train\n  - override debug: fast\n  - override logger: csv\n"
-                                                          "  - _self_\n\n"
-                                                          + OmegaConf.to_yaml(settings))
-    env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-m", "rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", "methods_sweep"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sweep_dir = run_sweep(base, "methods", ["checkpoint_every=0", "eval_every=1", "hydra.sweeper.params.algo=rloo,vanilla_pg",
+                                            "hydra.sweeper.params.seed=0,1"], overrides=("debug: fast", "logger: csv"))
     assert report(sweep_dir).returncode == 0
     finals = {}
     for job in sweep_dir.iterdir():
@@ -130,6 +139,7 @@ def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curv
             finals.setdefault(summary["algorithm"], []).append(summary["final"]["eval/win_rate"])
             episodes = [h["episodes"] for h in summary["eval_history"]]
             assert episodes == [0, 8, 16, 24] and summary["eval_history"][-1]["train_seconds"] > 0
+            assert summary["train_seconds"] == pytest.approx(summary["eval_history"][-1]["train_seconds"], abs=0.01)
     table = (sweep_dir / "settings.md").read_text()
     for algorithm, rates in finals.items():
         from rloo.report import seed_interval

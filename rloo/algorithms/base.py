@@ -139,13 +139,15 @@ class OnlineRLModule(LightningModule):
         self._rollout_was_bad = False
 
     # ---- the pieces of a step, in the order a step uses them -------------------------------------------------
-    def collect(self, batch: dict[str, Tensor], timer: PhaseTimer) -> Rollout:
-        """The one rollout every algorithm uses: k completions per prompt, reference log-probs, scores."""
+    def collect(self, batch: dict[str, Tensor], timer: PhaseTimer, sampler=None) -> Rollout:
+        """The one rollout every algorithm uses: k completions per prompt, reference log-probs, scores. The policy
+        samples them, or `sampler` (algo=dpo: the frozen reference, for offline pairs)."""
         cfg = self.config
         reward_model = self.reward_model if self.reward is None or self.reward.uses_model else None
-        rollout = collect_rollout(self.policy, self.reference, reward_model, batch["prompt_ids"], batch["prompt_mask"],
-                                  cfg.k, cfg.sampling, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                                  cfg.generation_batch_size, timer=timer, share_prompts=cfg.shared_prefix)
+        rollout = collect_rollout(sampler or self.policy, self.reference, reward_model, batch["prompt_ids"],
+                                  batch["prompt_mask"], cfg.k, cfg.sampling, self.tokenizer.eos_token_id,
+                                  self.tokenizer.pad_token_id, cfg.generation_batch_size, timer=timer,
+                                  share_prompts=cfg.shared_prefix)
         if self.reward is not None:  # the functions of reward= see text: prompts and completions, decoded
             with timer("reward_functions"):
                 prompts = self.tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True)
@@ -342,7 +344,8 @@ class OnlineRLModule(LightningModule):
             values = self.trainer.strategy.reduce(values, reduce_op="mean")
         metrics = dict(zip(metrics, values))
         self.log("score", metrics["objective/scores"], prog_bar=True, logger=False, batch_size=batch_size)
-        self.log("kl", metrics["objective/kl"], prog_bar=True, logger=False, batch_size=batch_size)
+        if "objective/kl" in metrics:  # algo=dpo samples from the reference: no KL of the policy's own samples
+            self.log("kl", metrics["objective/kl"], prog_bar=True, logger=False, batch_size=batch_size)
         if self.rollouts % self.config.log_every == 0 or self.rollouts == self.config.total_rollouts:
             row = dict(zip(metrics, values.tolist()))  # one device sync
             for logger in self.loggers:
