@@ -7,9 +7,28 @@ import sys
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, MiB (Linux reports KiB, macOS bytes)."""
+    """Peak resident memory of this process since it started or since `reset_peak_rss`, MiB. Linux: VmHWM of
+    /proc/self/status (KiB); elsewhere getrusage's peak over the process's life (macOS reports bytes)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Start the peak over from the memory resident now (Linux: 5 to /proc/self/clear_refs), so that runs sharing
+    a process (Hydra's basic launcher) each report their own peak. False where the system cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def current_rss_mb() -> float:

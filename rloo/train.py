@@ -51,10 +51,11 @@ def run(cfg: DictConfig) -> dict:
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
     from rloo.loggers import drop_rows_after
-    from rloo.memory import peak_rss_mb
+    from rloo.memory import peak_rss_mb, reset_peak_rss
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model
 
     started = time.time()  # after the imports, as wall_seconds always counted
+    reset_peak_rss()  # peak_rss_mb is this run's, also where a sweep's runs share one process
 
     quiet_lightning_logs()
     log = logging.getLogger("rloo").info  # to the console and to the run's train.log
@@ -124,7 +125,7 @@ def run(cfg: DictConfig) -> dict:
             "algorithm": cfg.algorithm,
             "wall_seconds": round(time.time() - started, 2),
             "fit_seconds": round(time.time() - fit_started, 2),  # trainer.fit: training steps and the evaluations inside it
-            "peak_rss_mb": round(peak_rss_mb(), 1),  # this process (rank) so far
+            "peak_rss_mb": round(peak_rss_mb(), 1),  # this process (rank) since the run began
             "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
             "output_dir": str(out),
             "policy_dir": str(out / "policy") if (out / "policy").exists() else None,

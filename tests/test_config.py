@@ -128,7 +128,7 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
     ("data.train.path=/nonexistent/prompts.jsonl", "data.train.path='/nonexistent/prompts.jsonl'", "does not exist"),
     ("judge=gpt5", "judge='gpt5'", "hf, none, openai, oracle, reward_model"),
     ("eval_every=-1", "eval_every=-1", "integer >= 0"),
-    ("algo=a2c", "algo='a2c'", "ppo, raft, reinforce, rloo, vanilla_pg"),
+    ("algo=a2c", "algo='a2c'", "dpo, ppo, raft, reinforce, rloo, rloo_k2, vanilla_pg"),
     ("algo=raft k=1", "k=1", "integer >= 2 with algo=raft"),
     ("algo=reinforce baseline_decay=1.5", "baseline_decay=1.5", "number in"),
     ("experiment=tldr_gpt5", "experiment='tldr_gpt5'", "bf16_mismatch, tldr_pythia1b, tldr_pythia6.9b"),

@@ -31,7 +31,7 @@ def run_sweep(base, name: str, settings: list[str], overrides=("debug: fast",)):
 @pytest.fixture(scope="module")
 def multirun(finished_run):
     base, _ = finished_run
-    return run_sweep(base, "multirun", ["checkpoint_every=0", "eval_every=0", "hydra.sweeper.params.k=2,4",
+    return run_sweep(base, "tiny_sweep", ["checkpoint_every=0", "eval_every=0", "hydra.sweeper.params.k=2,4",
                                         "hydra.sweeper.params.clip_range=0.2"])
 
 
