@@ -167,12 +167,13 @@ class OnlineRLModule(LightningModule):
             metrics["reward/masked"] = float((~torch.isfinite(rollout.scores)).sum())
         return metrics
 
-    def policy_forward(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
-        """log pi(y_t | .) `[n, T]` (with gradient) and the per-token entropy `[n, T]` of the policy as it is now."""
+    def policy_forward(self, rollout: Rollout, with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+        """log pi(y_t | .) `[n, T]` (with gradient) and the per-token entropy `[n, T]` of the policy as it is now
+        (None without `with_entropy`)."""
         cfg = self.config
         return completion_logprobs_and_entropy(self.policy, rollout.input_ids, rollout.attention_mask,
                                                rollout.completion_ids, rollout.completion_mask, cfg.sampling.temperature,
-                                               group_size=cfg.k if cfg.shared_prefix else 1)
+                                               with_entropy=with_entropy, group_size=cfg.k if cfg.shared_prefix else 1)
 
     @torch.no_grad()
     def rollout_policy_forward(self, rollout: Rollout) -> tuple[Tensor, Tensor]:

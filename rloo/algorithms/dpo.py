@@ -67,7 +67,7 @@ class DPOModule(OnlineRLModule):
             for micro_batches in self.mini_batches(len(rollout), shuffle=False):
                 for i, index in enumerate(micro_batches):
                     part = rollout.select(index)
-                    logprobs, _ = self.policy_forward(part)                                       # [n, T]
+                    logprobs, _ = self.policy_forward(part, with_entropy=False)                   # [n, T]
                     sequence = masked_sum(logprobs, part.completion_mask, dim=1)                  # log pi(y) [n]
                     reference = masked_sum(part.ref_logprobs, part.completion_mask, dim=1)        # log pi_ref(y) [n]
                     chosen, rejected, decided = preference_pairs(scores[index], cfg.k)             # within the part

@@ -10,10 +10,9 @@ best completions. The ranking uses the score after the missing-EOS penalty; the 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from rloo.algorithms.rloo import RLOOModule
+from rloo.algorithms.rloo import RLOOModule, unscored_sit_out
 from rloo.objectives import best_of_k_advantages
 
 
@@ -21,5 +20,4 @@ class RAFTModule(RLOOModule):
     """RLOO's step, trained on the best of each prompt's k completions."""
 
     def advantages(self, rewards: Tensor, scores: Tensor) -> Tensor:
-        best = best_of_k_advantages(scores, self.config.k)
-        return torch.where(torch.isfinite(scores), best, torch.zeros_like(best))
+        return unscored_sit_out(best_of_k_advantages(scores, self.config.k), scores)

@@ -17,21 +17,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rloo.algorithms.rloo import RLOOConfig, RLOOModule, RLOOTargets
+from rloo.algorithms.rloo import RLOOConfig, RLOOModule, RLOOTargets, unscored_sit_out
 from rloo.objectives import moving_average_advantages, updated_moving_average
 from rloo.rollout import PhaseTimer, Rollout
-
-
-def _finite_only(advantages: Tensor, scores: Tensor) -> Tensor:
-    """reward_errors=mask: a completion without a finite score gets A = 0 (it teaches nothing)."""
-    return torch.where(torch.isfinite(scores), advantages, torch.zeros_like(advantages))
 
 
 class VanillaPGModule(RLOOModule):
     """REINFORCE with no baseline: A_i = R_i."""
 
     def advantages(self, rewards: Tensor, scores: Tensor) -> Tensor:
-        return _finite_only(rewards.float(), scores)
+        return unscored_sit_out(rewards.float(), scores)
 
 
 @dataclass(frozen=True)
@@ -50,7 +45,7 @@ class ReinforceModule(RLOOModule):
         self.baseline: float | None = None  # no rollout yet: b = 0
 
     def advantages(self, rewards: Tensor, scores: Tensor) -> Tensor:
-        return _finite_only(moving_average_advantages(rewards, self.baseline), scores)
+        return unscored_sit_out(moving_average_advantages(rewards, self.baseline), scores)
 
     def finish_step(self, rollout: Rollout, targets: RLOOTargets | None, timer: PhaseTimer, started: float,
                     rollout_done: float) -> None:

@@ -59,6 +59,11 @@ class RLOOTargets:
         self.kl[index], self.rewards[index], self.advantages[index] = part.kl, part.rewards, part.advantages
 
 
+def unscored_sit_out(advantages: Tensor, scores: Tensor) -> Tensor:
+    """reward_errors=mask: a completion without a finite score gets A = 0 (it teaches nothing)."""
+    return torch.where(torch.isfinite(scores), advantages, torch.zeros_like(advantages))
+
+
 class RLOOModule(OnlineRLModule):
     """Holds the trained policy, the frozen reference and the frozen reward model; `training_step` is one RLOO step."""
 
