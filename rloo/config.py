@@ -16,20 +16,18 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rloo.errors import ConfigError
-from rloo.objectives import IS_CORRECTIONS, KL_ESTIMATORS
-from rloo.sampling import SAMPLERS, SamplingConfig
+from rloo.sampling import SamplingConfig
+from rloo.schema import EvalKeys, SamplingKeys, check_config, check_value, fields_of
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger", "algo", "experiment", "debug", "bootstrap")
-LOSSES = ("ppo_clip", "reinforce")
-LR_SCHEDULES = ("linear", "constant", "cosine")
-FROZEN_DTYPES = ("float32", "bfloat16", "float16")
-OLD_LOGPROBS = ("recompute", "generation")
-SEQUENCE_RATIOS = ("sum", "mean")
 
 
 def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+OPTIONAL_GROUPS = ("experiment", "debug", "bootstrap")  # group=none (or null) runs without one
 
 
 def check_group_choices(argv: list[str]) -> None:
@@ -40,8 +38,70 @@ def check_group_choices(argv: list[str]) -> None:
             continue
         allowed = group_options(key)
         for choice in value.split(","):  # multirun: model=a,b
-            if choice not in allowed:
-                raise ConfigError(f"{key}={choice!r} is not a config in conf/{key}/: choose one of {', '.join(allowed)}")
+            if choice not in allowed and not (key in OPTIONAL_GROUPS and choice in ("none", "null")):
+                extra = ", none" if key in OPTIONAL_GROUPS else ""
+                raise ConfigError(f"{key}={choice!r} is not a config in conf/{key}/: choose one of {', '.join(allowed)}{extra}")
+
+
+def recipe_of(model: str) -> str | None:
+    """The experiment whose defaults select `model` (experiment/tldr_pythia1b.yaml: override /model: pythia1b)."""
+    for option in group_options("experiment"):
+        defaults = OmegaConf.load(CONF_DIR / "experiment" / f"{option}.yaml").get("defaults") or []
+        if any(OmegaConf.is_dict(d) and d.get("override /model") == model for d in defaults):
+            return option
+    return None
+
+
+def expand_overrides(argv: list[str], say=None) -> list[str]:
+    """The command line as Hydra composes it: `bootstrap=none` (experiment, debug) is Hydra's `=null`, and
+    `model=pythia1b` without an experiment also selects the model's published recipe (experiment=tldr_pythia1b),
+    said on stderr; `experiment=none` keeps the model alone."""
+    out, given = [], {arg.partition("=")[0].lstrip("+~") for arg in argv if "=" in arg}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key in OPTIONAL_GROUPS and value in ("none", "null"):
+            if key == "bootstrap":  # the others are null by default
+                out.append("~bootstrap")
+            continue
+        out.append(arg)
+        if key == "model" and "," not in value and "experiment" not in given and (recipe := recipe_of(value)):
+            out.append(f"experiment={recipe}")  # beside it: Hydra's flags (--cfg job) may follow the overrides
+            if say:
+                say(f"rloo: model={value} runs its published recipe, experiment={recipe} (experiment=none: the model alone)")
+    return out
+
+
+def algorithms_of(argv: list[str]) -> list[str]:
+    """The `algorithm` each `algo=` option of the command line sets (rloo by default; rloo_k2 is rloo)."""
+    options = next((arg.partition("=")[2].split(",") for arg in argv if arg.startswith("algo=")), ["rloo"])
+    algorithms = []
+    for option in options:
+        while option in group_options("algo"):
+            node = OmegaConf.load(CONF_DIR / "algo" / f"{option}.yaml")
+            if "algorithm" in node:
+                algorithms.append(node.algorithm)
+                break
+            option = next(d for d in node.defaults if isinstance(d, str) and d in group_options("algo"))
+    return algorithms
+
+
+def check_override_keys(argv: list[str]) -> None:
+    """`key=value` overrides of keys the chosen algorithm does not read, or that no config has, in one line
+    (Hydra's own error spans lines and suggests `+key`, which would make a key that does nothing)."""
+    from rloo.schema import ALGORITHM_KEYS, resume_policy
+
+    for algorithm in algorithms_of(argv):
+        for arg in argv:
+            key, sep, _ = arg.partition("=")
+            if not sep or arg.startswith(("-", "+", "~", "hydra.")) or key in CHOICE_GROUPS:
+                continue
+            if resume_policy(key, algorithm) is None:
+                readers = sorted({a for a in ALGORITHM_KEYS if resume_policy(key, a) is not None})
+                if readers:
+                    raise ConfigError(f"{key} does nothing with algo={algorithm}: only {', '.join(readers)} read it; "
+                                      "remove it")
+                raise ConfigError(f"{key} is not a config key of python -m rloo.train: see conf/train.yaml, "
+                                  f"conf/sampling.yaml and conf/algo/")
 
 
 def wandb_offline() -> bool:
@@ -149,7 +209,7 @@ def compose_train_config(overrides: list[str]) -> DictConfig:
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=overrides)
+        return compose("train", overrides=expand_overrides(overrides))
 
 
 def rollout_sampling(cfg: DictConfig) -> SamplingConfig:
@@ -205,17 +265,9 @@ def check_strategy_installed(cfg: DictConfig) -> None:
 
 
 def validate_lora(cfg: DictConfig) -> None:
-    """model.lora and the lora: block; LoRA needs peft, asked for here, before any model loads."""
-    lora = OmegaConf.select(cfg, "model.lora")
-    _require(isinstance(lora, bool), "model.lora", "true or false", lora)
-    if not lora:
+    """LoRA needs peft, asked for here, before any model loads (the lora: keys are checked by the schema)."""
+    if not cfg.model.lora:
         return
-    _positive_int(cfg, "lora.r")
-    _number(cfg, "lora.alpha", 0.0, low_open=True)
-    _number(cfg, "lora.dropout", 0.0, 1.0)
-    targets = OmegaConf.select(cfg, "lora.target_modules")
-    _require(OmegaConf.is_list(targets) and len(targets) > 0 and all(isinstance(t, str) for t in targets),
-             "lora.target_modules", "a non-empty list of linear-layer names", targets)
     import importlib.util
 
     if importlib.util.find_spec("peft") is None:
@@ -224,77 +276,31 @@ def validate_lora(cfg: DictConfig) -> None:
 
 POLICY_GRADIENTS = ("rloo", "raft", "reinforce", "vanilla_pg")  # RLOO's step, each with its own baseline
 OFFLINE = ("dpo",)  # trained on pairs sampled from the frozen reference
+GROUP_BASELINES = ("rloo", "raft", "dpo")  # compare each completion with the others of its prompt: k >= 2
 
 
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
-    """Check every key `rloo.train` reads; raises ConfigError with a one-line message."""
-    ppo = cfg.get("algorithm") == "ppo"
-    k = OmegaConf.select(cfg, "k")
-    if ppo:
-        _require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "an integer >= 1 (completions per prompt)", k)
-        _require(cfg.loss == "ppo_clip", "loss", "ppo_clip with algo=ppo (its token-level clip; reinforce is RLOO's)", cfg.loss)
-        _require(cfg.sequence_ratio == "sum", "sequence_ratio",
-                 "sum with algo=ppo (its ratio is per token; mean is RLOO's length-normalised sequence ratio)", cfg.sequence_ratio)
-        _number(cfg, "vf_coef", 0.0)
-        _number(cfg, "value_clip_range", 0.0, low_open=True)
-        _number(cfg, "gamma", 0.0, 1.0)
-        _number(cfg, "lam", 0.0, 1.0)
+    """Check every key `rloo.train` reads; raises ConfigError with a one-line message. Types, ranges and the keys
+    an algorithm reads are the schema's (rloo.schema); what spans keys or groups is checked here."""
+    algorithm = cfg.get("algorithm")
+    check_config(cfg, algorithm)
+    k = cfg.k
+    if algorithm in GROUP_BASELINES and k < 2:
+        raise ConfigError(f"k={k} is not allowed: an integer >= 2 with algo={algorithm} (it compares each completion "
+                          "with the others of its prompt)")
+    if algorithm == "ppo":
         value_model = cfg.get("value_model")
         if value_model is not None and _looks_local(str(value_model)) and not Path(str(value_model)).exists():
             raise ConfigError(f"value_model={value_model!r} does not exist: a sequence classifier dir, a hub id, or null (the reward model)")
-    else:
-        algorithm = cfg.get("algorithm")
-        _require(algorithm in POLICY_GRADIENTS + OFFLINE, "algorithm",
-                 f"one of ppo, {', '.join(POLICY_GRADIENTS + OFFLINE)} (choose with algo=)", algorithm)
-        if algorithm in ("rloo", "raft", "dpo"):
-            _require(isinstance(k, int) and not isinstance(k, bool) and k >= 2, "k",
-                     f"an integer >= 2 with algo={algorithm} (it compares each completion with the others of its prompt)", k)
-        else:
-            _require(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "an integer >= 1 (completions per prompt)", k)
-        if algorithm == "reinforce":
-            _number(cfg, "baseline_decay", 0.0, 1.0)
-        if algorithm == "dpo":
-            _number(cfg, "dpo_beta", 0.0, low_open=True)
-            if OmegaConf.select(cfg, "model.lora"):
-                raise ConfigError("model.lora=true is not allowed with algo=dpo: its pairs are sampled from the "
-                                  "reference, which LoRA makes the policy itself; use model.lora=false")
-    validate_sampling(cfg)
-    for key in ("rollout_batch_size", "micro_batch_size", "generation_batch_size", "total_episodes", "num_ppo_epochs",
-                "num_mini_batches", "log_every"):
-        _positive_int(cfg, key)
-    for key in ("sample_every", "checkpoint_every", "eval_every", "checkpoint_minutes"):
-        value = OmegaConf.select(cfg, key)
-        _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, key, "an integer >= 0", value)
-    keep = OmegaConf.select(cfg, "keep_checkpoints")
-    _require(isinstance(keep, int) and not isinstance(keep, bool) and keep >= -1, "keep_checkpoints",
-             "an integer >= 0, or -1 (all)", keep)
-    _positive_int(cfg, "max_bad_steps")
-    validate_reward(cfg, ppo)
+    if algorithm == "dpo" and cfg.model.lora:
+        raise ConfigError("model.lora=true is not allowed with algo=dpo: its pairs are sampled from the "
+                          "reference, which LoRA makes the policy itself; use model.lora=false")
+    validate_reward(cfg, algorithm == "ppo")
     validate_lora(cfg)
     validate_strategy(cfg)
     from rloo.resume import check_resume_argument
 
     check_resume_argument(cfg.get("resume"))
-    _number(cfg, "lr", 0.0, low_open=True)
-    _number(cfg, "kl_coef", 0.0)
-    _number(cfg, "clip_range", 0.0, low_open=True)
-    _number(cfg, "warmup_ratio", 0.0, 1.0)
-    _number(cfg, "weight_decay", 0.0)
-    if cfg.max_grad_norm is not None:
-        _number(cfg, "max_grad_norm", 0.0, low_open=True)
-    if cfg.missing_eos_penalty is not None:
-        _number(cfg, "missing_eos_penalty", 0.0)
-    _require(cfg.loss in LOSSES, "loss", f"one of {', '.join(LOSSES)}", cfg.loss)
-    _require(cfg.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"one of {', '.join(KL_ESTIMATORS)}", cfg.kl_estimator)
-    _require(cfg.lr_schedule in LR_SCHEDULES, "lr_schedule", f"one of {', '.join(LR_SCHEDULES)}", cfg.lr_schedule)
-    _require(cfg.old_logprobs in OLD_LOGPROBS, "old_logprobs", f"one of {', '.join(OLD_LOGPROBS)}", cfg.old_logprobs)
-    _require(cfg.sequence_ratio in SEQUENCE_RATIOS, "sequence_ratio", f"one of {', '.join(SEQUENCE_RATIOS)}", cfg.sequence_ratio)
-    _require(cfg.is_correction in IS_CORRECTIONS, "is_correction", f"one of {', '.join(IS_CORRECTIONS)}", cfg.is_correction)
-    for key in ("fp32_lm_head", "log_histograms", "shared_prefix", "activation_checkpointing"):
-        _require(isinstance(cfg[key], bool), key, "true or false", cfg[key])
-    _number(cfg, "is_cap", 0.0, low_open=True)
-    _number(cfg, "is_low", 0.0, 1.0, low_open=True)
-    _number(cfg, "is_high", 1.0)
 
     rollout, micro, minis = cfg.rollout_batch_size, cfg.micro_batch_size, cfg.num_mini_batches
     _require(rollout % k == 0, "rollout_batch_size", f"a multiple of k={k} (it is prompts per rollout times k)", rollout)
@@ -305,10 +311,10 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
              f"a divisor of rollout_batch_size={rollout}", cfg.generation_batch_size)
     if cfg.get("algorithm") in OFFLINE:  # a micro-batch holds whole pairs (each prompt's k rows)
         _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} with algo=dpo", micro)
-    elif updates_per_rollout(cfg) == 1 and not ppo:
+    elif updates_per_rollout(cfg) == 1 and algorithm != "ppo":
         # on-policy path: advantages come from the same forward as the loss, one micro-batch of whole groups at a time
         _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} when each rollout is used once", micro)
-    elif cfg.loss == "reinforce":
+    elif cfg.get("loss") == "reinforce":
         raise ConfigError(f"loss='reinforce' is exactly on-policy: it needs num_ppo_epochs=1 and num_mini_batches=1, "
                           f"got {cfg.num_ppo_epochs} and {minis}; use loss=ppo_clip to reuse a rollout")
     validate_judge_config(cfg)
@@ -327,9 +333,8 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
 
 def validate_reward(cfg: DictConfig, ppo: bool) -> None:
     """`reward=` parses and its functions import (nothing loads a model); reward_errors is known."""
-    from rloo.rewards import MODEL, REWARD_ERRORS, load_function, parse_reward
+    from rloo.rewards import MODEL, load_function, parse_reward
 
-    _require(cfg.reward_errors in REWARD_ERRORS, "reward_errors", f"one of {', '.join(REWARD_ERRORS)}", cfg.reward_errors)
     if ppo and cfg.reward_errors == "mask":
         raise ConfigError("reward_errors='mask' is not allowed with algo=ppo: it masks completions out of RLOO's "
                           "leave-one-out baseline; use reward_errors=raise")
@@ -427,20 +432,20 @@ def policy_location(spec: str, key: str) -> str:
 
 
 def validate_sampling(cfg: DictConfig) -> None:
-    """The keys of conf/sampling.yaml, the prompt length and the frozen models' dtype: what train and evaluate share."""
-    for key in ("response_length", "eval.num_prompts", "eval.batch_size", "eval.max_new_tokens", "data.max_prompt_length"):
-        _positive_int(cfg, key)
-    top_k = OmegaConf.select(cfg, "top_k")
-    _require(isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0, "top_k", "an integer >= 0", top_k)
-    _number(cfg, "temperature", 0.0, low_open=True)
-    _number(cfg, "top_p", 0.0, 1.0, low_open=True)
-    _require(cfg.stop_token in ("eos", None), "stop_token", "eos or null", cfg.stop_token)
-    for key in ("lean_decode", "eval.greedy"):
-        value = OmegaConf.select(cfg, key)
-        _require(isinstance(value, bool), key, "true or false", value)
-    _require(OmegaConf.select(cfg, "sampler") in SAMPLERS, "sampler", f"one of {', '.join(SAMPLERS)}",
-             OmegaConf.select(cfg, "sampler"))
-    _require(cfg.model.frozen_dtype in FROZEN_DTYPES, "model.frozen_dtype", f"one of {', '.join(FROZEN_DTYPES)}", cfg.model.frozen_dtype)
+    """The keys of conf/sampling.yaml and the frozen models' dtype: what train and evaluate share (the schema's
+    SamplingKeys; rloo.evaluate's config has keys of its own, so only these are walked)."""
+    for name, (annotation, meta) in fields_of(SamplingKeys).items():
+        if name != "eval":
+            check_value(name, cfg.get(name), annotation, meta)
+    for name, (annotation, meta) in fields_of(EvalKeys).items():
+        if name in cfg.eval:
+            check_value(f"eval.{name}", cfg.eval[name], annotation, meta)
+    for name in ("max_prompt_length", "frozen_dtype"):
+        group = "data" if name == "max_prompt_length" else "model"
+        from rloo.schema import DataKeys, ModelKeys
+
+        annotation, meta = fields_of(DataKeys if group == "data" else ModelKeys)[name]
+        check_value(f"{group}.{name}", cfg[group][name], annotation, meta)
 
 
 def validate_eval_config(cfg: DictConfig) -> None:
@@ -463,15 +468,26 @@ def _looks_local(path: str) -> bool:
     return path.startswith((".", "/", "~")) or Path(path).suffix in (".jsonl", ".json", ".parquet", ".csv", ".arrow")
 
 
-def run_entry_point(hydra_main) -> None:
-    """Shared by the `python -m rloo.X` entry points: one-line errors for unknown group options, then Hydra."""
-    try:
-        check_group_choices(sys.argv[1:])
-        from rloo.resume import check_resume_argument
+def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
+    """What the command line alone tells, before Hydra composes or makes a run dir: the expanded overrides, or a
+    ConfigError for an unknown group option, a key the algorithm does not read, or a resume= that is not there."""
+    argv = expand_overrides(argv, say) if train else argv
+    check_group_choices(argv)
+    if train:
+        check_override_keys(argv)
+    from rloo.resume import check_resume_argument
 
-        for arg in sys.argv[1:]:  # before Hydra makes the run dir from it
-            if arg.startswith("resume="):
-                check_resume_argument(arg.partition("=")[2])
+    for arg in argv:
+        if arg.startswith("resume="):
+            check_resume_argument(arg.partition("=")[2])
+    return argv
+
+
+def run_entry_point(hydra_main, train: bool = False) -> None:
+    """Shared by the `python -m rloo.X` entry points: one-line errors for unknown group options (and, for
+    rloo.train, keys the chosen algorithm does not read), then Hydra."""
+    try:
+        sys.argv[1:] = preflight(sys.argv[1:], train, say=lambda line: print(line, file=sys.stderr))
     except ConfigError as error:
         exit_on_config_error(error)
     register_resolvers()

@@ -21,16 +21,6 @@ import torch
 
 from rloo.errors import ConfigError
 
-# keys a run cannot change on resume: the shape of a rollout and of the schedule, the models, the data order
-FIXED_KEYS = ("algorithm", "k", "rollout_batch_size", "micro_batch_size", "num_ppo_epochs", "num_mini_batches", "seed",
-              "model.policy", "model.reward_model", "model.tokenizer", "data.train.path", "data.shuffle",
-              "data.max_prompt_length", "data.truncate_prompts", "trainer.devices", "trainer.num_nodes", "bootstrap",
-              "model.lora", "lora.r", "lora.target_modules")
-# keys that take effect from the resumed rollout on, said in the log
-APPLIED_KEYS = ("lr", "total_episodes", "lr_schedule", "warmup_ratio", "kl_coef", "clip_range", "max_grad_norm",
-                "checkpoint_every", "eval_every", "log_every")
-
-
 @dataclass(frozen=True)
 class ResumePoint:
     run_dir: Path | None   # the run it continues (None: a checkpoint outside a run dir; the new run gets its own)
@@ -110,16 +100,18 @@ def find_resume_point(spec: str | None, run_dir: Path, updates_per_rollout: int,
 
 
 def compare_configs(previous: dict, current: dict) -> tuple[list[str], list[str]]:
-    """(refused, applied): one `key: old -> new` line per changed key that cannot / can change on resume."""
-    def get(cfg: dict, key: str):
-        for part in key.split("."):
-            cfg = cfg.get(part) if isinstance(cfg, dict) else None
-        return cfg
+    """(refused, applied): one `key: old -> new` line per changed leaf, by its resume policy in rloo.schema
+    (fixed: the run cannot continue with it changed; applied: takes effect from the resumed rollout on). A key
+    the schema does not know counts as fixed."""
+    from rloo.schema import APPLIED, leaves, resume_policy
 
-    refused = [f"{key}: {get(previous, key)!r} -> {get(current, key)!r}" for key in FIXED_KEYS
-               if get(previous, key) != get(current, key)]
-    applied = [f"{key}: {get(previous, key)!r} -> {get(current, key)!r}" for key in APPLIED_KEYS
-               if get(previous, key) != get(current, key)]
+    before, after = leaves(previous), leaves(current)
+    refused, applied = [], []
+    for key in sorted(set(before) | set(after)):
+        if key == "resume" or before.get(key) == after.get(key):  # resume= is how a run continues
+            continue
+        line = f"{key}: {before.get(key)!r} -> {after.get(key)!r}"
+        (applied if resume_policy(key, current.get("algorithm", "rloo")) == APPLIED else refused).append(line)
     return refused, applied
 
 

@@ -1,22 +1,33 @@
 """Hydra composition of every config, the published recipe, and one-line errors before any model loads."""
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rloo.config import CONF_DIR, ConfigError, group_options, validate_train_config
+from rloo.config import (CONF_DIR, ConfigError, check_strategy_installed, compose_train_config, group_options, preflight,
+                         validate_train_config)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def composed(*overrides):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
+    """As `python -m rloo.train` composes the command line (model=pythia1b selects its recipe)."""
+    return compose_train_config(list(overrides))
+
+
+def first_error(*argv) -> str:
+    """The one-line error `python -m rloo.train *argv` stops with before any model loads (in-process: what the
+    entry point checks of the command line, then of the composed config)."""
+    with pytest.raises(ConfigError) as caught:
+        cfg = compose_train_config(preflight(list(argv)))
+        validate_train_config(cfg)
+        check_strategy_installed(cfg)
+    return str(caught.value)
 
 
 @pytest.mark.parametrize("model", group_options("model"))
@@ -85,20 +96,37 @@ def test_cfg_job_for_the_real_recipe_composes_without_downloading():
     assert cfg.model.policy.endswith("6.9b-deduped__sft__tldr") and cfg.precision.trainer == "bf16-mixed"
 
 
-@pytest.mark.parametrize("command, saved", [
-    (["model=pythia6.9b", "precision=bf16"], "cfg_job_pythia6.9b_bf16.yaml"),
-    (["experiment=tldr_pythia6.9b", "precision=bf16"], "cfg_job_pythia6.9b_bf16.yaml"),
-    (["model=pythia1b", "precision=bf16"], "cfg_job_pythia1b_bf16.yaml"),
-    (["experiment=tldr_pythia1b"], "cfg_job_pythia1b_bf16.yaml"),
-    ([], "cfg_job_default.yaml"),
-])
-def test_the_commands_users_type_compose_what_they_composed_before_the_config_tree_moved(command, saved):
-    """tests/data/ holds `--cfg job` as printed before model/ was split into model/, experiment/, bootstrap/."""
-    result = run_train(*command, "--cfg", "job")
-    assert result.returncode == 0, result.stderr
-    now = OmegaConf.to_container(OmegaConf.create(result.stdout))
-    before = OmegaConf.to_container(OmegaConf.load(ROOT / "tests" / "data" / saved))
-    assert now == before
+@pytest.mark.parametrize("size", ["1b", "6.9b"])
+def test_a_model_on_the_command_line_runs_its_published_recipe(size):
+    """model=pythia1b alone selects experiment=tldr_pythia1b; experiment=none keeps the model alone."""
+    assert composed(f"model=pythia{size}", "precision=bf16") == composed(f"experiment=tldr_pythia{size}", "precision=bf16")
+    alone = composed(f"model=pythia{size}", "experiment=none")
+    assert alone.model.name == f"pythia{size}" and alone.data.name == "toy" and alone.k == 4
+
+
+def test_the_default_run_composes_the_embedded_task_with_rloo():
+    cfg = composed()
+    assert (cfg.algorithm, cfg.k, cfg.kl_coef, cfg.loss, cfg.clip_range, cfg.num_ppo_epochs) == ("rloo", 4, 0.05, "ppo_clip", 0.2, 1)
+    assert (cfg.model.name, cfg.data.name, cfg.precision.name, cfg.bootstrap.task.n_train) == ("tiny", "toy", "fp32", 16384)
+    assert (cfg.rollout_batch_size, cfg.total_episodes, cfg.lr, cfg.response_length) == (64, 8192, 3e-4, 16)
+    assert cfg.judge._target_.endswith("OracleJudge") and set(cfg.logger) == {"wandb", "csv"}
+
+
+def test_a_recipe_has_the_last_word_over_an_algorithm():
+    """experiment/ is composed after algo/: the recipe's schedule and k hold whatever algorithm runs it."""
+    assert composed("experiment=bf16_mismatch", "algo=ppo").num_ppo_epochs == 2
+    assert composed("experiment=tldr_pythia1b", "algo=raft").k == 2
+    assert composed("experiment=bf16_mismatch", "algo=ppo", "num_ppo_epochs=3").num_ppo_epochs == 3  # the command line wins
+
+
+def test_bootstrap_none_runs_without_the_embedded_task(tiny_run_assets):
+    cfg = composed("bootstrap=none", f"model.policy={tiny_run_assets / 'policy'}",
+                   f"model.reward_model={tiny_run_assets / 'reward_model'}",
+                   f"data.train.path={tiny_run_assets / 'train.jsonl'}",
+                   f"data.validation.path={tiny_run_assets / 'validation.jsonl'}")
+    assert cfg.get("bootstrap") is None
+    validate_train_config(cfg)
+    assert "model." in first_error("bootstrap=none")  # your own models and data, named
 
 
 @pytest.mark.parametrize("group", ["experiment", "debug", "bootstrap"])
@@ -110,7 +138,7 @@ def test_every_experiment_debug_and_bootstrap_option_composes_and_validates(grou
 
 def test_model_files_hold_models_and_recipes_hold_the_rest():
     for name in group_options("model"):
-        keys = set(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")) - {"defaults"}
+        keys = set(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
         assert keys == {"name", "policy", "reference", "reward_model", "tokenizer", "chat_template", "pad_token",
                         "frozen_dtype", "lora"}, name
 
@@ -132,9 +160,21 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
     ("algo=raft k=1", "k=1", "integer >= 2 with algo=raft"),
     ("algo=reinforce baseline_decay=1.5", "baseline_decay=1.5", "number in"),
     ("experiment=tldr_gpt5", "experiment='tldr_gpt5'", "bf16_mismatch, tldr_pythia1b, tldr_pythia6.9b"),
-    ("algo=ppo loss=reinforce", "loss='reinforce'", "ppo_clip with algo=ppo"),
+    ("algo=ppo loss=reinforce", "loss", "does nothing with algo=ppo"),
     ("algo=ppo lam=1.5", "lam=1.5", "number in"),
-    ("algo=ppo sequence_ratio=mean", "sequence_ratio='mean'", "sum with algo=ppo"),
+    ("algo=ppo sequence_ratio=mean", "sequence_ratio", "does nothing with algo=ppo"),
+    ("algo=dpo kl_coef=0.5", "kl_coef", "does nothing with algo=dpo"),
+    ("algo=dpo loss=reinforce", "loss", "does nothing with algo=dpo"),
+    ("algo=dpo is_correction=tis_token", "is_correction", "does nothing with algo=dpo"),
+    ("algo=dpo old_logprobs=generation", "old_logprobs", "does nothing with algo=dpo"),
+    ("algo=dpo sequence_ratio=mean", "sequence_ratio", "does nothing with algo=dpo"),
+    ("algo=dpo clip_range=0.9", "clip_range", "does nothing with algo=dpo"),
+    ("algo=rloo dpo_beta=0.2", "dpo_beta", "does nothing with algo=rloo"),
+    ("algo=dpo experiment=bf16_mismatch", "old_logprobs", "does nothing with algo=dpo"),
+    ("algo=dpo +kl_coef=0.5", "kl_coef", "does nothing with algo=dpo"),
+    ("klcoef=0.1", "klcoef", "not a config key"),
+    ("model.policyy=x", "model.policyy", "not a config key"),
+    ("bootstrap=huge", "bootstrap='huge'", "fast, hard, toy, none"),
     ("eval.greedy=3", "eval.greedy=3", "true or false"),
     ("sampler=gumbel", "sampler='gumbel'", "inverse_cdf, multinomial"),
     ("trainer.strategy=fsdp", "trainer.strategy=fsdp", "needs GPUs"),
@@ -147,22 +187,29 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
     ("judge=hf", "judge.path", "required"),
     ("judge=openai judge.base_url=http://127.0.0.1:9/v1 judge.max_retries=-1", "judge.max_retries=-1", "integer >= 0"),
 ])
-def test_bad_values_fail_fast_with_one_line_naming_the_key(override, key, allowed, tmp_path):
-    result = run_train(*override.split(), f"hydra.run.dir={tmp_path / 'run'}", "logger=none")
+def test_bad_values_fail_fast_with_one_line_naming_the_key(override, key, allowed):
+    error = first_error(*override.split())
+    assert "\n" not in error and key in error and allowed in error, error
+
+
+def test_a_bad_value_exits_2_with_one_line_and_loads_nothing(tmp_path):
+    """The process-level contract of every error above: exit status 2, one line on stderr, nothing trained."""
+    result = run_train("algo=dpo", "kl_coef=0.5", f"hydra.run.dir={tmp_path / 'run'}", "logger=none")
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert key in lines[0] and allowed in lines[0]
-    assert not (tmp_path / "run" / "policy").exists()  # nothing trained, nothing loaded
+    assert lines == ["error: kl_coef does nothing with algo=dpo: only ppo, raft, reinforce, rloo, vanilla_pg read it; "
+                     "remove it"], result.stderr
+    assert not (tmp_path / "run" / "policy").exists()
 
 
 @pytest.mark.parametrize("model", group_options("model"))
-def test_algo_ppo_takes_its_own_defaults_over_a_recipe(model, monkeypatch):
+def test_algo_ppo_brings_its_own_keys_and_a_recipe_keeps_its_schedule(model, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     cfg = composed(f"model={model}", "algo=ppo")
-    assert cfg.algorithm == "ppo" and cfg.k == 1 and cfg.num_ppo_epochs == 4 and cfg.num_mini_batches == 1
+    recipe = model != "tiny"  # the TL;DR recipes set k=2 and 2 x 2; on its own PPO samples 1 and runs 4 epochs
+    assert cfg.algorithm == "ppo" and (cfg.k, cfg.num_ppo_epochs) == ((2, 2) if recipe else (1, 4))
     assert (cfg.vf_coef, cfg.value_clip_range, cfg.gamma, cfg.lam) == (0.1, 0.2, 1.0, 0.95)
-    assert cfg.normalize_advantages is True and cfg.value_model is None
+    assert cfg.normalize_advantages is True and cfg.value_model is None and "loss" not in cfg
     validate_train_config(cfg)
     assert composed(f"model={model}").algorithm == "rloo"
 
@@ -180,15 +227,22 @@ def test_total_episodes_counts_every_device():
         validate_train_config(cfg, world_size=2)
 
 
+def compose_sweep(name: str):
+    """A sweep file as `python -m rloo.train -m -cd sweeps -cn NAME` composes it: the job config and its params."""
+    from hydra import compose, initialize_config_dir
+    
+    from rloo.config import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(ROOT / "sweeps"), version_base="1.3"):
+        cfg = compose(name, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]"], return_hydra_config=True)
+    return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), cfg.hydra.sweeper.params
+
+
 @pytest.mark.parametrize("sweep", sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml")))
 def test_every_sweep_composes_with_its_parameters(sweep):
-    """Through the command users type (python -m rloo.train -m -cd sweeps -cn NAME), printing instead of running."""
-    result = run_train("-cd", "sweeps", "-cn", sweep, "--cfg", "all")
-    assert result.returncode == 0, result.stderr
-    cfg = OmegaConf.create(result.stdout)
-    params = cfg.hydra.sweeper.params
+    job, params = compose_sweep(sweep)
     assert params, "a sweep must list hydra.sweeper.params"
-    job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     validate_train_config(job)
     for key, values in params.items():
         if (ROOT / "conf" / key).is_dir():  # a config group (algo=rloo,ppo): each option composes and validates
@@ -200,6 +254,13 @@ def test_every_sweep_composes_with_its_parameters(sweep):
             continue
         for value in str(values).split(","):
             validate_train_config(OmegaConf.merge(job, OmegaConf.from_dotlist([f"{key}={value}"])))
+
+
+def test_the_design_card_sweep_over_k_and_clip_range_composes_on_the_command_line():
+    for k, clip in itertools.product((2, 4), (0.1, 0.2)):
+        cfg = composed(f"k={k}", f"clip_range={clip}", "num_ppo_epochs=2")
+        validate_train_config(cfg)
+        assert (cfg.k, cfg.clip_range) == (k, clip)
 
 
 @pytest.mark.parametrize("judge", group_options("judge"))
@@ -233,12 +294,9 @@ def test_oracle_judge_is_refused_off_the_embedded_task(monkeypatch):
         validate_train_config(composed("model=pythia1b", "judge=oracle"))
 
 
-def test_a_deepspeed_strategy_without_deepspeed_is_one_line_before_any_model_loads(tmp_path):
+def test_a_deepspeed_strategy_without_deepspeed_is_one_line_before_any_model_loads():
     import importlib.util
 
     if importlib.util.find_spec("deepspeed") is not None:
         pytest.skip("deepspeed is installed here")
-    result = run_train("trainer=gpu", "trainer.strategy=deepspeed_stage_2", f"hydra.run.dir={tmp_path / 'run'}", "logger=none")
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "trainer.strategy=deepspeed_stage_2 needs DeepSpeed" in lines[0], result.stderr
+    assert "trainer.strategy=deepspeed_stage_2 needs DeepSpeed" in first_error("trainer=gpu", "trainer.strategy=deepspeed_stage_2")

@@ -198,3 +198,33 @@ def test_rows_after_the_resumed_rollout_move_aside(tmp_path):
     assert drop_rows_after(str(path), 2) == 1
     assert path.read_text().splitlines()[1:] == ["0,,0.5", "1,1.0,", "2,2.0,", "2,,0.6"]
     assert (tmp_path / "metrics.superseded.csv").read_text().splitlines()[1:] == ["3,3.0,"]
+
+
+def test_every_leaf_of_every_composed_config_has_a_resume_policy(monkeypatch):
+    """rloo.schema gives each key fixed or applied; no key of any algorithm, model, recipe or debug setting is left
+    out (a key it does not know would be refused on resume as fixed)."""
+    from omegaconf import OmegaConf
+
+    from rloo.config import compose_train_config, group_options
+    from rloo.schema import APPLIED, FIXED, leaves, resume_policy
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    settings = [[f"algo={a}"] for a in group_options("algo")] + [[f"model={m}"] for m in group_options("model")] \
+        + [[f"experiment={e}", "algo=ppo"] for e in group_options("experiment")] + [["debug=fast"], ["bootstrap=hard"]]
+    checked = 0
+    for overrides in settings:
+        cfg = compose_train_config(overrides + ["paths.output_dir=/tmp/x", "logger.wandb.name=null", "logger.wandb.group=null"])
+        for key in leaves(OmegaConf.to_container(cfg, resolve=True)):
+            assert resume_policy(key, cfg.algorithm) in (FIXED, APPLIED), (overrides, key)
+            checked += 1
+    assert checked > 100 * len(settings)
+
+
+def test_a_changed_key_is_refused_or_applied_by_its_policy():
+    before = {"algorithm": "rloo", "temperature": 0.7, "loss": "ppo_clip", "kl_coef": 0.05, "eval_every": 32,
+              "trainer": {"devices": 1, "strategy": "auto"}, "resume": None}
+    after = {"algorithm": "rloo", "temperature": 0.9, "loss": "reinforce", "kl_coef": 0.1, "eval_every": 8,
+             "trainer": {"devices": 2, "strategy": "ddp"}, "resume": "auto"}
+    refused, applied = compare_configs(before, after)
+    assert refused == ["loss: 'ppo_clip' -> 'reinforce'", "temperature: 0.7 -> 0.9", "trainer.devices: 1 -> 2"]
+    assert applied == ["eval_every: 32 -> 8", "kl_coef: 0.05 -> 0.1", "trainer.strategy: 'auto' -> 'ddp'"]

@@ -47,14 +47,10 @@ METRIC_NAMES = {"entropy": "objective/entropy", "loss": "loss/policy_avg", "clip
 
 @dataclass(frozen=True)
 class OnlineRLConfig:
-    """The keys of conf/train.yaml every algorithm reads (documented there, with their defaults); built and
-    checked by rloo.config.algorithm_config."""
+    """The keys of conf/train.yaml every algorithm reads (documented there, with their defaults; typed and ranged
+    in rloo.schema.CommonKeys); built from a checked config by rloo.config.algorithm_config."""
     k: int
-    kl_coef: float
-    kl_estimator: str
     missing_eos_penalty: float | None
-    normalize_advantages: bool
-    clip_range: float
     num_ppo_epochs: int
     num_mini_batches: int
     sampling: SamplingConfig
@@ -67,12 +63,6 @@ class OnlineRLConfig:
     warmup_ratio: float
     lr_schedule: str
     max_grad_norm: float | None
-    old_logprobs: str
-    is_correction: str
-    is_cap: float
-    is_low: float
-    is_high: float
-    log_histograms: bool
     log_every: int
     max_bad_steps: int
     shared_prefix: bool
@@ -85,6 +75,21 @@ class OnlineRLConfig:
     @property
     def reuses_rollout(self) -> bool:
         return self.updates_per_rollout > 1
+
+
+@dataclass(frozen=True)
+class PolicyGradientConfig(OnlineRLConfig):
+    """Plus conf/algo/shared/policy_gradient.yaml: the algorithms that sample from the policy (RLOO's family, PPO)."""
+    kl_coef: float
+    kl_estimator: str
+    normalize_advantages: bool
+    clip_range: float
+    old_logprobs: str
+    is_correction: str
+    is_cap: float
+    is_low: float
+    is_high: float
+    log_histograms: bool
 
 
 class StepStats:
@@ -277,7 +282,7 @@ class OnlineRLModule(LightningModule):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # the norm before clipping
         if hasattr(norm, "full_tensor"):  # FSDP2: the norm over every rank's shards, as a DTensor
             norm = norm.full_tensor()
-        if params and not torch.isfinite(norm):
+        if params and not torch.isfinite(norm) and not self.loss_scaled():
             # guard: a non-finite loss or gradient. Without gradients AdamW leaves every weight and moment as it is;
             # Lightning still counts the step, so the schedule and the checkpoints' step counts stay regular
             for p in params:
@@ -285,6 +290,11 @@ class OnlineRLModule(LightningModule):
             self.skipped_updates += 1
             self._rollout_was_bad = True
         self._last_grad_norm = norm
+
+    def loss_scaled(self) -> bool:
+        """fp16 with a GradScaler: a non-finite gradient is the scaler's to handle (it skips that step and lowers the
+        scale, as it must while it finds its scale); the guard would take the gradients its step needs to see."""
+        return self._trainer is not None and getattr(self.trainer.precision_plugin, "scaler", None) is not None
 
     # ---- guards ----------------------------------------------------------------------------------------------
     def scores_are_finite(self, rollout: Rollout) -> bool:

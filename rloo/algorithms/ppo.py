@@ -21,7 +21,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import METRIC_NAMES, OnlineRLConfig, OnlineRLModule, StepStats
+from rloo.algorithms.base import METRIC_NAMES, OnlineRLModule, PolicyGradientConfig, StepStats
 from rloo.objectives import (
     apply_missing_eos_penalty,
     clipped_value_loss,
@@ -37,7 +37,7 @@ from rloo.rollout import PhaseTimer, Rollout, chunked, token_values
 
 
 @dataclass(frozen=True)
-class PPOConfig(OnlineRLConfig):
+class PPOConfig(PolicyGradientConfig):
     """The PPO keys of conf/algo/ppo.yaml on top of the shared ones (documented there)."""
     vf_coef: float
     value_clip_range: float

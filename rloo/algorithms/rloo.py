@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import METRIC_NAMES, OnlineRLConfig, OnlineRLModule, StepStats
+from rloo.algorithms.base import METRIC_NAMES, OnlineRLModule, PolicyGradientConfig, StepStats
 from rloo.objectives import (
     apply_missing_eos_penalty,
     group_reward_std,
@@ -35,7 +35,7 @@ from rloo.rollout import PhaseTimer, Rollout
 
 
 @dataclass(frozen=True)
-class RLOOConfig(OnlineRLConfig):
+class RLOOConfig(PolicyGradientConfig):
     """The RLOO keys of conf/train.yaml on top of the shared ones (documented there)."""
     loss: str
     sequence_ratio: str
@@ -50,7 +50,7 @@ class RLOOTargets:
 
     @classmethod
     def zeros(cls, n: int, device) -> "RLOOTargets":
-        return cls(*(torch.zeros(n, device=device) for _ in range(3)))
+        return cls(*(torch.zeros(n, device=device, dtype=torch.float32) for _ in range(3)))  # not the default dtype (bf16-true)
 
     def sequence_advantages(self, completion_mask: Tensor) -> Tensor:
         return self.advantages  # [N]: one per completion already
@@ -80,7 +80,9 @@ class RLOOModule(OnlineRLModule):
         # the old log-probs of a reused rollout. Used once (`one_pass`), the update's own forward provides it.
         one_pass = self.takes_log_pi_from_the_update()
         if one_pass:  # filled micro-batch by micro-batch by the update's forward in step 4
-            rollout_policy_logprobs, entropy = torch.zeros_like(rollout.ref_logprobs), torch.zeros_like(rollout.ref_logprobs)
+            # float32 as rollout_policy_forward's, whatever the models compute in (bf16-true: bf16 ref log-probs)
+            rollout_policy_logprobs = torch.zeros_like(rollout.ref_logprobs, dtype=torch.float32)
+            entropy = torch.zeros_like(rollout_policy_logprobs)
         else:
             with timer("old_logprobs"):
                 rollout_policy_logprobs, entropy = self.rollout_policy_forward(rollout)

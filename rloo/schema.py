@@ -1,0 +1,366 @@
+"""The shape of the composed training config: for every key, its type, its range and its resume policy.
+
+One dataclass per config group (and one per algorithm, holding only the keys that algorithm reads). Values and
+their documentation live in the YAML (conf/); nothing here has a default. `check_config` walks a composed config
+against the schema of its `algorithm` and raises a one-line `ConfigError` naming the key:
+
+- a key no schema knows, or one that only another algorithm reads ("kl_coef does nothing with algo=dpo");
+- a value of the wrong type, outside its range, or not one of its choices.
+
+Resume policy, per key: FIXED keys define the run (a resume that changes one is refused); APPLIED keys take
+effect from the resumed rollout on and the change is logged. An open group (trainer extras, logger, judge,
+paths, bootstrap) has one policy for everything under it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from rloo.errors import ConfigError
+from rloo.objectives import IS_CORRECTIONS, KL_ESTIMATORS
+from rloo.sampling import SAMPLERS
+
+FIXED, APPLIED = "fixed", "applied"
+
+LOSSES = ("ppo_clip", "reinforce")
+LR_SCHEDULES = ("linear", "constant", "cosine")
+FROZEN_DTYPES = ("float32", "bfloat16", "float16")
+OLD_LOGPROBS = ("recompute", "generation")
+SEQUENCE_RATIOS = ("sum", "mean")
+REWARD_ERRORS = ("raise", "mask")
+ALGORITHMS = ("rloo", "raft", "reinforce", "vanilla_pg", "ppo", "dpo")
+
+
+def key(resume: str, low: float | None = None, high: float | None = None, low_open: bool = False,
+        choices: tuple | None = None):
+    """A schema field: its resume policy and its range ([low, high], or (low, high] with low_open) or choices."""
+    return field(metadata={"resume": resume, "low": low, "high": high, "low_open": low_open, "choices": choices})
+
+
+def group(resume: str):
+    """An open group: any keys below it (Lightning Trainer arguments, logger and judge settings), one policy."""
+    return field(metadata={"resume": resume, "open": True})
+
+
+# ---- sampling (conf/sampling.yaml, shared with python -m rloo.evaluate) --------------------------------------
+@dataclass
+class EvalKeys:
+    num_prompts: int = key(APPLIED, low=1)
+    batch_size: int = key(APPLIED, low=1)
+    greedy: bool = key(APPLIED)
+    max_new_tokens: int = key(APPLIED, low=1)
+    before: bool = key(APPLIED)  # training only
+    after: bool = key(APPLIED)   # training only
+
+
+@dataclass
+class SamplingKeys:
+    response_length: int = key(FIXED, low=1)
+    temperature: float = key(FIXED, low=0, low_open=True)
+    top_k: int = key(FIXED, low=0)
+    top_p: float = key(FIXED, low=0, high=1, low_open=True)
+    stop_token: str | None = key(FIXED, choices=("eos", None))
+    lean_decode: bool = key(APPLIED)
+    sampler: str = key(APPLIED, choices=SAMPLERS)
+    eval: EvalKeys = key(APPLIED)
+
+
+# ---- groups -----------------------------------------------------------------------------------------------------
+@dataclass
+class ModelKeys:
+    name: str = key(FIXED)
+    policy: str | None = key(FIXED)
+    reference: str | None = key(FIXED)
+    reward_model: str | None = key(FIXED)
+    tokenizer: str | None = key(FIXED)
+    chat_template: str | None = key(FIXED)
+    pad_token: str | None = key(FIXED)
+    frozen_dtype: str = key(FIXED, choices=FROZEN_DTYPES)
+    lora: bool = key(FIXED)
+
+
+@dataclass
+class SplitKeys:
+    path: str | None = key(FIXED)
+    split: str = key(FIXED)
+    prompt_column: str = key(FIXED)
+    reference_column: str | None = key(FIXED)
+
+
+@dataclass
+class DataKeys:
+    name: str = key(FIXED)
+    train: SplitKeys = key(FIXED)
+    validation: SplitKeys = key(FIXED)
+    max_prompt_length: int = key(FIXED, low=1)
+    truncate_prompts: bool = key(FIXED)
+    shuffle: bool = key(FIXED)
+    num_workers: int = key(APPLIED, low=0)
+
+
+@dataclass
+class PrecisionKeys:
+    name: str = key(FIXED)
+    trainer: str = key(FIXED)  # Lightning's precision flag
+
+
+@dataclass
+class LoraKeys:
+    r: int = key(FIXED, low=1)
+    alpha: float = key(FIXED, low=0, low_open=True)
+    dropout: float = key(FIXED, low=0, high=1)
+    target_modules: list[str] = key(FIXED)
+
+
+# ---- the keys every algorithm reads (conf/train.yaml) ---------------------------------------------------------------
+@dataclass
+class CommonKeys(SamplingKeys):
+    algorithm: str = key(FIXED, choices=ALGORITHMS)
+    seed: int = key(FIXED, low=0)
+    reward: str = key(FIXED)
+    reward_errors: str = key(APPLIED, choices=REWARD_ERRORS)
+    k: int = key(FIXED, low=1)
+    missing_eos_penalty: float | None = key(FIXED, low=0)
+    num_ppo_epochs: int = key(FIXED, low=1)
+    num_mini_batches: int = key(FIXED, low=1)
+    shared_prefix: bool = key(APPLIED)
+    fp32_lm_head: bool = key(FIXED)
+    activation_checkpointing: bool = key(APPLIED)
+    rollout_batch_size: int = key(FIXED, low=1)
+    micro_batch_size: int = key(FIXED, low=1)
+    generation_batch_size: int = key(APPLIED, low=1)
+    total_episodes: int = key(APPLIED, low=1)
+    lr: float = key(APPLIED, low=0, low_open=True)
+    weight_decay: float = key(APPLIED, low=0)
+    adam_eps: float = key(APPLIED, low=0, low_open=True)
+    warmup_ratio: float = key(APPLIED, low=0, high=1)
+    lr_schedule: str = key(APPLIED, choices=LR_SCHEDULES)
+    max_grad_norm: float | None = key(APPLIED, low=0, low_open=True)
+    log_every: int = key(APPLIED, low=1)
+    sample_every: int = key(APPLIED, low=0)
+    num_samples_logged: int = key(APPLIED, low=0)
+    eval_every: int = key(APPLIED, low=0)
+    checkpoint_every: int = key(APPLIED, low=0)
+    checkpoint_minutes: float = key(APPLIED, low=0)
+    keep_checkpoints: int = key(APPLIED, low=-1)
+    resume: str | None = key(APPLIED)
+    max_bad_steps: int = key(APPLIED, low=1)
+    lora: LoraKeys = key(FIXED)
+    model: ModelKeys = key(FIXED)
+    data: DataKeys = key(FIXED)
+    precision: PrecisionKeys = key(FIXED)
+    trainer: dict = group(APPLIED)        # Lightning Trainer arguments; devices and num_nodes are fixed (below)
+    logger: dict | None = group(APPLIED)
+    judge: dict | None = group(APPLIED)
+    paths: dict = group(APPLIED)
+    bootstrap: dict | None = group(FIXED)  # the embedded task's artifacts are its cache key
+
+
+FIXED_TRAINER_KEYS = ("devices", "num_nodes")  # the world size: each rank's data shard and random states
+
+
+# ---- one dataclass per algorithm: only the keys it reads (conf/algo/) -------------------------------------------------
+@dataclass
+class PolicyGradientKeys(CommonKeys):
+    """conf/algo/shared/policy_gradient.yaml: the algorithms that sample from the policy and penalise KL."""
+    kl_coef: float = key(APPLIED, low=0)
+    kl_estimator: str = key(FIXED, choices=KL_ESTIMATORS)
+    normalize_advantages: bool = key(FIXED)
+    clip_range: float = key(APPLIED, low=0, low_open=True)
+    old_logprobs: str = key(FIXED, choices=OLD_LOGPROBS)
+    is_correction: str = key(FIXED, choices=IS_CORRECTIONS)
+    is_cap: float = key(FIXED, low=0, low_open=True)
+    is_low: float = key(FIXED, low=0, high=1, low_open=True)
+    is_high: float = key(FIXED, low=1)
+    log_histograms: bool = key(APPLIED)
+
+
+@dataclass
+class RLOOKeys(PolicyGradientKeys):
+    """conf/algo/rloo.yaml; also raft and vanilla_pg, which change only the advantage."""
+    loss: str = key(FIXED, choices=LOSSES)
+    sequence_ratio: str = key(FIXED, choices=SEQUENCE_RATIOS)
+
+
+@dataclass
+class ReinforceKeys(RLOOKeys):
+    baseline_decay: float = key(FIXED, low=0, high=1)
+
+
+@dataclass
+class PPOKeys(PolicyGradientKeys):
+    vf_coef: float = key(APPLIED, low=0)
+    value_clip_range: float = key(APPLIED, low=0, low_open=True)
+    gamma: float = key(FIXED, low=0, high=1)
+    lam: float = key(FIXED, low=0, high=1)
+    value_model: str | None = key(FIXED)
+
+
+@dataclass
+class DPOKeys(CommonKeys):
+    dpo_beta: float = key(FIXED, low=0, low_open=True)
+
+
+ALGORITHM_KEYS = {"rloo": RLOOKeys, "raft": RLOOKeys, "vanilla_pg": RLOOKeys, "reinforce": ReinforceKeys,
+                  "ppo": PPOKeys, "dpo": DPOKeys}
+
+
+# ---- walking a config against a schema ------------------------------------------------------------------------------
+def schema_of(algorithm: str) -> type:
+    if algorithm not in ALGORITHM_KEYS:
+        raise ConfigError(f"algorithm={algorithm!r} is not allowed: one of {', '.join(ALGORITHMS)} (choose with algo=)")
+    return ALGORITHM_KEYS[algorithm]
+
+
+def fields_of(schema: type) -> dict:
+    hints = typing.get_type_hints(schema)
+    return {f.name: (hints[f.name], f.metadata) for f in fields(schema)}
+
+
+def algorithms_reading(name: str) -> list[str]:
+    return sorted({a for a, schema in ALGORITHM_KEYS.items() if name in fields_of(schema)})
+
+
+def check_config(cfg: DictConfig, algorithm: str, skip: tuple[str, ...] = ()) -> None:
+    """Every key of `cfg` (a composed training config) is known to `algorithm` and holds an allowed value."""
+    _check_node(cfg, schema_of(algorithm), "", algorithm, skip)
+
+
+def _check_node(node: DictConfig, schema: type, prefix: str, algorithm: str, skip: tuple[str, ...]) -> None:
+    known = fields_of(schema)
+    for name in node.keys():
+        if name not in known and f"{prefix}{name}" not in skip:
+            raise ConfigError(_unknown_key_message(f"{prefix}{name}", list(known), algorithm if not prefix else None))
+    for name, (annotation, meta) in known.items():  # in the schema's order: a key before what interpolates it
+        path = f"{prefix}{name}"
+        if path in skip or name not in node:
+            continue
+        child = node._get_node(name)
+        if meta.get("open"):  # checked by what builds it (Lightning, the judge, the logger)
+            if not (isinstance(child, DictConfig) or child._is_none()):
+                raise ConfigError(f"{path}={child._value()!r} is not allowed: a config group (a mapping of keys)")
+            continue
+        inner = _dataclass_of(annotation)
+        if inner is not None:
+            if not isinstance(child, DictConfig) or child._is_none():
+                raise ConfigError(f"{path}={child._value()!r} is not allowed: a mapping with the keys of {name} in conf/")
+            _check_node(child, inner, f"{path}.", algorithm, skip)
+            continue
+        check_value(path, child._value() if OmegaConf.is_missing(node, name) else node[name], annotation, meta)
+
+
+def _dataclass_of(annotation) -> type | None:
+    return annotation if is_dataclass(annotation) else None
+
+
+def _unknown_key_message(path: str, known: list[str], algorithm: str | None) -> str:
+    readers = algorithms_reading(path) if algorithm else []
+    if readers:
+        return (f"{path} does nothing with algo={algorithm}: only {', '.join(readers)} read it; "
+                f"remove it (conf/algo/{algorithm}.yaml lists what {algorithm} reads)")
+    close = difflib.get_close_matches(path.rsplit(".", 1)[-1], known, n=1)
+    hint = f"; did you mean {path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close[0]}?" if close else ""
+    return f"{path} is not a config key{hint}"
+
+
+def check_value(path: str, value: Any, annotation, meta: dict) -> None:
+    """One leaf: its type (from the annotation), then its choices or range."""
+    allowed_types = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, _union_type()) \
+        else (annotation,)
+    optional = type(None) in allowed_types
+    if value is None:
+        if optional or (meta.get("choices") and None in meta["choices"]):
+            return
+        raise ConfigError(f"{path}=None is not allowed: {_describe(allowed_types, meta)}")
+    base = next(t for t in allowed_types if t is not type(None))
+    if not _is_instance(value, base):
+        raise ConfigError(f"{path}={value!r} is not allowed: {_describe(allowed_types, meta)}")
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{path}={value!r} is not allowed: one of {', '.join(str(c) for c in choices if c is not None)}"
+                          + (" or null" if None in choices else ""))
+    low, high, low_open = meta.get("low"), meta.get("high"), meta.get("low_open")
+    if low is not None or high is not None:
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = high is not None and value > high
+        if too_low or too_high:
+            raise ConfigError(f"{path}={value!r} is not allowed: {_describe(allowed_types, meta)}")
+
+
+def _union_type():
+    import types
+
+    return types.UnionType
+
+
+def _is_instance(value, base) -> bool:
+    if base is bool:
+        return isinstance(value, bool)
+    if base is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if base is str:
+        return isinstance(value, str)
+    if typing.get_origin(base) is list:
+        item = typing.get_args(base)[0]
+        return isinstance(value, (list, ListConfig)) and len(value) > 0 and all(_is_instance(v, item) for v in value)
+    return True
+
+
+def _describe(allowed_types: tuple, meta: dict) -> str:
+    base = next(t for t in allowed_types if t is not type(None))
+    low, high, low_open = meta.get("low"), meta.get("high"), meta.get("low_open")
+    if base is bool:
+        text = "true or false"
+    elif typing.get_origin(base) is list:
+        text = "a non-empty list of names"
+    elif base is int:
+        text = ("a positive integer" if low == 1 and high is None else
+                f"an integer >= {low}" if low is not None and high is None else "an integer")
+    elif base is float:
+        bracket = "(" if low_open else "["
+        text = f"a number in {bracket}{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
+    else:
+        text = "a string"
+    if meta.get("choices"):
+        text = "one of " + ", ".join(str(c) for c in meta["choices"] if c is not None)
+    return text + (", or null" if type(None) in allowed_types else "")
+
+
+# ---- resume policy ----------------------------------------------------------------------------------------------------
+def resume_policy(path: str, algorithm: str) -> str | None:
+    """FIXED or APPLIED for a dotted key of the composed config; None for a key the schema does not know."""
+    schema, parts = schema_of(algorithm) if algorithm in ALGORITHM_KEYS else CommonKeys, path.split(".")
+    for i, part in enumerate(parts):
+        known = fields_of(schema)
+        if part not in known:
+            return None
+        annotation, meta = known[part]
+        last = i == len(parts) - 1
+        if meta.get("open"):
+            if part == "trainer" and not last and parts[i + 1] in FIXED_TRAINER_KEYS:
+                return FIXED
+            return meta["resume"]
+        inner = _dataclass_of(annotation)
+        if inner is None or last:
+            return meta["resume"] if last else None
+        schema = inner
+    return None
+
+
+def leaves(container: dict, prefix: str = "") -> dict[str, Any]:
+    """Dotted path -> value of every leaf of a plain (resolved) config dict."""
+    out = {}
+    for name, value in container.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, dict) and value:
+            out.update(leaves(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
