@@ -486,7 +486,11 @@ def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
 def run_entry_point(hydra_main, train: bool = False) -> None:
     """Shared by the `python -m rloo.X` entry points: one-line errors for unknown group options (and, for
     rloo.train, keys the chosen algorithm does not read), then Hydra."""
+    from rloo.cli import hydra_argument_error
+
     try:
+        if (problem := hydra_argument_error(sys.argv[1:])) is not None:
+            raise ConfigError(problem)
         sys.argv[1:] = preflight(sys.argv[1:], train, say=lambda line: print(line, file=sys.stderr))
     except ConfigError as error:
         exit_on_config_error(error)

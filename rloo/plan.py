@@ -191,16 +191,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from rloo.config import ConfigError, compose_train_config, validate_train_config
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    gpu_gib = None
-    if "--gpu-gib" in argv:
-        at = argv.index("--gpu-gib")
-        try:
-            gpu_gib = float(argv[at + 1])
-        except (IndexError, ValueError):
-            print("error: --gpu-gib needs a number of GiB, e.g. --gpu-gib 80", file=sys.stderr)
-            return 2
-        del argv[at:at + 2]
+    from rloo.cli import OneLineParser, hydra_argument_error
+
+    parser = OneLineParser(prog="python -m rloo.plan", description="Memory per device of a training config, before "
+                           "anything loads: python -m rloo.plan model=pythia1b precision=bf16 --gpu-gib 80")
+    parser.add_argument("overrides", nargs="*", help="rloo.train overrides (key=value, group=option)")
+    parser.add_argument("--gpu-gib", type=float, default=None, help="GiB per device: say whether the plan fits")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv, gpu_gib = args.overrides, args.gpu_gib
+    if (problem := hydra_argument_error(argv)) is not None:
+        parser.error(problem)
     try:
         cfg = compose_train_config(argv + ["judge=none"])  # judging takes no training memory (nor an API key)
         validate_train_config(cfg, world_size=shape_from_config(cfg).world_size)

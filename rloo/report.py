@@ -218,10 +218,12 @@ def report(multirun_dir: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("error: usage: python -m rloo.report <multirun dir> (e.g. outputs/multirun/<date>/<time>)", file=sys.stderr)
-        sys.exit(2)
+    from rloo.cli import OneLineParser
+
+    parser = OneLineParser(prog="python -m rloo.report", description="Tables and plots of a sweep: report.md, "
+                           "settings.md, report.csv and the learning curves, written into the multirun dir")
+    parser.add_argument("multirun_dir", help="a multirun dir, e.g. outputs/multirun/<date>/<time>")
+    argv = [parser.parse_args(sys.argv[1:] if argv is None else argv).multirun_dir]
     multirun_dir = Path(argv[0])
     if not multirun_dir.is_dir():
         print(f"error: {argv[0]!r} is not a dir: give a multirun dir (outputs/multirun/<date>/<time>)", file=sys.stderr)

@@ -6,6 +6,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# a guard against a hung subprocess, never a time limit: a loaded 2-core machine takes minutes where an idle one takes
+# seconds, and a test must not fail for it. Every subprocess test waits at most this long.
+HANG_GUARD_S = 3600
 
 FAST = ["debug=fast"]  # conf/debug/fast.yaml: the tiny bootstrap (bootstrap=fast) and three 8-completion steps
 METRICS = ["objective/scores", "objective/kl", "objective/rlhf_reward", "objective/non_score_reward",
@@ -17,10 +20,10 @@ METRICS = ["objective/scores", "objective/kl", "objective/rlhf_reward", "objecti
 def train(run_dir: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, *overrides], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 def evaluate(run_dir: Path, cache: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "rloo.evaluate", f"hydra.run.dir={run_dir}", "bootstrap=fast",
-                           "response_length=8", *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                           "response_length=8", *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)

@@ -10,11 +10,12 @@ import torch
 
 from rloo.bench.measure import model_state_mb
 from rloo.bench.presets import PRESETS, build_models, build_tokenizer, random_prompts
+from tests.e2e import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def bench(*args, timeout=600):
+def bench(*args, timeout=HANG_GUARD_S):
     return subprocess.run([sys.executable, "-m", "rloo.bench", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -55,7 +56,7 @@ def test_bench_smoke_run_writes_every_field(tmp_path):
 
 
 def test_bench_rejects_an_unknown_preset_in_one_line(tmp_path):
-    result = bench("--presets", "gpt-9", "--out", str(tmp_path / "b"), timeout=60)
+    result = bench("--presets", "gpt-9", "--out", str(tmp_path / "b"), timeout=HANG_GUARD_S)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--presets" in lines[0] and "pythia-160m" in lines[0]
@@ -63,7 +64,7 @@ def test_bench_rejects_an_unknown_preset_in_one_line(tmp_path):
 
 
 def test_gpu_presets_need_cuda(tmp_path):
-    result = bench("--presets", "pythia-1b", "--out", str(tmp_path / "b"), timeout=60)
+    result = bench("--presets", "pythia-1b", "--out", str(tmp_path / "b"), timeout=HANG_GUARD_S)
     assert result.returncode == 2 and "--device cuda" in result.stderr
 
 

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.e2e import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_importing_peers_needs_no_trl():
     code = "import sys, rloo.bench.peers; assert 'trl' not in sys.modules, 'peers imported TRL at module level'"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-2000:]
 
@@ -67,7 +68,7 @@ def test_peer_worker_writes_every_field(tmp_path, algorithm):
     epochs = 2
     command = [sys.executable, "-m", "rloo.bench.peers", "--algorithm", algorithm, "--preset", "tiny", "--steps", "2",
                "--warmup", "1", "--ppo-epochs", str(epochs), "--threads", "2", "--out", str(out)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     r = json.loads(out.read_text())

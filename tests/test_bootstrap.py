@@ -20,6 +20,7 @@ from rloo.algorithms.sft import collate_sft, encode_sft_examples, sft_loss
 from rloo.toy import bootstrap
 from rloo.toy.bootstrap import MARKER, artifacts_dir, build_architecture, build_tokenizer, ensure_artifacts
 from rloo.toy.evaluation import pair_accuracy
+from tests.e2e import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/bootstrap/toy.yaml"))
@@ -189,7 +190,7 @@ def test_reward_model_beats_chance_on_heldout_pairs(tokenizer, tmp_path):
 def run_entry_point(module, tmp_path, *overrides):
     env = dict(os.environ, RLOO_CACHE_DIR=str(tmp_path / "cache"))
     result = subprocess.run([sys.executable, "-m", module, *TINY_OVERRIDES, *overrides, f"hydra.run.dir={tmp_path}"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -215,5 +216,5 @@ def test_reward_entry_point_writes_a_loadable_reward_model(tmp_path):
 def test_reward_entry_point_rejects_a_missing_policy(tmp_path):
     env = dict(os.environ, RLOO_CACHE_DIR=str(tmp_path / "cache"))
     result = subprocess.run([sys.executable, "-m", "rloo.reward", f"policy={tmp_path / 'nope'}", f"hydra.run.dir={tmp_path}"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith("error: policy=")

@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rloo.config import (CONF_DIR, ConfigError, check_strategy_installed, compose_train_config, group_options, preflight,
+from tests.e2e import HANG_GUARD_S
                          validate_train_config)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +85,7 @@ def test_recipe_chat_template_renders_the_published_prompt(tokenizer):
     assert text == "User: SUBREDDIT: r/x\n\nPOST: hi\n\nTL;DR:\n\nAssistant:"
 
 
-def run_train(*args, timeout=120):
+def run_train(*args, timeout=HANG_GUARD_S):
     return subprocess.run([sys.executable, "-m", "rloo.train", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -16,7 +16,7 @@ from rloo.errors import ConfigError
 from rloo.objectives import leave_one_out_advantages, masked_leave_one_out_advantages
 from rloo.rewards import MODEL, Reward, RewardTerm, call_reward_function, parse_reward
 from tests import reward_functions
-from tests.e2e import FAST, ROOT, train
+from tests.e2e import HANG_GUARD_S, FAST, ROOT, train
 
 
 def last_line(result):
@@ -174,7 +174,7 @@ def test_a_bad_job_fails_alone_in_a_multirun(tmp_path, finished_run):
     env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-m", "rloo.train", "--multirun", *FAST, "logger=csv", "eval.before=false",
                              "eval.after=false", "k=2,3", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert result.returncode != 0
     assert "error: rollout_batch_size=8 is not allowed: a multiple of k=3" in result.stderr
     good = [d for d in tmp_path.iterdir() if d.name.startswith("0_")]

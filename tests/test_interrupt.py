@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.chat_server import answer
-from tests.e2e import FAST, ROOT
+from tests.e2e import HANG_GUARD_S, FAST, ROOT
 
 SIGTERM_EXIT = 128 + 15
 
@@ -33,7 +33,7 @@ def start(run_dir, cache, *overrides, preexec_fn=None):
                             preexec_fn=as_from_a_terminal)
 
 
-def wait_for(condition, process, timeout=300):
+def wait_for(condition, process, timeout=HANG_GUARD_S):
     deadline = time.monotonic() + timeout
     while not condition():
         assert process.poll() is None, process.communicate()[0][-3000:]
@@ -41,7 +41,7 @@ def wait_for(condition, process, timeout=300):
         time.sleep(0.2)
 
 
-def finish(process, timeout=300):
+def finish(process, timeout=HANG_GUARD_S):
     output, _ = process.communicate(timeout=timeout)
     return process.returncode, output
 

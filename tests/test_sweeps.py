@@ -10,7 +10,7 @@ import matplotlib.image
 import pytest
 from omegaconf import OmegaConf
 
-from tests.e2e import ROOT
+from tests.e2e import HANG_GUARD_S, ROOT
 
 
 def run_sweep(base, name: str, settings: list[str], overrides=("debug: fast",)):
@@ -23,7 +23,7 @@ def run_sweep(base, name: str, settings: list[str], overrides=("debug: fast",)):
     (base / "sweeps" / f"{name}.yaml").write_text(f"defaults:\n  - train\n{defaults}  - _self_\n\n" + OmegaConf.to_yaml(settings))
     env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-m", "rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", name],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return sweep_dir
 
@@ -37,7 +37,7 @@ def multirun(finished_run):
 
 def report(path):
     return subprocess.run([sys.executable, "-m", "rloo.report", str(path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_GUARD_S)
 
 
 def test_jobs_land_in_numbered_dirs_named_by_their_overrides_and_share_a_wandb_group(multirun):

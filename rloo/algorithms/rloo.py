@@ -86,7 +86,7 @@ class RLOOModule(OnlineRLModule):
         else:
             with timer("old_logprobs"):
                 rollout_policy_logprobs, entropy = self.rollout_policy_forward(rollout)
-        # old_logprobs=generation is the peer's 2024 behaviour, kept to reproduce its failure: the sampler's log-probs
+        # old_logprobs=generation is TRL's 2024 trainer's behaviour, kept to reproduce its failure: the sampler's log-probs
         old_logprobs = rollout.generation_logprobs if cfg.old_logprobs == "generation" else rollout_policy_logprobs
         rollout_done = time.perf_counter()
 

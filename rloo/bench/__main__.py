@@ -22,17 +22,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from rloo.cli import OneLineParser
 from rloo.bench.presets import PRESETS, get_preset
 
 DEFAULT_PRESETS = ("tiny", "small", "pythia-160m")
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one line naming it (no usage block)."""
-
-    def error(self, message: str):
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

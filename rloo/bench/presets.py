@@ -42,7 +42,7 @@ class Preset:
 PRESETS = {p.name: p for p in (
     Preset("tiny", "the embedded task's architecture at its default batch", 128, 4, 4, 512, 512,
            prompts_per_step=16, k=4, prompt_length=24, response_length=16),
-    Preset("small", "the peer-figure settings of ANCHORS section 8 (hidden 256, 4 layers)", 256, 4, 4, 1024, 512,
+    Preset("small", "the peer-figure settings of the paper's comparison setting (hidden 256, 4 layers)", 256, 4, 4, 1024, 512,
            prompts_per_step=16, k=4, prompt_length=8, response_length=32),
     Preset("pythia-160m", "Pythia-160m architecture, a CPU-sized batch", 768, 12, 12, 3072, 50304,
            prompts_per_step=4, k=4, prompt_length=32, response_length=16),
