@@ -164,7 +164,7 @@ def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, to
 
 def reward_from_config(cfg: DictConfig):
     """`reward=` as a Reward, or None when it is the reward model alone (scored inside the rollout, as always)."""
-    from rloo.rewards import MODEL, Reward, RewardTerm, parse_reward
+    from rloo.scoring import MODEL, Reward, RewardTerm, parse_reward
 
     terms = parse_reward(cfg.get("reward", MODEL))
     return None if terms == [RewardTerm(1.0, MODEL)] else Reward(terms, cfg.reward_errors)

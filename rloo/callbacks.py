@@ -1,5 +1,5 @@
 """Lightning callbacks: held-out evaluation (before, every `eval_every` rollouts, after), a table of rollout samples,
-and the mismatch histograms. Each counts rollouts (`module.rollouts`), the x-axis of every logged metric."""
+and the mismatch histograms. Each counts rollouts (`module.state.rollouts`), the x-axis of every logged metric."""
 
 from __future__ import annotations
 
@@ -68,14 +68,14 @@ class HeldOutEval(Callback):
             self.log_fn(f"eval ({label}) skipped: SIGTERM received")
             return None
         summary, samples = self.run(trainer, module)
-        step = module.rollouts
+        step = module.state.rollouts
         self.judge_failure = self.failed_judgements(summary)
         if self.judge_failure:
             self.log_fn(f"eval ({label}): {self.judge_failure}")
             for key in [k for k in summary if k.startswith("eval/win_rate")]:
                 del summary[key]  # a rate over the few pairs that got a verdict is no win rate
         # where the run stood: the x-axes of learning curves (rloo.report), episodes and seconds of training
-        self.history.append({"step": step, "episodes": module.episodes, "train_seconds": round(module.train_seconds, 2),
+        self.history.append({"step": step, "episodes": module.state.episodes, "train_seconds": round(module.state.train_seconds, 2),
                              **summary})
         for logger in trainer.loggers:
             logger.log_metrics(summary, step=step)
@@ -110,11 +110,11 @@ class HeldOutEval(Callback):
         self.initial, self.history = state_dict["initial"], state_dict["history"]
 
     def on_train_start(self, trainer, module) -> None:
-        if self.before and self.initial is None and module.rollouts == 0:
+        if self.before and self.initial is None and module.state.rollouts == 0:
             self.initial = self.evaluate(trainer, module, "initial policy")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        step = module.rollouts
+        step = module.state.rollouts
         if self.every > 0 and step % self.every == 0 and step < module.config.total_rollouts:
             self.evaluate(trainer, module, "during training")
 
@@ -136,7 +136,7 @@ class RanksAgree(Callback):
         gathered = trainer.strategy.all_gather(sums)                                 # [world, P]
         differ = (gathered != gathered[0]).any(0)
         if bool(differ.any()):
-            raise RuntimeError(f"data parallel ranks hold different weights after rollout {module.rollouts} "
+            raise RuntimeError(f"data parallel ranks hold different weights after rollout {module.state.rollouts} "
                                f"({int(differ.sum())} tensors, e.g. {names[int(differ.nonzero()[0])]})")
 
 
@@ -168,7 +168,7 @@ class RolloutCheckpoints(Callback):
                 shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)  # DeepSpeed: a dir per checkpoint
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if self.due(module.rollouts, module.config.total_rollouts):
+        if self.due(module.state.rollouts, module.config.total_rollouts):
             self.save(trainer, module)
 
 
@@ -205,7 +205,7 @@ class SampleTable(Callback):
         self.every, self.num_rows, self.path = every, num_rows, Path(path)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        step = module.rollouts
+        step = module.state.rollouts
         rollout = module.last_rollout
         if self.every <= 0 or rollout is None or step % self.every != 0 or not trainer.is_global_zero:
             return
@@ -235,7 +235,7 @@ class MismatchHistograms(Callback):
         self.every = every
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        step = module.rollouts
+        step = module.state.rollouts
         kept = getattr(module, "last_mismatch", None)
         if not kept or step % self.every != 0 or not trainer.is_global_zero:
             return

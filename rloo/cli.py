@@ -1,10 +1,18 @@
-"""One command-line habit for every `python -m rloo.*` entry point: `--help` prints usage and exits 0; a bad
-argument is one line on stderr and exit status 2."""
+"""The command line of every `python -m rloo.*` entry point, before and around Hydra: `--help` prints usage and
+exits 0; a bad argument, an unknown group option or a key the chosen algorithm does not read is one line on stderr
+and exit status 2; `model=X` selects its recipe and `group=none` drops an optional group; a job's failure ends
+the job (exit 1 or 2) or, in a multirun, only that job.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rloo.errors import ConfigError
 
 # Hydra's own flags (hydra/_internal/utils.py get_args_parser); those taking a value list it
 HYDRA_FLAGS = {"--help": False, "-h": False, "--hydra-help": False, "--version": False, "--cfg": True, "-c": True,
@@ -37,3 +45,156 @@ def hydra_argument_error(argv: list[str]) -> str | None:
         elif "=" not in arg and not arg.startswith("~"):
             return f"{arg!r} is not an override: write key=value (e.g. k=4), group=option (e.g. algo=ppo) or ~key"
     return None
+
+
+# ---- config groups and overrides --------------------------------------------------------------------------
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger", "algo", "experiment", "debug", "bootstrap")
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+OPTIONAL_GROUPS = ("experiment", "debug", "bootstrap")  # group=none (or null) runs without one
+
+
+def check_group_choices(argv: list[str]) -> None:
+    """Name the allowed options for `group=value` overrides before Hydra prints its multi-line error."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or key not in CHOICE_GROUPS:
+            continue
+        allowed = group_options(key)
+        for choice in value.split(","):  # multirun: model=a,b
+            if choice not in allowed and not (key in OPTIONAL_GROUPS and choice in ("none", "null")):
+                extra = ", none" if key in OPTIONAL_GROUPS else ""
+                raise ConfigError(f"{key}={choice!r} is not a config in conf/{key}/: choose one of {', '.join(allowed)}{extra}")
+
+
+def recipe_of(model: str) -> str | None:
+    """The experiment whose defaults select `model` (experiment/tldr_pythia1b.yaml: override /model: pythia1b)."""
+    for option in group_options("experiment"):
+        defaults = OmegaConf.load(CONF_DIR / "experiment" / f"{option}.yaml").get("defaults") or []
+        if any(OmegaConf.is_dict(d) and d.get("override /model") == model for d in defaults):
+            return option
+    return None
+
+
+def expand_overrides(argv: list[str], say=None) -> list[str]:
+    """The command line as Hydra composes it: `bootstrap=none` (experiment, debug) is Hydra's `=null`, and
+    `model=pythia1b` without an experiment also selects the model's published recipe (experiment=tldr_pythia1b),
+    said on stderr; `experiment=none` keeps the model alone."""
+    out, given = [], {arg.partition("=")[0].lstrip("+~") for arg in argv if "=" in arg}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key in OPTIONAL_GROUPS and value in ("none", "null"):
+            if key == "bootstrap":  # the others are null by default
+                out.append("~bootstrap")
+            continue
+        out.append(arg)
+        if key == "model" and "," not in value and "experiment" not in given and (recipe := recipe_of(value)):
+            out.append(f"experiment={recipe}")  # beside it: Hydra's flags (--cfg job) may follow the overrides
+            if say:
+                say(f"rloo: model={value} runs its published recipe, experiment={recipe} (experiment=none: the model alone)")
+    return out
+
+
+def algorithms_of(argv: list[str]) -> list[str]:
+    """The `algorithm` each `algo=` option of the command line sets (rloo by default; rloo_k2 is rloo)."""
+    options = next((arg.partition("=")[2].split(",") for arg in argv if arg.startswith("algo=")), ["rloo"])
+    algorithms = []
+    for option in options:
+        while option in group_options("algo"):
+            node = OmegaConf.load(CONF_DIR / "algo" / f"{option}.yaml")
+            if "algorithm" in node:
+                algorithms.append(node.algorithm)
+                break
+            option = next(d for d in node.defaults if isinstance(d, str) and d in group_options("algo"))
+    return algorithms
+
+
+def check_override_keys(argv: list[str]) -> None:
+    """`key=value` overrides of keys the chosen algorithm does not read, or that no config has, in one line
+    (Hydra's own error spans lines and suggests `+key`, which would make a key that does nothing)."""
+    from rloo.schema import ALGORITHM_KEYS, resume_policy
+
+    for algorithm in algorithms_of(argv):
+        for arg in argv:
+            key, sep, _ = arg.partition("=")
+            if not sep or arg.startswith(("-", "+", "~", "hydra.")) or key in CHOICE_GROUPS:
+                continue
+            if resume_policy(key, algorithm) is None:
+                readers = sorted({a for a in ALGORITHM_KEYS if resume_policy(key, a) is not None})
+                if readers:
+                    raise ConfigError(f"{key} does nothing with algo={algorithm}: only {', '.join(readers)} read it; "
+                                      "remove it")
+                raise ConfigError(f"{key} is not a config key of python -m rloo.train: see conf/train.yaml, "
+                                  f"conf/sampling.yaml and conf/algo/")
+
+
+def compose_train_config(overrides: list[str]) -> DictConfig:
+    """conf/train.yaml with command-line style overrides, outside a Hydra run (the benchmark worker, tests)."""
+    from hydra import compose, initialize_config_dir
+
+    from rloo.resolvers import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=expand_overrides(overrides))
+
+
+# ---- entry points ---------------------------------------------------------------------------------------------
+def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
+    """What the command line alone tells, before Hydra composes or makes a run dir: the expanded overrides, or a
+    ConfigError for an unknown group option, a key the algorithm does not read, or a resume= that is not there."""
+    argv = expand_overrides(argv, say) if train else argv
+    check_group_choices(argv)
+    if train:
+        check_override_keys(argv)
+    from rloo.resume import check_resume_argument
+
+    for arg in argv:
+        if arg.startswith("resume="):
+            check_resume_argument(arg.partition("=")[2])
+    return argv
+
+
+def run_entry_point(hydra_main, train: bool = False) -> None:
+    """Shared by the `python -m rloo.X` entry points: one-line errors for unknown group options (and, for
+    rloo.train, keys the chosen algorithm does not read), then Hydra."""
+    try:
+        if (problem := hydra_argument_error(sys.argv[1:])) is not None:
+            raise ConfigError(problem)
+        sys.argv[1:] = preflight(sys.argv[1:], train, say=lambda line: print(line, file=sys.stderr))
+    except ConfigError as error:
+        exit_on_config_error(error)
+    from rloo.resolvers import register_resolvers
+
+    register_resolvers()
+    hydra_main()
+
+
+class JobFailed(RuntimeError):
+    """A multirun job's failure: raised (not exited) so that Hydra records this job as failed, runs the others,
+    and ends the sweep with a non-zero status."""
+
+
+def in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def fail(error: Exception, code: int) -> None:
+    """End the job on a one-line error: exit with `code` (2 for config errors, 1 for the rest), or in a multirun
+    fail this job only."""
+    print(f"error: {error}", file=sys.stderr)
+    if in_multirun():
+        raise JobFailed(str(error)) from None
+    sys.exit(code)
+
+
+def exit_on_config_error(error: ConfigError) -> None:
+    fail(error, 2)

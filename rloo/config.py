@@ -1,16 +1,14 @@
-"""Config checks that run before any model loads, the typed settings built from a checked config, and the
-OmegaConf resolvers the YAML uses.
+"""Config checks that run before any model loads, and the typed settings built from a checked config.
 
-Every default lives in the YAML (conf/); the dataclasses built here have none. Every error is one line naming
-the key and what is allowed (`ConfigError`).
+Types, ranges and the keys each algorithm reads are rloo.schema's; the checks here span keys or groups (batch
+divisibility, k per algorithm, strategies, LoRA, rewards, judges, model and data locations). Every default lives in
+the YAML (conf/); the dataclasses built here have none. Every error is one line naming the key and what is allowed
+(`ConfigError`).
 """
 
 from __future__ import annotations
 
-import netrc
-import os
 import re
-import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -19,179 +17,9 @@ from rloo.errors import ConfigError
 from rloo.sampling import SamplingConfig
 from rloo.schema import EvalKeys, SamplingKeys, check_config, check_value, fields_of
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger", "algo", "experiment", "debug", "bootstrap")
-
-
-def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-
-
-OPTIONAL_GROUPS = ("experiment", "debug", "bootstrap")  # group=none (or null) runs without one
-
-
-def check_group_choices(argv: list[str]) -> None:
-    """Name the allowed options for `group=value` overrides before Hydra prints its multi-line error."""
-    for arg in argv:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        if not sep or key not in CHOICE_GROUPS:
-            continue
-        allowed = group_options(key)
-        for choice in value.split(","):  # multirun: model=a,b
-            if choice not in allowed and not (key in OPTIONAL_GROUPS and choice in ("none", "null")):
-                extra = ", none" if key in OPTIONAL_GROUPS else ""
-                raise ConfigError(f"{key}={choice!r} is not a config in conf/{key}/: choose one of {', '.join(allowed)}{extra}")
-
-
-def recipe_of(model: str) -> str | None:
-    """The experiment whose defaults select `model` (experiment/tldr_pythia1b.yaml: override /model: pythia1b)."""
-    for option in group_options("experiment"):
-        defaults = OmegaConf.load(CONF_DIR / "experiment" / f"{option}.yaml").get("defaults") or []
-        if any(OmegaConf.is_dict(d) and d.get("override /model") == model for d in defaults):
-            return option
-    return None
-
-
-def expand_overrides(argv: list[str], say=None) -> list[str]:
-    """The command line as Hydra composes it: `bootstrap=none` (experiment, debug) is Hydra's `=null`, and
-    `model=pythia1b` without an experiment also selects the model's published recipe (experiment=tldr_pythia1b),
-    said on stderr; `experiment=none` keeps the model alone."""
-    out, given = [], {arg.partition("=")[0].lstrip("+~") for arg in argv if "=" in arg}
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if sep and key in OPTIONAL_GROUPS and value in ("none", "null"):
-            if key == "bootstrap":  # the others are null by default
-                out.append("~bootstrap")
-            continue
-        out.append(arg)
-        if key == "model" and "," not in value and "experiment" not in given and (recipe := recipe_of(value)):
-            out.append(f"experiment={recipe}")  # beside it: Hydra's flags (--cfg job) may follow the overrides
-            if say:
-                say(f"rloo: model={value} runs its published recipe, experiment={recipe} (experiment=none: the model alone)")
-    return out
-
-
-def algorithms_of(argv: list[str]) -> list[str]:
-    """The `algorithm` each `algo=` option of the command line sets (rloo by default; rloo_k2 is rloo)."""
-    options = next((arg.partition("=")[2].split(",") for arg in argv if arg.startswith("algo=")), ["rloo"])
-    algorithms = []
-    for option in options:
-        while option in group_options("algo"):
-            node = OmegaConf.load(CONF_DIR / "algo" / f"{option}.yaml")
-            if "algorithm" in node:
-                algorithms.append(node.algorithm)
-                break
-            option = next(d for d in node.defaults if isinstance(d, str) and d in group_options("algo"))
-    return algorithms
-
-
-def check_override_keys(argv: list[str]) -> None:
-    """`key=value` overrides of keys the chosen algorithm does not read, or that no config has, in one line
-    (Hydra's own error spans lines and suggests `+key`, which would make a key that does nothing)."""
-    from rloo.schema import ALGORITHM_KEYS, resume_policy
-
-    for algorithm in algorithms_of(argv):
-        for arg in argv:
-            key, sep, _ = arg.partition("=")
-            if not sep or arg.startswith(("-", "+", "~", "hydra.")) or key in CHOICE_GROUPS:
-                continue
-            if resume_policy(key, algorithm) is None:
-                readers = sorted({a for a in ALGORITHM_KEYS if resume_policy(key, a) is not None})
-                if readers:
-                    raise ConfigError(f"{key} does nothing with algo={algorithm}: only {', '.join(readers)} read it; "
-                                      "remove it")
-                raise ConfigError(f"{key} is not a config key of python -m rloo.train: see conf/train.yaml, "
-                                  f"conf/sampling.yaml and conf/algo/")
-
-
-def wandb_offline() -> bool:
-    """Offline unless the user has set W&B up, so that a run never waits on a network that is not there."""
-    mode = os.environ.get("WANDB_MODE", "").lower()
-    if mode:
-        return mode in ("offline", "dryrun", "disabled")
-    if os.environ.get("WANDB_API_KEY"):
-        return False
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return True
-
-
-def sweep_group() -> str | None:
-    """The W&B group of a multirun job: the sweep's config name and start time (k_clip-2026-12-03-08-30-00),
-    shared by all its jobs; None for a single run."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return None
-    hydra_cfg = HydraConfig.get()
-    sweep_dir = Path(hydra_cfg.sweep.dir)
-    return f"{hydra_cfg.job.config_name}-{sweep_dir.parent.name}-{sweep_dir.name}"
-
-
-def sweep_job_name() -> str | None:
-    """The W&B run name of a multirun job: its number and overrides, as its dir; None for a single run."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return None
-    job = HydraConfig.get().job
-    return f"{job.num}_{job.override_dirname}"
-
-
-def unique_dir(path: str) -> str:
-    """`path`, or `path_2`, `path_3`, ... : the first that did not exist, created here so that two runs started in
-    the same second (or on two machines sharing the disk) never share a dir. Cached: resolved once per run."""
-    for n in range(1, 10_000):
-        candidate = Path(path if n == 1 else f"{path}_{n}")
-        try:
-            candidate.mkdir(parents=True)
-            return str(candidate)
-        except FileExistsError:
-            continue
-    raise ConfigError(f"hydra.run.dir: {path} and 9999 variants exist already")
-
-
-def run_dir(resume: str | None, fresh: str) -> str:
-    """hydra.run.dir: the run dir `resume=` continues, else a new unique one."""
-    from rloo.resume import run_dir_of
-
-    return run_dir_of(resume) or unique_dir(fresh)
-
-
-def hydra_subdir(resume: str | None, now: str) -> str:
-    """hydra.output_subdir: .hydra, or for a resumed run .hydra/resumed-HH-MM-SS, so the first run's is kept."""
-    return ".hydra" if resume is None else f".hydra/resumed-{now}"
-
-
-def register_resolvers() -> None:
-    for name, resolver in (("wandb_offline", wandb_offline), ("sweep_group", sweep_group),
-                           ("sweep_job_name", sweep_job_name), ("unique_dir", unique_dir), ("run_dir", run_dir),
-                           ("hydra_subdir", hydra_subdir)):
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, resolver, use_cache=name in ("unique_dir", "run_dir"))
-
-
 def _require(cond: bool, key: str, allowed: str, value) -> None:
     if not cond:
         raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
-
-
-def _positive_int(cfg: DictConfig, key: str) -> int:
-    value = OmegaConf.select(cfg, key)
-    _require(isinstance(value, int) and not isinstance(value, bool) and value > 0, key, "a positive integer", value)
-    return value
-
-
-def _number(cfg: DictConfig, key: str, low: float, high: float = float("inf"), low_open: bool = False) -> float:
-    value = OmegaConf.select(cfg, key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (value > low if low_open else value >= low) and value <= high
-    bracket = "(" if low_open else "["
-    _require(ok, key, f"a number in {bracket}{low}, {high}]", value)
-    return float(value)
 
 
 def updates_per_rollout(cfg: DictConfig) -> int:
@@ -201,15 +29,6 @@ def updates_per_rollout(cfg: DictConfig) -> int:
 def num_rollouts(cfg: DictConfig, world_size: int) -> int:
     """Rollouts (train-loop batches) of a run: total_episodes over the completions of one rollout on every device."""
     return cfg.total_episodes // (cfg.rollout_batch_size * world_size)
-
-
-def compose_train_config(overrides: list[str]) -> DictConfig:
-    """conf/train.yaml with command-line style overrides, outside a Hydra run (the benchmark worker, tests)."""
-    from hydra import compose, initialize_config_dir
-
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=expand_overrides(overrides))
 
 
 def rollout_sampling(cfg: DictConfig) -> SamplingConfig:
@@ -333,7 +152,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
 
 def validate_reward(cfg: DictConfig, ppo: bool) -> None:
     """`reward=` parses and its functions import (nothing loads a model); reward_errors is known."""
-    from rloo.rewards import MODEL, load_function, parse_reward
+    from rloo.scoring import MODEL, load_function, parse_reward
 
     if ppo and cfg.reward_errors == "mask":
         raise ConfigError("reward_errors='mask' is not allowed with algo=ppo: it masks completions out of RLOO's "
@@ -347,7 +166,7 @@ def validate_reward(cfg: DictConfig, ppo: bool) -> None:
                           "or score with functions only")
 
 
-JUDGE_NEEDS = {"rloo.judges.oracle.OracleJudge": "data=toy (the oracle scores the embedded task only)"}
+JUDGE_NEEDS = {"rloo.toy.judge.OracleJudge": "data=toy (the oracle scores the embedded task only)"}
 
 
 def validate_judge_config(cfg: DictConfig) -> None:
@@ -466,58 +285,3 @@ def validate_eval_config(cfg: DictConfig) -> None:
 
 def _looks_local(path: str) -> bool:
     return path.startswith((".", "/", "~")) or Path(path).suffix in (".jsonl", ".json", ".parquet", ".csv", ".arrow")
-
-
-def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
-    """What the command line alone tells, before Hydra composes or makes a run dir: the expanded overrides, or a
-    ConfigError for an unknown group option, a key the algorithm does not read, or a resume= that is not there."""
-    argv = expand_overrides(argv, say) if train else argv
-    check_group_choices(argv)
-    if train:
-        check_override_keys(argv)
-    from rloo.resume import check_resume_argument
-
-    for arg in argv:
-        if arg.startswith("resume="):
-            check_resume_argument(arg.partition("=")[2])
-    return argv
-
-
-def run_entry_point(hydra_main, train: bool = False) -> None:
-    """Shared by the `python -m rloo.X` entry points: one-line errors for unknown group options (and, for
-    rloo.train, keys the chosen algorithm does not read), then Hydra."""
-    from rloo.cli import hydra_argument_error
-
-    try:
-        if (problem := hydra_argument_error(sys.argv[1:])) is not None:
-            raise ConfigError(problem)
-        sys.argv[1:] = preflight(sys.argv[1:], train, say=lambda line: print(line, file=sys.stderr))
-    except ConfigError as error:
-        exit_on_config_error(error)
-    register_resolvers()
-    hydra_main()
-
-
-class JobFailed(RuntimeError):
-    """A multirun job's failure: raised (not exited) so that Hydra records this job as failed, runs the others,
-    and ends the sweep with a non-zero status."""
-
-
-def in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def fail(error: Exception, code: int) -> None:
-    """End the job on a one-line error: exit with `code` (2 for config errors, 1 for the rest), or in a multirun
-    fail this job only."""
-    print(f"error: {error}", file=sys.stderr)
-    if in_multirun():
-        raise JobFailed(str(error)) from None
-    sys.exit(code)
-
-
-def exit_on_config_error(error: ConfigError) -> None:
-    fail(error, 2)

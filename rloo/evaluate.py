@@ -20,8 +20,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from rloo.config import (ConfigError, exit_on_config_error, policy_location, run_entry_point,  # noqa: E402
-                         validate_eval_config)
+from rloo.cli import exit_on_config_error, run_entry_point  # noqa: E402
+from rloo.config import ConfigError, policy_location, validate_eval_config  # noqa: E402
 from rloo.errors import WriteError  # noqa: E402
 
 

@@ -11,7 +11,8 @@ import torch
 
 from rloo.data import left_pad
 from rloo.judges import Judge, win_rate_summary
-from rloo.rollout import chunked, reward_scores, sample_completions
+from rloo.forward import reward_scores
+from rloo.rollout import chunked, sample_completions
 from rloo.sampling import SamplingConfig
 
 INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)

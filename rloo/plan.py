@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rloo.assemble import autocast_dtype, world_size
 from rloo.config import SHARDED_STRATEGIES
-from rloo.rollout import LOGIT_CHUNK_ELEMENTS
+from rloo.forward import LOGIT_CHUNK_ELEMENTS
 
 MIB = 2**20
 SHARD_STATE = ("deepspeed_stage_2", "deepspeed_stage_2_offload")  # gradients and AdamW state only
@@ -159,7 +159,7 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
 
 
 def shape_from_config(cfg) -> Shape:
-    from rloo.rewards import MODEL, parse_reward
+    from rloo.scoring import MODEL, parse_reward
 
     trainer = dict(cfg.trainer)
     return Shape(precision=str(cfg.precision.trainer), frozen_dtype=str(cfg.model.frozen_dtype),
@@ -189,7 +189,8 @@ def render(arch: Architecture, shape: Shape, mib: dict[str, float], gpu_gib: flo
 def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
-    from rloo.config import ConfigError, compose_train_config, validate_train_config
+    from rloo.cli import compose_train_config
+    from rloo.config import ConfigError, validate_train_config
 
     from rloo.cli import OneLineParser, hydra_argument_error
 

@@ -6,7 +6,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from transformers import GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
-from rloo.config import ConfigError, exit_on_config_error, run_entry_point
+from rloo.cli import exit_on_config_error, run_entry_point
+from rloo.config import ConfigError
 from rloo.toy.bootstrap import (build_tokenizer, format_report, measure, reward_pairs, task_splits, train_reward_model,
                                 train_sft_policy)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Literal
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 

@@ -19,7 +19,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from rloo.config import ConfigError, exit_on_config_error, fail, run_entry_point, validate_train_config  # noqa: E402
+from rloo.cli import exit_on_config_error, fail, run_entry_point  # noqa: E402
+from rloo.config import ConfigError, validate_train_config  # noqa: E402
 from rloo.errors import JudgeFailed, NonFiniteError, RewardFunctionError, WriteError  # noqa: E402
 
 SIGTERM_EXIT_CODE = 128 + 15
@@ -29,8 +30,7 @@ def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
     from rloo.assemble import (build_module, lightning_strategy, policy_and_reference, precision_arguments,
                                quiet_lightning_logs, resolve_sources, world_size)
-    from rloo.config import (check_model_sources, check_strategy_installed, eval_sampling, num_rollouts,
-                             updates_per_rollout)
+    from rloo.config import check_model_sources, check_strategy_installed, eval_sampling, num_rollouts, updates_per_rollout
 
     trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
     processes = world_size(trainer_args)
@@ -118,10 +118,10 @@ def run(cfg: DictConfig) -> dict:
             "final": eval_callback.final,
             "eval_history": eval_callback.history,
             "judge": None if eval_callback.judge is None else repr(eval_callback.judge),
-            "rollouts": module.rollouts,
+            "rollouts": module.state.rollouts,
             "optimizer_steps": trainer.global_step,
-            "episodes": module.episodes,
-            "train_seconds": round(module.train_seconds, 2),  # in training steps only: no evaluation, no checkpoint
+            "episodes": module.state.episodes,
+            "train_seconds": round(module.state.train_seconds, 2),  # in training steps only: no evaluation, no checkpoint
             "algorithm": cfg.algorithm,
             "wall_seconds": round(time.time() - started, 2),
             "fit_seconds": round(time.time() - fit_started, 2),  # trainer.fit: training steps and the evaluations inside it
@@ -221,7 +221,7 @@ def checkpoint_names(out: Path) -> str:
 
 def stopped_by_sigterm(out: Path, module, log) -> None:
     """Exit as a process ended by SIGTERM (128 + 15), which schedulers read as preempted, never as success."""
-    log(f"rloo: stopped by SIGTERM after {module.rollouts} rollouts; checkpoints in {out / 'checkpoints'}: "
+    log(f"rloo: stopped by SIGTERM after {module.state.rollouts} rollouts; checkpoints in {out / 'checkpoints'}: "
         f"{checkpoint_names(out) or 'none'}; summary.json says what was done")
     sys.exit(SIGTERM_EXIT_CODE)
 

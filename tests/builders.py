@@ -6,7 +6,8 @@ from dataclasses import replace
 from rloo.algorithms.ppo import PPOConfig
 from rloo.algorithms.reinforce import ReinforceConfig
 from rloo.algorithms.rloo import RLOOConfig
-from rloo.config import algorithm_config, compose_train_config, validate_train_config
+from rloo.cli import compose_train_config
+from rloo.config import algorithm_config, validate_train_config
 from rloo.rollout import generate_with_logprobs
 from rloo.sampling import SamplingConfig
 
@@ -48,7 +49,7 @@ def judge_from_conf(name: str, **settings):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from rloo.config import CONF_DIR
+    from rloo.cli import CONF_DIR
 
     cfg = OmegaConf.load(CONF_DIR / "judge" / f"{name}.yaml")
     settings = {key: str(value) if hasattr(value, "__fspath__") else value for key, value in settings.items()}

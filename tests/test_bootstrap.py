@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, GPTNeoXForCausalLM,
                           GPTNeoXForSequenceClassification)
 
-from rloo.algorithms.reward_model import bradley_terry_loss, collate_pairs, encode_pairs, pair_scores
-from rloo.algorithms.sft import collate_sft, encode_sft_examples, sft_loss
+from rloo.toy.reward_stage import bradley_terry_loss, collate_pairs, encode_pairs, pair_scores
+from rloo.toy.sft_stage import collate_sft, encode_sft_examples, sft_loss
 from rloo.toy import bootstrap
 from rloo.toy.bootstrap import MARKER, artifacts_dir, build_architecture, build_tokenizer, ensure_artifacts
 from rloo.toy.evaluation import pair_accuracy

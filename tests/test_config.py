@@ -9,9 +9,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rloo.config import (CONF_DIR, ConfigError, check_strategy_installed, compose_train_config, group_options, preflight,
+from rloo.cli import CONF_DIR, compose_train_config, group_options, preflight
+from rloo.config import ConfigError, check_strategy_installed, validate_train_config
 from tests.e2e import HANG_GUARD_S
-                         validate_train_config)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -232,7 +232,7 @@ def compose_sweep(name: str):
     """A sweep file as `python -m rloo.train -m -cd sweeps -cn NAME` composes it: the job config and its params."""
     from hydra import compose, initialize_config_dir
     
-    from rloo.config import register_resolvers
+    from rloo.resolvers import register_resolvers
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "sweeps"), version_base="1.3"):

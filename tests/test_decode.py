@@ -9,7 +9,8 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from rloo.bench.presets import PRESETS, neox_config
 from rloo.decode import filter_logits, lean_generate, supports_lean_decode
-from rloo.rollout import completion_logprobs, truncate_after_stop
+from rloo.forward import completion_logprobs
+from rloo.rollout import truncate_after_stop
 from tests.builders import hf_generate as generate
 from tests.builders import sampling as sampling_config
 

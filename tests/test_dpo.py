@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from rloo.algorithms.dpo import DPOModule
 from rloo.errors import ConfigError
 from rloo.objectives import dpo_loss, preference_pairs
-from rloo.config import compose_train_config
+from rloo.cli import compose_train_config
 from tests.e2e import train
 from tests.test_module import fit
 
@@ -101,13 +101,15 @@ def test_the_first_dpo_loss_is_log_two_per_decided_pair(tiny_run_assets, tokeniz
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             seen.setdefault("decided", module.last_targets.decided.float().mean().item())
 
-    original = DPOModule.log_metrics
+    import rloo.algorithms.dpo as dpo
 
-    def capture(self, metrics, batch_size):
+    original = dpo.log_metrics
+
+    def capture(module, metrics, batch_size):
         seen.setdefault("loss", float(metrics["loss/policy_avg"]))
-        original(self, metrics, batch_size)
+        original(module, metrics, batch_size)
 
-    monkeypatch.setattr(DPOModule, "log_metrics", capture)
+    monkeypatch.setattr(dpo, "log_metrics", capture)
     fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=DPOModule, algorithm="dpo", callbacks=[First()],
         k=2, micro_batch_size=16)
     assert seen["decided"] > 0

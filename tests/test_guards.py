@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from rloo.errors import ConfigError
 from rloo.objectives import leave_one_out_advantages, masked_leave_one_out_advantages
-from rloo.rewards import MODEL, Reward, RewardTerm, call_reward_function, parse_reward
+from rloo.scoring import MODEL, Reward, RewardTerm, call_reward_function, parse_reward
 from tests import reward_functions
 from tests.e2e import HANG_GUARD_S, FAST, ROOT, train
 
@@ -46,8 +46,8 @@ def test_masked_leave_one_out_equals_the_plain_one_when_all_are_valid():
 # ---- reward= parsing and reward functions ------------------------------------------------------------------
 def test_reward_expressions_parse_into_weighted_terms():
     assert parse_reward("model") == [RewardTerm(1.0, MODEL)]
-    assert parse_reward("model + 0.5*rloo.toy.rewards:topic_recall") == [
-        RewardTerm(1.0, MODEL), RewardTerm(0.5, "rloo.toy.rewards:topic_recall")]
+    assert parse_reward("model + 0.5*rloo.toy.rule_rewards:topic_recall") == [
+        RewardTerm(1.0, MODEL), RewardTerm(0.5, "rloo.toy.rule_rewards:topic_recall")]
     assert parse_reward("-2e-1 * a.b:c") == [RewardTerm(-0.2, "a.b:c")]
     for bad in ("", "modle", "model + model", "0.5*", "a.b:c:d"):
         with pytest.raises(ConfigError, match="reward="):
@@ -106,7 +106,7 @@ def test_masked_completions_leave_the_baseline_and_are_counted(finished_run):
 def test_a_rule_based_reward_on_the_embedded_task_trains(finished_run):
     base, _ = finished_run
     run = base / "rule-reward"
-    result = train(run, base / "cache", "reward=rloo.toy.rewards:topic_recall", "logger=csv", "total_episodes=960", "k=4",
+    result = train(run, base / "cache", "reward=rloo.toy.rule_rewards:topic_recall", "logger=csv", "total_episodes=960", "k=4",
                    "rollout_batch_size=16", "micro_batch_size=16", "generation_batch_size=16", "lr=3e-3", "kl_coef=0.01",
                    "eval.before=false", "eval.after=false", "sample_every=0", "checkpoint_every=0")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -207,7 +207,7 @@ def test_a_causal_lm_given_as_reward_model_is_refused_before_loading(finished_ru
 
 
 def test_a_corrupted_cache_artifact_is_detected_and_rebuilt(tmp_path):
-    from rloo.config import compose_train_config
+    from rloo.cli import compose_train_config
     from rloo.toy.bootstrap import damage, ensure_artifacts
 
     cfg = compose_train_config(["bootstrap=fast"]).bootstrap

@@ -8,7 +8,7 @@ from transformers import AutoTokenizer, GPTNeoXForCausalLM
 
 from rloo.heldout import INVALID, summarize_eval
 from rloo.judges import swap_orders, win_rate_summary
-from rloo.judges.oracle import OracleJudge
+from rloo.toy.judge import OracleJudge
 from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, parse_preference, render_comparison
 from rloo.models import load_reward_model, load_tokenizer
 from rloo.toy.task import oracle_judge

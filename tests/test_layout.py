@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY_POINTS = {"rloo.train", "rloo.evaluate", "rloo.sft", "rloo.reward", "rloo.report", "rloo.plan",
                 "rloo.bench.__main__"}
-CORE = {"rloo.objectives", "rloo.rollout", "rloo.sampling", "rloo.decode", "rloo.rewards", "rloo.resume",
+CORE = {"rloo.objectives", "rloo.rollout", "rloo.sampling", "rloo.decode", "rloo.scoring", "rloo.resume",
         "rloo.lora", "rloo.sharding"}  # no Lightning or Hydra
 
 

@@ -12,7 +12,7 @@ pytest.importorskip("peft")
 
 from rloo.decode import supports_lean_decode  # noqa: E402
 from rloo.lora import adapters_disabled, add_adapters, has_adapters, merged_copy  # noqa: E402
-from rloo.rollout import completion_logprobs  # noqa: E402
+from rloo.forward import completion_logprobs  # noqa: E402
 from tests.e2e import train  # noqa: E402
 from tests.test_rollout import grouped_batch  # noqa: E402
 

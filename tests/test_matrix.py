@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rloo.config import compose_train_config, group_options
+from rloo.cli import compose_train_config, group_options
 
 SCHEDULES = {"on_policy": ["num_ppo_epochs=1", "num_mini_batches=1"], "2x2": ["num_ppo_epochs=2", "num_mini_batches=2"]}
 ALGOS = group_options("algo")

@@ -40,7 +40,7 @@ def snapshot(model):
 def test_one_lightning_step_per_rollout_and_frozen_models_unchanged(tiny_run_assets, tokenizer, epochs, minis):
     policy_before = snapshot(AutoModelForCausalLM.from_pretrained(tiny_run_assets / "policy"))
     trainer, module = fit(tiny_run_assets, tokenizer, num_rollouts=3, num_ppo_epochs=epochs, num_mini_batches=minis)
-    assert module.rollouts == 3 and module.episodes == 3 * 16  # completions
+    assert module.state.rollouts == 3 and module.state.episodes == 3 * 16  # completions
     assert trainer.global_step == 3 * epochs * minis  # Lightning counts every optimiser step
     assert module.lr_schedulers().last_epoch == 3 * epochs * minis  # and the schedule followed each
     for name, value in snapshot(module.reference).items():
@@ -140,7 +140,7 @@ def test_diagnostics_at_two_by_two_measure_the_policy_that_sampled(tiny_run_asse
     """At 2 epochs x 2 mini-batches the policy moves after the first mini-batch; mismatch/*, the entropy and the
     first-epoch clip fraction must still describe the rollout policy (here: the initial one, in fp32)."""
     from rloo.objectives import logprob_mismatch, masked_mean
-    from rloo.rollout import completion_logprobs_and_entropy
+    from rloo.forward import completion_logprobs_and_entropy
 
     logged = []
 
@@ -165,14 +165,14 @@ def test_diagnostics_at_two_by_two_measure_the_policy_that_sampled(tiny_run_asse
 
 
 def test_a_reused_rollout_shuffles_whole_groups_so_every_micro_batch_shares_its_prompts(tiny_run_assets, tokenizer):
-    from rloo.rollout import shares_prompts
+    from rloo.forward import shares_prompts
 
     seen = []
 
     class Spy(RLOOModule):
-        def policy_forward(self, rollout):
+        def policy_forward(self, rollout, with_entropy=True):
             seen.append(shares_prompts(self.policy, rollout.prompt_ids, rollout.prompt_mask, self.config.k))
-            return super().policy_forward(rollout)
+            return super().policy_forward(rollout, with_entropy)
 
     fit(tiny_run_assets, tokenizer, num_rollouts=2, module_class=Spy, num_ppo_epochs=2, num_mini_batches=2,
         micro_batch_size=4)

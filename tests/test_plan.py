@@ -75,7 +75,7 @@ def test_the_cli_plans_the_published_recipe_without_loading_anything():
 @pytest.mark.parametrize("args, message", [
     (["model.policy=some-org/unknown-model"], "not a known Pythia size"),
     (["k=1"], "k=1"),
-    (["--gpu-gib", "lots"], "--gpu-gib needs a number"),
+    (["--gpu-gib", "lots"], "--gpu-gib: invalid float value"),
 ])
 def test_bad_input_is_one_line(args, message):
     result = plan(*args)

@@ -42,7 +42,7 @@ def test_ppo_trains_policy_and_value_model_and_leaves_the_frozen_ones(tiny_run_a
     reward_before = snapshot(AutoModelForSequenceClassification.from_pretrained(tiny_run_assets / "reward_model", num_labels=1))
     policy_before = snapshot(AutoModelForCausalLM.from_pretrained(tiny_run_assets / "policy"))
     trainer, module = fit_ppo(tiny_run_assets, tokenizer, num_rollouts=2)
-    assert module.rollouts == 2 and module.episodes == 16      # k=1
+    assert module.state.rollouts == 2 and module.state.episodes == 16      # k=1
     assert trainer.global_step == module.lr_schedulers().last_epoch == 2 * 2 * 2  # rollouts x epochs x mini-batches
     # the value model starts as the reward model and then learns; the reward model itself never changes
     assert all(torch.equal(v, reward_before[k]) for k, v in snapshot(module.reward_model).items())

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from rloo.config import unique_dir
+from rloo.resolvers import unique_dir
 from rloo.data import EpisodeSampler
 from rloo.errors import ConfigError
 from rloo.loggers import drop_rows_after
@@ -205,7 +205,7 @@ def test_every_leaf_of_every_composed_config_has_a_resume_policy(monkeypatch):
     out (a key it does not know would be refused on resume as fixed)."""
     from omegaconf import OmegaConf
 
-    from rloo.config import compose_train_config, group_options
+    from rloo.cli import compose_train_config, group_options
     from rloo.schema import APPLIED, FIXED, leaves, resume_policy
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")

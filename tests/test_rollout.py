@@ -9,12 +9,8 @@ from transformers import GenerationConfig
 from rloo.data import left_pad
 from tests.builders import hf_generate as generate
 from tests.builders import sampling as sampling_config
-from rloo.rollout import (
-    collect_rollout,
-    completion_logprobs,
-    reward_scores,
-    truncate_after_stop,
-)
+from rloo.forward import completion_logprobs, reward_scores
+from rloo.rollout import collect_rollout, truncate_after_stop
 
 PAD, EOS = 1, 0
 
@@ -162,7 +158,7 @@ def test_the_chunked_log_prob_pass_equals_the_full_logits_with_left_padding_and_
     """Reference: the model's own forward to [N, T, V] logits, then log-softmax and entropy, slowly and whole."""
     from rloo.models import use_fp32_lm_head
     from rloo.objectives import entropy_from_logits, token_logprobs
-    from rloo.rollout import completion_logits, completion_logprobs, completion_logprobs_and_entropy
+    from rloo.forward import completion_logits, completion_logprobs, completion_logprobs_and_entropy
 
     use_fp32_lm_head(policy)
     ids, mask = prompts(tokenizer, ["POST: cat dog\n\nTL;DR:", "POST: the boat was on the river today\n\nTL;DR:"])
@@ -183,7 +179,7 @@ def test_the_chunked_log_prob_pass_equals_the_full_logits_with_left_padding_and_
 def test_chunks_give_the_values_and_gradients_of_plain_autograd(fp32_head):
     """Reference: log_softmax over the whole logits, differentiated by autograd; entropy by its definition."""
     from rloo.models import FP32Head
-    from rloo.rollout import chunked_logprobs_and_entropy
+    from rloo.forward import chunked_logprobs_and_entropy
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 1000, bias=True)
@@ -213,7 +209,7 @@ def test_chunks_give_the_values_and_gradients_of_plain_autograd(fp32_head):
 
 def test_chunked_log_probs_under_bf16_autocast_match_autograd_through_the_same_head():
     """The backward recomputes the logits under the forward's autocast state: bf16 logits, as autograd sees them."""
-    from rloo.rollout import chunked_logprobs_and_entropy
+    from rloo.forward import chunked_logprobs_and_entropy
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 300, bias=False)
@@ -262,7 +258,7 @@ def grouped_batch(tokenizer, k=3):
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plain_forward(policy, tokenizer, attention):
-    from rloo.rollout import completion_logprobs_and_entropy, shares_prompts
+    from rloo.forward import completion_logprobs_and_entropy, shares_prompts
 
     policy.set_attn_implementation(attention)  # the packed mask is bool for SDPA, additive for eager
     input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
@@ -282,7 +278,7 @@ def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plai
 
 
 def test_the_prompt_once_per_group_gives_the_same_scores(reward_model, tokenizer):
-    from rloo.rollout import reward_scores
+    from rloo.forward import reward_scores
 
     input_ids, attention_mask, completion, _ = grouped_batch(tokenizer)
     plain = reward_scores(reward_model, input_ids, attention_mask)
@@ -291,7 +287,7 @@ def test_the_prompt_once_per_group_gives_the_same_scores(reward_model, tokenizer
 
 
 def test_rows_that_do_not_share_their_prompt_take_the_plain_forward(policy, tokenizer):
-    from rloo.rollout import shares_prompts
+    from rloo.forward import shares_prompts
 
     input_ids, attention_mask, _, _ = grouped_batch(tokenizer)
     shuffled = torch.tensor([0, 3, 1, 2, 4, 5, 6, 7, 8])  # a group split, as a shuffled mini-batch splits them
@@ -307,7 +303,7 @@ def test_a_bf16_reference_gives_the_policy_log_probs_exactly_under_bf16_autocast
     import copy
 
     from rloo.models import reference_from, use_fp32_lm_head
-    from rloo.rollout import completion_logprobs
+    from rloo.forward import completion_logprobs
 
     if fp32_head:
         use_fp32_lm_head(policy)
@@ -332,7 +328,7 @@ def test_activation_checkpointing_keeps_the_gradients_and_saves_less_for_the_bac
     import copy
 
     from rloo.models import use_activation_checkpointing
-    from rloo.rollout import completion_logprobs_and_entropy
+    from rloo.forward import completion_logprobs_and_entropy
 
     input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
     checkpointed = use_activation_checkpointing(copy.deepcopy(policy))

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import METRIC_NAMES, OnlineRLConfig, OnlineRLModule, StepStats
+from rloo.algorithms.base import OnlineRLConfig, OnlineRLModule
+from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
 from rloo.objectives import apply_missing_eos_penalty, dpo_loss, masked_sum, preference_pairs
 from rloo.rollout import PhaseTimer, Rollout
 
@@ -83,11 +84,11 @@ class DPOModule(OnlineRLModule):
     def log_step(self, rollout: Rollout, scores: Tensor, targets: DPOTargets, stats: dict) -> None:
         names = {"chosen_reward": "dpo/chosen_reward", "rejected_reward": "dpo/rejected_reward",
                  "margin": "dpo/margin", "accuracy": "dpo/accuracy"}
-        metrics = self.common_metrics(rollout) | {
+        metrics = common_metrics(self, rollout) | {
             "objective/scores": scores.nanmean(),  # of the reference's samples: what the pairs are made of
             "dpo/decided_frac": targets.decided.float().mean(),
             "dpo/score_gap": (scores[targets.chosen] - scores[targets.rejected])[targets.decided].mean()
             if targets.decided.any() else torch.tensor(0.0),
         }
         metrics.update({names.get(key, METRIC_NAMES.get(key, key)): value for key, value in stats.items()})
-        self.log_metrics(metrics, batch_size=len(rollout))
+        log_metrics(self, metrics, batch_size=len(rollout))

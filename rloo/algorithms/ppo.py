@@ -21,7 +21,8 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import METRIC_NAMES, OnlineRLModule, PolicyGradientConfig, StepStats
+from rloo.algorithms.base import OnlineRLModule, PolicyGradientConfig
+from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
 from rloo.objectives import (
     apply_missing_eos_penalty,
     clipped_value_loss,
@@ -33,7 +34,8 @@ from rloo.objectives import (
     per_token_rewards,
     token_ppo_clip_loss,
 )
-from rloo.rollout import PhaseTimer, Rollout, chunked, token_values
+from rloo.forward import token_values
+from rloo.rollout import PhaseTimer, Rollout, chunked
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ class PPOModule(OnlineRLModule):
     def log_step(self, rollout: Rollout, scores: Tensor, targets: PPOTargets, stats: dict) -> None:
         cfg, mask = self.config, rollout.completion_mask
         kl_sum = targets.kl.sum(1)  # [N] sum_t KL_t
-        metrics = self.common_metrics(rollout) | {
+        metrics = common_metrics(self, rollout) | {
             "objective/scores": scores.mean(),
             "objective/kl": kl_sum.mean(),
             "objective/non_score_reward": (-cfg.kl_coef * kl_sum).mean(),
@@ -147,4 +149,4 @@ class PPOModule(OnlineRLModule):
         }
         names = METRIC_NAMES | {"value_loss": "loss/value_avg", "value_clipfrac": "value/clipfrac_avg"}
         metrics.update({names[key]: value for key, value in stats.items()})
-        self.log_metrics(metrics, batch_size=len(rollout))
+        log_metrics(self, metrics, batch_size=len(rollout))

@@ -7,7 +7,8 @@
     5. step       : num_ppo_epochs x num_mini_batches optimiser steps; micro-batches accumulate gradients
 
 R needs log pi of the policy that sampled (for the KL). A rollout used for one update gets it from the
-update's own forward pass, one forward fewer; a reused rollout gets it from a forward before the first step.
+update's own forward pass, one forward fewer (`update_on_policy`); a reused rollout gets it from a forward before the
+first step (`update_on_reused_rollout`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import METRIC_NAMES, OnlineRLModule, PolicyGradientConfig, StepStats
+from rloo.algorithms.base import OnlineRLModule, PolicyGradientConfig
+from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
 from rloo.objectives import (
     apply_missing_eos_penalty,
     group_reward_std,
@@ -72,50 +74,23 @@ class RLOOModule(OnlineRLModule):
 
         # 1. rollout: k completions per prompt, reference log-probs, scores                        [N = prompts * k]
         rollout = self.collect(batch, timer)
-        n = len(rollout)
         if not self.scores_are_finite(rollout) and not self.masks_bad_scores():  # guard: nothing to learn from nan
             return self.skip_rollout(rollout, timer, started)
 
-        # log pi(y_t) of the policy that sampled, from a training-style forward [N, T]: the KL needs it, and so do
-        # the old log-probs of a reused rollout. Used once (`one_pass`), the update's own forward provides it.
-        one_pass = self.takes_log_pi_from_the_update()
-        if one_pass:  # filled micro-batch by micro-batch by the update's forward in step 4
-            # float32 as rollout_policy_forward's, whatever the models compute in (bf16-true: bf16 ref log-probs)
-            rollout_policy_logprobs = torch.zeros_like(rollout.ref_logprobs, dtype=torch.float32)
-            entropy = torch.zeros_like(rollout_policy_logprobs)
+        # 2-5. rewards, advantages, loss and optimiser steps. R needs log pi(y_t) of the policy that sampled [N, T],
+        # from a training-style forward: used once, the update's own forward provides it; reused, a forward first
+        if self.takes_log_pi_from_the_update():
+            rollout_done = time.perf_counter()
+            targets, rollout_policy_logprobs, entropy, stats = self.update_on_policy(rollout)
+            old_logprobs = rollout_policy_logprobs
         else:
             with timer("old_logprobs"):
                 rollout_policy_logprobs, entropy = self.rollout_policy_forward(rollout)
-        # old_logprobs=generation is TRL's 2024 trainer's behaviour, kept to reproduce its failure: the sampler's log-probs
-        old_logprobs = rollout.generation_logprobs if cfg.old_logprobs == "generation" else rollout_policy_logprobs
-        rollout_done = time.perf_counter()
-
-        # 2-3. rewards and advantages of the whole rollout; in one pass, per micro-batch of whole groups in step 4
-        if one_pass:
-            targets = RLOOTargets.zeros(n, self.device)
-        else:
+            # old_logprobs=generation is TRL's 2024 trainer's behaviour, kept to reproduce its failure: the sampler's
+            old_logprobs = rollout.generation_logprobs if cfg.old_logprobs == "generation" else rollout_policy_logprobs
+            rollout_done = time.perf_counter()
             targets = self.rewards_and_advantages(rollout, old_logprobs)
-
-        # 4-5. loss and optimiser steps
-        stats = StepStats()
-        for epoch in range(cfg.num_ppo_epochs):
-            for micro_batches in self.mini_batches(n, shuffle=not one_pass):
-                for i, index in enumerate(micro_batches):
-                    part = rollout.select(index)
-                    logprobs, part_entropy = self.policy_forward(part)                             # [n, T]
-                    if one_pass:  # this forward is the rollout policy's: log pi, R and A come from it (detached)
-                        rollout_policy_logprobs[index], entropy[index] = logprobs.detach().float(), part_entropy.float()
-                        targets.assign(index, self.rewards_and_advantages(part, logprobs.detach()))
-                    part_old = logprobs.detach() if one_pass else old_logprobs[index]
-                    advantages = targets.advantages[index]
-                    token_w, sequence_w, is_stats = self.correction_weights(part, rollout_policy_logprobs[index])
-                    if cfg.loss == "reinforce":   # -mean_i A_i * sum_t log pi(y_i,t)
-                        loss, loss_stats = reinforce_loss(advantages, logprobs, part.completion_mask, token_w, sequence_w), {}
-                    else:                         # mean_i max(-A_i r_i, -A_i clip(r_i, 1-eps, 1+eps))
-                        loss, loss_stats = self.ppo_clip(part, advantages, logprobs, part_old, token_w, sequence_w)
-                    self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
-                    stats.add({"loss": loss, **loss_stats, **is_stats}, len(index))
-                self.step_optimizer()
+            stats = self.update_on_reused_rollout(rollout, targets, old_logprobs, rollout_policy_logprobs)
 
         self.finish_step(rollout, targets, timer, started, rollout_done)
         # measured at the policy that sampled, whatever the epochs and mini-batches did after
@@ -124,6 +99,44 @@ class RLOOModule(OnlineRLModule):
             diagnostics["first_epoch_clipfrac"] = self.ppo_clip(rollout, targets.advantages, rollout_policy_logprobs,
                                                                 old_logprobs)[1]["clipfrac"]
         self.log_step(rollout, targets, stats.means() | diagnostics)
+
+    def update_on_policy(self, rollout: Rollout) -> tuple["RLOOTargets", Tensor, Tensor, StepStats]:
+        """Each rollout used for one optimiser step: micro-batches of whole prompt groups in order, each one's forward
+        the rollout policy's, so log pi, R and A come from it (detached) and the loss from the same forward."""
+        n = len(rollout)
+        # float32 as rollout_policy_forward's, whatever the models compute in (bf16-true: bf16 ref log-probs)
+        rollout_policy_logprobs = torch.zeros_like(rollout.ref_logprobs, dtype=torch.float32)      # [N, T]
+        entropy = torch.zeros_like(rollout_policy_logprobs)                                          # [N, T]
+        targets, stats = RLOOTargets.zeros(n, self.device), StepStats()
+        micro_batches = next(self.mini_batches(n, shuffle=False))  # one epoch of one mini-batch
+        for i, index in enumerate(micro_batches):
+            part = rollout.select(index)
+            logprobs, part_entropy = self.policy_forward(part)                                       # [n, T]
+            rollout_policy_logprobs[index], entropy[index] = logprobs.detach().float(), part_entropy.float()
+            targets.assign(index, self.rewards_and_advantages(part, logprobs.detach()))              # 2-3. R, A
+            loss, loss_stats = self.policy_loss(part, targets.advantages[index], logprobs, logprobs.detach(),
+                                                rollout_policy_logprobs[index])                      # 4. loss
+            self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
+            stats.add({"loss": loss, **loss_stats}, len(index))
+        self.step_optimizer()                                                                         # 5. step
+        return targets, rollout_policy_logprobs, entropy, stats
+
+    def update_on_reused_rollout(self, rollout: Rollout, targets: "RLOOTargets", old_logprobs: Tensor,
+                                 rollout_policy_logprobs: Tensor) -> StepStats:
+        """num_ppo_epochs passes over the rollout, num_mini_batches optimiser steps each, whole groups shuffled; the
+        rewards and advantages were fixed before the first step."""
+        stats = StepStats()
+        for epoch in range(self.config.num_ppo_epochs):
+            for micro_batches in self.mini_batches(len(rollout), shuffle=True):
+                for i, index in enumerate(micro_batches):
+                    part = rollout.select(index)
+                    logprobs, _ = self.policy_forward(part, with_entropy=False)                      # [n, T]
+                    loss, loss_stats = self.policy_loss(part, targets.advantages[index], logprobs, old_logprobs[index],
+                                                        rollout_policy_logprobs[index])              # 4. loss
+                    self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
+                    stats.add({"loss": loss, **loss_stats}, len(index))
+                self.step_optimizer()                                                                 # 5. step
+        return stats
 
     # ---- the RLOO math, on tensors from rloo/objectives.py ------------------------------------------------
     def takes_log_pi_from_the_update(self) -> bool:
@@ -151,6 +164,16 @@ class RLOOModule(OnlineRLModule):
             return masked_leave_one_out_advantages(rewards, self.config.k, torch.isfinite(scores))
         return leave_one_out_advantages(rewards, self.config.k)
 
+    def policy_loss(self, part: Rollout, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor,
+                    rollout_policy_logprobs: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of a micro-batch and its statistics, weighted by is_correction (pi_train / pi_rollout)."""
+        token_w, sequence_w, is_stats = self.correction_weights(part, rollout_policy_logprobs)
+        if self.config.loss == "reinforce":  # -mean_i A_i * sum_t log pi(y_i,t)
+            return reinforce_loss(advantages, logprobs, part.completion_mask, token_w, sequence_w), is_stats
+        # mean_i max(-A_i r_i, -A_i clip(r_i, 1-eps, 1+eps))
+        loss, clip_stats = self.ppo_clip(part, advantages, logprobs, old_logprobs, token_w, sequence_w)
+        return loss, clip_stats | is_stats
+
     def ppo_clip(self, part: Rollout, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor,
              token_w: Tensor | None = None, sequence_w: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """The sequence-level PPO-clip loss mean_i max(-A_i r_i, -A_i clip(r_i, 1-eps, 1+eps)) and its statistics."""
@@ -165,7 +188,7 @@ class RLOOModule(OnlineRLModule):
     def log_step(self, rollout: Rollout, targets: RLOOTargets, stats: dict) -> None:
         cfg = self.config
         scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
-        metrics = self.common_metrics(rollout) | {
+        metrics = common_metrics(self, rollout) | {
             "objective/scores": scores.nanmean(),  # nan only where reward_errors=mask left a completion unscored
             "objective/kl": targets.kl.mean(),
             "objective/non_score_reward": (-cfg.kl_coef * targets.kl).mean(),
@@ -175,5 +198,5 @@ class RLOOModule(OnlineRLModule):
         if cfg.k > 1:  # one completion per prompt (algo=reinforce, vanilla_pg) has no group
             metrics["objective/frac_reward_zero_std"] = (group_reward_std(scores, cfg.k) < 1e-6).float().mean()
         metrics.update({METRIC_NAMES[key]: value for key, value in stats.items()})
-        self.log_metrics(metrics, batch_size=len(rollout))
+        log_metrics(self, metrics, batch_size=len(rollout))
 

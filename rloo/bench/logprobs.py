@@ -20,7 +20,7 @@ def measure(variant: str, grad: bool) -> dict:
     from rloo.memory import current_rss_mb, peak_rss_mb
     from rloo.models import FP32Head
     from rloo.objectives import entropy_from_logits, token_logprobs
-    from rloo.rollout import chunked_logprobs_and_entropy
+    from rloo.forward import chunked_logprobs_and_entropy
 
     torch.set_num_threads(2)
     torch.manual_seed(0)

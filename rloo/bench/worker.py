@@ -77,7 +77,8 @@ class StepClock:
 def build_module(args, preset, tokenizer, policy, reward_model):
     """The module of `args.algorithm` with conf/train.yaml's settings, the preset's shape and `--set` on top."""
     from rloo.assemble import build_module as build, policy_and_reference
-    from rloo.config import ConfigError, compose_train_config, validate_train_config
+    from rloo.cli import compose_train_config
+    from rloo.config import ConfigError, validate_train_config
     from rloo.models import freeze
 
     completions, steps = preset.completions_per_step, args.steps + args.warmup

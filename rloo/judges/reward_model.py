@@ -35,7 +35,7 @@ class RewardModelJudge(Judge):
 
     @torch.no_grad()
     def scores(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
-        from rloo.rollout import reward_scores
+        from rloo.forward import reward_scores
 
         eos = [self.tokenizer.eos_token_id] if self.append_eos and self.tokenizer.eos_token_id is not None else []
         texts = [p + c for p, c in zip(prompts, completions)]

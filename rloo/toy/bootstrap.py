@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
-from rloo.algorithms.reward_model import RewardModelModule, collate_pairs, encode_pairs
-from rloo.algorithms.sft import SFTModule, collate_sft, encode_sft_examples, sft_loss
+from rloo.toy.reward_stage import RewardModelModule, collate_pairs, encode_pairs
+from rloo.toy.sft_stage import SFTModule, collate_sft, encode_sft_examples, sft_loss
 from rloo.toy.evaluation import evaluate, pair_accuracy
 from rloo.toy.preferences import make_preference_pairs
 from rloo.toy.task import PostShape, make_splits, split_seed

@@ -2,8 +2,8 @@
 conf/train.yaml).
 
     reward=model                                            # the reward model (model.reward_model), the default
-    reward=rloo.toy.rewards:topic_recall                    # a function (prompts, completions) -> one float each
-    reward='model + 0.5*rloo.toy.rewards:topic_recall'      # a weighted sum; each term is [weight*]name
+    reward=rloo.toy.rule_rewards:topic_recall                    # a function (prompts, completions) -> one float each
+    reward='model + 0.5*rloo.toy.rule_rewards:topic_recall'      # a weighted sum; each term is [weight*]name
 
 A function receives the decoded prompts and completions (special tokens removed) as two lists of strings and
 returns a sequence of floats, one per completion. One that raises, returns the wrong count or a value that is not

@@ -14,7 +14,7 @@ from torch import Tensor
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.data import left_pad
 from rloo.objectives import masked_mean
-from rloo.rollout import completion_logprobs
+from rloo.forward import completion_logprobs
 
 
 def pad_right(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:

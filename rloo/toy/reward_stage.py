@@ -1,7 +1,7 @@
 """Bradley-Terry reward-model training on (prompt, chosen, rejected).
 
 Sequences use the rollout layout (prompt left-padded, completion + EOS right-padded) and are scored
-with `rloo.rollout.reward_scores`, so the model is trained at the very token RL reads its score from.
+with `rloo.forward.reward_scores`, so the model is trained at the very token RL reads its score from.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
-from rloo.algorithms.sft import encode_completion, pad_right
+from rloo.toy.sft_stage import encode_completion, pad_right
 from rloo.data import left_pad
-from rloo.rollout import reward_scores
+from rloo.forward import reward_scores
 
 
 def encode_pairs(tokenizer, pairs: list[dict]) -> list[tuple[list[int], list[int], list[int]]]:

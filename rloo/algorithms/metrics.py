@@ -1,0 +1,94 @@
+"""What every algorithm logs after a step: the names of its statistics, their micro-batch averages (`StepStats`),
+the metrics common to all (lengths, counters, timings, memory) and the one call that logs them, averaged over ranks,
+against the rollout."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rloo.memory import peak_rss_mb
+from rloo.rollout import Rollout
+
+# metric names of the statistics RLOO and PPO report
+METRIC_NAMES = {"entropy": "objective/entropy", "loss": "loss/policy_avg", "clipfrac": "policy/clipfrac_avg",
+                "token_clipfrac": "policy/token_clipfrac_avg", "approxkl": "policy/approxkl_avg",
+                "first_epoch_clipfrac": "policy/clipfrac_first_epoch",
+                "ratio": "policy/ratio", "ratio_min": "policy/ratio_min", "ratio_max": "policy/ratio_max",
+                "is_weight": "is/weight_mean", "baseline": "objective/baseline",
+                "mismatch_abs_mean": "mismatch/logprob_abs_mean", "mismatch_abs_max": "mismatch/logprob_abs_max",
+                "mismatch_token_mult_prob_error": "mismatch/token_mult_prob_error",
+                "mismatch_seq_log_ratio_mean": "mismatch/seq_log_ratio_mean",
+                "mismatch_seq_log_ratio_min": "mismatch/seq_log_ratio_min",
+                "mismatch_seq_log_ratio_max": "mismatch/seq_log_ratio_max"}
+
+
+
+class StepStats:
+    """Statistics of the micro-batches of one step, averaged over their rows; the keys of `EXTREMES` keep the
+    min (or max) instead. Values stay tensors until `means()`, so a step syncs with the device once."""
+
+    EXTREMES = {"ratio_min": torch.minimum, "ratio_max": torch.maximum}
+
+    def __init__(self):
+        self.sums: dict[str, Tensor] = {}
+        self.rows: dict[str, int] = {}
+
+    def add(self, stats: dict[str, Tensor], rows: int) -> None:
+        for key, value in stats.items():
+            value = value.detach().float()
+            if key in self.EXTREMES:
+                self.sums[key] = self.EXTREMES[key](self.sums[key], value) if key in self.sums else value
+            else:
+                self.sums[key] = self.sums.get(key, 0.0) + value * rows
+                self.rows[key] = self.rows.get(key, 0) + rows
+
+    def means(self) -> dict[str, float]:
+        return {key: (value if key in self.EXTREMES else value / self.rows[key]).item() for key, value in self.sums.items()}
+
+
+def common_metrics(module, rollout: Rollout) -> dict[str, float | Tensor]:
+    """Lengths, counters, learning rate, timings, memory, reward terms and the gradient norm of the step just taken."""
+    state, timings, tokens = module.state, module.last_timings, rollout.completion_mask.sum()
+    metrics = {
+        "completions/mean_length": rollout.lengths.float().mean(),
+        "completions/eos_frac": rollout.ended_with_eos.float().mean(),
+        "train/lr": module.lr_schedulers().get_last_lr()[0],
+        "train/rollout": float(state.rollouts),
+        "guard/skipped_steps": float(state.skipped_updates),
+        "train/episode": float(state.episodes),
+        "train/epoch": state.episodes / max(num_train_prompts(module) * module.config.k, 1),
+        "time/tokens_per_second": tokens / max(timings.get("step", 0.0), 1e-9),
+        "memory/peak_rss_mb": peak_rss_mb(),  # this process so far (averaged over ranks when logged)
+    }
+    if torch.cuda.is_available():
+        metrics["memory/peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    metrics.update({f"time/{phase}": seconds for phase, seconds in timings.items() if phase != "step"})
+    metrics.update(module.reward_metrics(rollout))
+    if module.last_grad_norm is not None:
+        metrics["policy/grad_norm"] = module.last_grad_norm
+    return metrics
+
+
+def log_metrics(module, metrics: dict, batch_size: int) -> None:
+    """The step's metrics, averaged over ranks, to every logger at step = rollouts (as the evaluations), every
+    log_every rollouts and at the last. Written inside the step, so a checkpoint taken as the step ends never
+    precedes the row of its own rollout."""
+    values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=module.device).reshape(()) for v in metrics.values()])
+    if module.trainer.world_size > 1:
+        values = module.trainer.strategy.reduce(values, reduce_op="mean")
+    metrics = dict(zip(metrics, values))
+    module.log("score", metrics["objective/scores"], prog_bar=True, logger=False, batch_size=batch_size)
+    if "objective/kl" in metrics:  # algo=dpo samples from the reference: no KL of the policy's own samples
+        module.log("kl", metrics["objective/kl"], prog_bar=True, logger=False, batch_size=batch_size)
+    rollouts, config = module.state.rollouts, module.config
+    if rollouts % config.log_every == 0 or rollouts == config.total_rollouts:
+        row = dict(zip(metrics, values.tolist()))  # one device sync
+        for logger in module.loggers:
+            logger.log_metrics(row, step=rollouts)
+            logger.save()
+
+
+def num_train_prompts(module) -> int:
+    datamodule = getattr(module.trainer, "datamodule", None)
+    return getattr(datamodule, "num_train_prompts", 0) or 0
