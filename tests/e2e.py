@@ -27,3 +27,20 @@ def evaluate(run_dir: Path, cache: Path, *overrides: str, env: dict | None = Non
     env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "rloo.evaluate", f"hydra.run.dir={run_dir}", "bootstrap=fast",
                            "response_length=8", *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+
+
+def train_error(run_dir: Path, cache: Path, *overrides: str) -> str:
+    """The one-line ConfigError `python -m rloo.train` stops with (exit 2) for these settings, run in-process: the
+    entry point's checks of the command line, then the run itself up to the error. Asserts nothing was trained."""
+    import pytest
+
+    from rloo.cli import compose_train_config, preflight
+    from rloo.errors import ConfigError
+    from rloo.train import run
+
+    argv = [*FAST, f"paths.output_dir={run_dir}", f"paths.cache_dir={cache}", *overrides]
+    with pytest.raises(ConfigError) as caught:
+        run(compose_train_config(preflight(argv)))
+    message = str(caught.value)
+    assert "\n" not in message and not (run_dir / "policy").exists()
+    return f"error: {message}"

@@ -98,6 +98,7 @@ def test_raft_weights_the_best_penalised_score_of_each_prompt(tiny_run_assets, t
 
 
 # ---- the options, end to end ---------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["vanilla_pg", "raft"])
 def test_each_baseline_runs_as_an_algo_option(finished_run, algorithm):
     base, _ = finished_run
@@ -107,6 +108,7 @@ def test_each_baseline_runs_as_an_algo_option(finished_run, algorithm):
     assert summary["algorithm"] == algorithm and summary["rollouts"] == 3 and summary["episodes"] == 24
 
 
+@pytest.mark.slow
 def test_reinforce_resumes_with_its_moving_baseline_bit_identical(finished_run):
     base, _ = finished_run
     args = ("algo=reinforce", "logger=csv", "eval.before=false", "eval.after=false")

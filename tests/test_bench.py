@@ -20,6 +20,7 @@ def bench(*args, timeout=HANG_GUARD_S):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_bench_smoke_run_writes_every_field(tmp_path):
     result = bench("--presets", "tiny", "--steps", "2", "--warmup", "1", "--ppo-epochs", "1,2", "--peers", "none",
                    "--out", str(tmp_path))
@@ -55,17 +56,28 @@ def test_bench_smoke_run_writes_every_field(tmp_path):
     assert "| tiny | rloo RLOO |" in table and "rloo PPO (2 ep)" in table and "Machine:" in table
 
 
-def test_bench_rejects_an_unknown_preset_in_one_line(tmp_path):
-    result = bench("--presets", "gpt-9", "--out", str(tmp_path / "b"), timeout=HANG_GUARD_S)
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+def bench_in_process(capsys, *args: str) -> tuple[int, str]:
+    from rloo.bench.__main__ import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+    return code, capsys.readouterr().err
+
+
+def test_bench_rejects_an_unknown_preset_in_one_line(tmp_path, capsys):
+    code, err = bench_in_process(capsys, "--presets", "gpt-9", "--out", str(tmp_path / "b"))
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "--presets" in lines[0] and "pythia-160m" in lines[0]
     assert not (tmp_path / "b").exists()
 
 
-def test_gpu_presets_need_cuda(tmp_path):
-    result = bench("--presets", "pythia-1b", "--out", str(tmp_path / "b"), timeout=HANG_GUARD_S)
-    assert result.returncode == 2 and "--device cuda" in result.stderr
+def test_gpu_presets_need_cuda(tmp_path, capsys):
+    code, err = bench_in_process(capsys, "--presets", "pythia-1b", "--out", str(tmp_path / "b"))
+    assert code == 2 and "--device cuda" in err
 
 
 def test_model_state_counts_each_tensor_once_and_adam_state():
@@ -107,6 +119,7 @@ def test_stability_reports_what_the_fp32_head_removes():
     assert head_reductions(cells[:3]) == {}  # no default cell to compare with
 
 
+@pytest.mark.slow
 def test_the_published_schedule_runs_its_optimiser_steps_per_rollout(tmp_path):
     result = bench("--presets", "tiny", "--steps", "2", "--warmup", "1", "--ppo-epochs", "1", "--peers", "none",
                    "--rloo-schedule", "2x2", "--out", str(tmp_path))

@@ -19,6 +19,7 @@ from tests.e2e import HANG_GUARD_S
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_importing_peers_needs_no_trl():
     code = "import sys, rloo.bench.peers; assert 'trl' not in sys.modules, 'peers imported TRL at module level'"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
@@ -57,6 +58,7 @@ def _has(module: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["rloo", "ppo"])
 def test_peer_worker_writes_every_field(tmp_path, algorithm):
     trl = pytest.importorskip("trl")

@@ -33,6 +33,7 @@ def precision_runs(finished_run):
     return runs
 
 
+@pytest.mark.slow
 def test_every_diagnostic_is_logged_every_step(precision_runs):
     for run in precision_runs.values():
         logged = metrics(run)
@@ -44,6 +45,7 @@ def test_every_diagnostic_is_logged_every_step(precision_runs):
         assert all(v >= 1.0 for v in logged["mismatch/token_mult_prob_error"])
 
 
+@pytest.mark.slow
 def test_fp32_rollout_matches_the_training_forward_and_a_bf16_head_does_not(precision_runs):
     """What holds on every CPU. How much the fp32 head removes depends on the CPU's bf16 kernels (10x and more
     on one Xeon, 5.7x on one EPYC): that figure is `python -m rloo.bench stability`'s, not a test's."""
@@ -55,6 +57,7 @@ def test_fp32_rollout_matches_the_training_forward_and_a_bf16_head_does_not(prec
     assert max(bf16_head["mismatch/token_mult_prob_error"]) < 1.05  # inside NeMo-RL's threshold even so
 
 
+@pytest.mark.slow
 def test_the_kl_starts_at_zero_in_bf16_with_a_bf16_reference(precision_runs):
     """The reference is the initial policy: before the first optimiser step their log-probs agree exactly, in fp32
     and under bf16 autocast, whether the frozen models are stored in float32 or in bfloat16."""
@@ -62,6 +65,7 @@ def test_the_kl_starts_at_zero_in_bf16_with_a_bf16_reference(precision_runs):
         assert metrics(precision_runs[name])["objective/kl"][0] == 0.0, name
 
 
+@pytest.mark.slow
 def test_histograms_reach_the_offline_wandb_run(precision_runs):
     files = list((precision_runs["bf16"] / "wandb").glob("offline-run-*/*.wandb"))
     assert files
@@ -69,6 +73,7 @@ def test_histograms_reach_the_offline_wandb_run(precision_runs):
     assert b"mismatch/delta_logp_hist" in data and b"mismatch/seq_log_ratio_hist" in data
 
 
+@pytest.mark.slow
 def test_generation_logprobs_break_the_on_policy_ratio_in_bf16_and_recompute_keeps_it(finished_run):
     base, _ = finished_run
     run = base / "peer-like-bf16"

@@ -195,6 +195,7 @@ def run_entry_point(module, tmp_path, *overrides):
     return result
 
 
+@pytest.mark.slow
 def test_sft_entry_point_writes_a_loadable_policy(tmp_path):
     result = run_entry_point("rloo.sft", tmp_path)
     assert f"SFT policy saved to {tmp_path / 'policy'}" in result.stdout
@@ -204,6 +205,7 @@ def test_sft_entry_point_writes_a_loadable_policy(tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path / "policy").pad_token == "[PAD]"
 
 
+@pytest.mark.slow
 def test_reward_entry_point_writes_a_loadable_reward_model(tmp_path):
     result = run_entry_point("rloo.reward", tmp_path)  # policy=null: trains the SFT policy it starts from first
     assert f"reward model saved to {tmp_path / 'reward_model'}" in result.stdout
@@ -213,8 +215,10 @@ def test_reward_entry_point_writes_a_loadable_reward_model(tmp_path):
     assert (tmp_path / ".hydra" / "config.yaml").exists()
 
 
-def test_reward_entry_point_rejects_a_missing_policy(tmp_path):
-    env = dict(os.environ, RLOO_CACHE_DIR=str(tmp_path / "cache"))
-    result = subprocess.run([sys.executable, "-m", "rloo.reward", f"policy={tmp_path / 'nope'}", f"hydra.run.dir={tmp_path}"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
-    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith("error: policy=")
+def test_reward_entry_point_rejects_a_missing_policy(tmp_path, monkeypatch, capsys):
+    from tests.test_cli import run_module
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setenv("RLOO_CACHE_DIR", str(tmp_path / "cache"))
+    assert run_module("rloo.reward", f"policy={tmp_path / 'nope'}", f"hydra.run.dir={tmp_path}") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: policy=")

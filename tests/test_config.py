@@ -90,6 +90,7 @@ def run_train(*args, timeout=HANG_GUARD_S):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cfg_job_for_the_real_recipe_composes_without_downloading():
     result = run_train("model=pythia6.9b", "precision=bf16", "--cfg", "job")
     assert result.returncode == 0, result.stderr
@@ -193,6 +194,7 @@ def test_bad_values_fail_fast_with_one_line_naming_the_key(override, key, allowe
     assert "\n" not in error and key in error and allowed in error, error
 
 
+@pytest.mark.slow
 def test_a_bad_value_exits_2_with_one_line_and_loads_nothing(tmp_path):
     """The process-level contract of every error above: exit status 2, one line on stderr, nothing trained."""
     result = run_train("algo=dpo", "kl_coef=0.5", f"hydra.run.dir={tmp_path / 'run'}", "logger=none")

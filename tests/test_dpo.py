@@ -117,6 +117,7 @@ def test_the_first_dpo_loss_is_log_two_per_decided_pair(tiny_run_assets, tokeniz
 
 
 # ---- the option, end to end --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_dpo_runs_as_an_algo_option(finished_run):
     base, _ = finished_run
     result = train(base / "dpo", base / "cache", "algo=dpo", "logger=csv", "eval.before=false")

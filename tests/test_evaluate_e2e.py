@@ -2,7 +2,10 @@
 training e2e run), with the oracle, head to head, and the OpenAI judge against a loopback server."""
 
 import json
+import sys
 import statistics
+import pytest
+
 
 from rloo.toy.task import oracle_judge, oracle_score
 from tests.chat_server import answer, sections
@@ -16,6 +19,7 @@ def outputs(run_dir):
     return json.loads((run_dir / "summary.json").read_text()), verdicts
 
 
+@pytest.mark.slow
 def test_sft_policy_vs_references_with_the_oracle(finished_run):
     base, _ = finished_run
     result = evaluate(base / "eval_sft", base / "cache", "eval.num_prompts=16")
@@ -37,6 +41,7 @@ def test_sft_policy_vs_references_with_the_oracle(finished_run):
     assert "win rate" in result.stdout and "95% CI" in result.stdout
 
 
+@pytest.mark.slow
 def test_trained_run_dir_and_head_to_head(finished_run):
     base, _ = finished_run
     result = evaluate(base / "eval_run", base / "cache", f"policy={base / 'run'}", "eval.num_prompts=8")
@@ -52,11 +57,12 @@ def test_trained_run_dir_and_head_to_head(finished_run):
     assert all(v["opponent"] == v["completion"] for v in verdicts)
 
 
-def test_missing_policy_is_one_line_before_any_model_loads(finished_run, tmp_path):
-    base, _ = finished_run
-    result = evaluate(tmp_path / "bad", base / "cache", f"policy={tmp_path / 'nope'}")
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+def test_missing_policy_is_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    from tests.test_cli import run_module
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert run_module("rloo.evaluate", f"hydra.run.dir={tmp_path / 'bad'}", f"policy={tmp_path / 'nope'}") == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and "policy=" in lines[0] and "does not exist" in lines[0]
 
 
@@ -66,6 +72,7 @@ def oracle_server(index, body, headers):
     return answer(f"Comparison: by the oracle.\nPreferred: {'A' if oracle_score(post, ' ' + a) >= oracle_score(post, ' ' + b) else 'B'}")
 
 
+@pytest.mark.slow
 def test_openai_judge_through_evaluate_on_a_loopback_server(finished_run, server, tmp_path):
     base, _ = finished_run
     url, state = server

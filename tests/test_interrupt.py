@@ -50,6 +50,7 @@ def summary(run_dir):
     return json.loads((run_dir / "summary.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, SIGTERM_EXIT), (signal.SIGINT, 1)])
 def test_a_signal_mid_training_saves_a_checkpoint_and_exits_non_zero(finished_run, sig, code):
     base, _ = finished_run
@@ -70,6 +71,7 @@ def test_a_signal_mid_training_saves_a_checkpoint_and_exits_non_zero(finished_ru
     assert done["final"] is None and not (run / "policy").exists()  # the checkpoint holds the unfinished policy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 1), (signal.SIGTERM, SIGTERM_EXIT)])
 def test_a_signal_during_the_final_evaluation_keeps_the_exported_policy(finished_run, server, sig, code):
     """The final evaluation judges with a slow loopback judge; the signal arrives while it waits for the answers."""
@@ -90,6 +92,7 @@ def test_a_signal_during_the_final_evaluation_keeps_the_exported_policy(finished
     assert (run / "checkpoints" / "last.ckpt").exists()
 
 
+@pytest.mark.slow
 def test_a_failing_judge_fails_the_run_after_the_policy_is_saved(finished_run, server):
     base, _ = finished_run
     url, state = server
@@ -104,6 +107,7 @@ def test_a_failing_judge_fails_the_run_after_the_policy_is_saved(finished_run, s
     assert (run / "checkpoints" / "interrupted.ckpt").exists()
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_the_end_says_so_in_one_line_and_leaves_no_torn_files(finished_run):
     """`ulimit -f` caps the size of every file the run writes: the checkpoints and the policy fail to fit."""
     import resource

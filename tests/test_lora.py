@@ -36,6 +36,7 @@ def trained_adapters(policy):
     return policy
 
 
+@pytest.mark.slow
 def test_adapters_start_as_the_base_and_only_they_train(policy, tokenizer):
     batch = grouped_batch(tokenizer)
     before = logprobs_of(policy, batch)
@@ -81,6 +82,7 @@ def lora_run(finished_run):
     return run, base / "cache"
 
 
+@pytest.mark.slow
 def test_a_lora_run_trains_the_adapters_against_the_base(lora_run):
     run, _ = lora_run
     rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))
@@ -91,6 +93,7 @@ def test_a_lora_run_trains_the_adapters_against_the_base(lora_run):
     assert policy_keys and all("lora_" in key for key in policy_keys)  # adapters only: the base is what runs load
 
 
+@pytest.mark.slow
 def test_the_exported_lora_policy_loads_without_peft_and_differs_from_the_initial_one(lora_run):
     run, cache = lora_run
     exported = AutoModelForCausalLM.from_pretrained(run / "policy")

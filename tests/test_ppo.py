@@ -7,6 +7,8 @@ import json
 import lightning as L
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+import pytest
+
 
 from rloo.algorithms.ppo import PPOModule
 from rloo.data import PromptDataModule
@@ -82,6 +84,7 @@ def test_ppo_first_mini_batch_has_ratio_one_and_metrics_are_real(tiny_run_assets
     assert abs(logged[0]["value_loss"] - mean_value_loss) < 1e-6
 
 
+@pytest.mark.slow
 def test_train_algo_ppo_end_to_end(finished_run):
     base, _ = finished_run
     run = base / "ppo"

@@ -40,6 +40,7 @@ def report(path):
                           timeout=HANG_GUARD_S)
 
 
+@pytest.mark.slow
 def test_jobs_land_in_numbered_dirs_named_by_their_overrides_and_share_a_wandb_group(multirun):
     jobs = sorted(p.name for p in multirun.iterdir() if p.is_dir() and (p / ".hydra").is_dir())
     assert jobs == ["0_clip_range=0.2,k=2", "1_clip_range=0.2,k=4"]
@@ -52,6 +53,7 @@ def test_jobs_land_in_numbered_dirs_named_by_their_overrides_and_share_a_wandb_g
     assert len(groups) == 1 and groups.pop().startswith("tiny_sweep-")  # <sweep>-<date>-<time>, one per sweep
 
 
+@pytest.mark.slow
 def test_report_writes_one_row_per_job_and_valid_plots(multirun):
     result = report(multirun)
     assert result.returncode == 0, result.stderr
@@ -73,6 +75,7 @@ def test_report_writes_one_row_per_job_and_valid_plots(multirun):
         assert image.shape[0] > 100 and image.shape[1] > 100
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_reported_as_failed_not_dropped(multirun, tmp_path):
     import shutil
 
@@ -86,6 +89,7 @@ def test_a_failed_job_is_reported_as_failed_not_dropped(multirun, tmp_path):
     assert "| failed |" in (copy / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_an_interrupted_job_is_reported_by_its_status(multirun, tmp_path):
     import shutil
 
@@ -126,6 +130,7 @@ def test_settings_are_named_by_what_differs_between_jobs():
     assert alone[0]["setting"] == "(defaults)"
 
 
+@pytest.mark.slow
 def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curves(finished_run):
     """sweeps/methods.yaml's shape at the tests' size: methods x seeds, then rloo.report's per-method table."""
     base, _ = finished_run

@@ -5,10 +5,13 @@ import json
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+import pytest
+
 
 from tests.e2e import METRICS, train
 
 
+@pytest.mark.slow
 def test_run_writes_summary_with_before_and_after_metrics(finished_run):
     base, result = finished_run
     summary = json.loads((base / "run" / "summary.json").read_text())
@@ -22,6 +25,7 @@ def test_run_writes_summary_with_before_and_after_metrics(finished_run):
     assert "eval/win_rate" in result.stdout and str(base / "run") in result.stdout
 
 
+@pytest.mark.slow
 def test_run_dir_holds_config_logs_checkpoints_and_samples(finished_run):
     base, _ = finished_run
     run = base / "run"
@@ -43,6 +47,7 @@ def test_run_dir_holds_config_logs_checkpoints_and_samples(finished_run):
     assert samples and {"prompt", "completion", "score", "advantage"} <= set(samples[0])
 
 
+@pytest.mark.slow
 def test_eval_runs_every_eval_every_steps_with_interval_and_judged_samples(finished_run):
     base, _ = finished_run
     run = base / "run"
@@ -61,12 +66,14 @@ def test_eval_runs_every_eval_every_steps_with_interval_and_judged_samples(finis
     assert [h["step"] for h in summary["eval_history"]] == [0, 2, 3] and summary["judge"] == "OracleJudge()"
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_only_the_policy(finished_run):
     base, _ = finished_run
     checkpoint = torch.load(base / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert checkpoint["state_dict"] and all(k.startswith("policy.") for k in checkpoint["state_dict"])
 
 
+@pytest.mark.slow
 def test_final_policy_loads_with_transformers_and_generates(finished_run):
     base, _ = finished_run
     policy = AutoModelForCausalLM.from_pretrained(base / "run" / "policy")
@@ -77,6 +84,7 @@ def test_final_policy_loads_with_transformers_and_generates(finished_run):
     assert out.shape[1] > inputs.input_ids.shape[1]
 
 
+@pytest.mark.slow
 def test_second_run_reuses_the_cached_bootstrap(finished_run):
     base, _ = finished_run
     result = train(base / "run2", base / "cache", "eval.before=false", "logger=csv")
@@ -85,6 +93,7 @@ def test_second_run_reuses_the_cached_bootstrap(finished_run):
     assert len([p for p in (base / "cache").iterdir() if p.is_dir()]) == 1
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_continues_to_the_same_total(finished_run):
     base, _ = finished_run
     ckpt = base / "run" / "checkpoints" / "step4.ckpt"  # after the first rollout
@@ -95,6 +104,7 @@ def test_resume_from_checkpoint_continues_to_the_same_total(finished_run):
     assert summary["rollouts"] == 3 and summary["optimizer_steps"] == 12 and summary["episodes"] == 24
 
 
+@pytest.mark.slow
 def test_ddp_on_two_cpu_processes_splits_the_episodes(finished_run):
     base, _ = finished_run
     result = train(base / "ddp", base / "cache", "trainer.strategy=ddp", "trainer.devices=2", "trainer.num_threads=1",
@@ -112,6 +122,7 @@ def test_ddp_on_two_cpu_processes_splits_the_episodes(finished_run):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_fsdp2_on_two_cpu_processes_trains_the_policy_ddp_trains_and_resumes_bit_identical(finished_run):
     """trainer.strategy=fsdp2: the policy sharded block by block over 2 gloo processes, sampled with HF generate
     (ranks stepping together), scored through its own forward. Against DDP with the same settings and draws: the
