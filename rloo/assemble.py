@@ -37,12 +37,16 @@ def quiet_lightning_logs() -> None:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
-    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode.*")  # the three models stay in eval on purpose
+    warnings.filterwarnings(
+        "ignore", message=r".*module\(s\) in eval mode.*"
+    )  # the three models stay in eval on purpose
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, one per model
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: "litlogger" not in record.getMessage())
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: "litlogger" not in record.getMessage()
+    )
 
 
 def precision_arguments(precision: str, accelerator: str, fabric: bool = False) -> dict:
@@ -77,8 +81,11 @@ def policy_and_reference(cfg: DictConfig, policy, reference_path: str | None):
 
     if cfg.fp32_lm_head:
         use_fp32_lm_head(policy)
-    reference = None if cfg.model.lora and reference_path is None else \
-        reference_from(policy, reference_path, cfg.model.frozen_dtype, autocast_dtype(cfg.precision.trainer))
+    reference = (
+        None
+        if cfg.model.lora and reference_path is None
+        else reference_from(policy, reference_path, cfg.model.frozen_dtype, autocast_dtype(cfg.precision.trainer))
+    )
     if cfg.model.lora:
         add_adapters(policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules))
     return policy, reference
@@ -100,7 +107,9 @@ def world_size(trainer_args: dict) -> int:
     try:
         return int(devices) * nodes
     except ValueError:
-        raise ConfigError(f"trainer.devices={devices!r} is not allowed: a count, a list of device ids, or auto") from None
+        raise ConfigError(
+            f"trainer.devices={devices!r} is not allowed: a count, a list of device ids, or auto"
+        ) from None
 
 
 def lightning_strategy(cfg: DictConfig, trainer_args: dict, processes: int):
@@ -114,8 +123,9 @@ def lightning_strategy(cfg: DictConfig, trainer_args: dict, processes: int):
     if strategy == "fsdp2":
         from lightning.pytorch.strategies import ModelParallelStrategy
 
-        return ModelParallelStrategy(data_parallel_size=processes, tensor_parallel_size=1,
-                                     save_distributed_checkpoint=False)
+        return ModelParallelStrategy(
+            data_parallel_size=processes, tensor_parallel_size=1, save_distributed_checkpoint=False
+        )
     if isinstance(strategy, str) and strategy.startswith("deepspeed"):
         from lightning.pytorch.strategies import StrategyRegistry
 
@@ -130,8 +140,10 @@ def deepspeed_settings(cfg: DictConfig) -> dict:
     """What a DeepSpeed engine must know of the run: the gradient norm it clips to (max_grad_norm; 0 turns clipping
     off) and the micro-batch each backward sees. Gradient accumulation is not counted by DeepSpeed: the module marks
     the last micro-batch of each mini-batch as the boundary (OnlineRLModule.accumulate_gradients)."""
-    return {"gradient_clipping": float(cfg.max_grad_norm) if cfg.max_grad_norm is not None else 0.0,
-            "train_micro_batch_size_per_gpu": int(cfg.micro_batch_size)}
+    return {
+        "gradient_clipping": float(cfg.max_grad_norm) if cfg.max_grad_norm is not None else 0.0,
+        "train_micro_batch_size_per_gpu": int(cfg.micro_batch_size),
+    }
 
 
 def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, total_rollouts: int, value_model):
@@ -139,8 +151,9 @@ def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, to
     if cfg.algorithm == "ppo":
         from rloo.algorithms.ppo import PPOConfig, PPOModule
 
-        module = PPOModule(policy, reference, reward_model, value_model(), tokenizer,
-                           algorithm_config(PPOConfig, cfg, total_rollouts))
+        module = PPOModule(
+            policy, reference, reward_model, value_model(), tokenizer, algorithm_config(PPOConfig, cfg, total_rollouts)
+        )
     elif cfg.algorithm == "dpo":
         from rloo.algorithms.dpo import DPOConfig, DPOModule
 
@@ -150,10 +163,15 @@ def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, to
         from rloo.algorithms.reinforce import ReinforceConfig, ReinforceModule, VanillaPGModule
         from rloo.algorithms.rloo import RLOOConfig, RLOOModule
 
-        module_class, config_class = {"rloo": (RLOOModule, RLOOConfig), "raft": (RAFTModule, RLOOConfig),
-                                      "reinforce": (ReinforceModule, ReinforceConfig),
-                                      "vanilla_pg": (VanillaPGModule, RLOOConfig)}[cfg.algorithm]
-        module = module_class(policy, reference, reward_model, tokenizer, algorithm_config(config_class, cfg, total_rollouts))
+        module_class, config_class = {
+            "rloo": (RLOOModule, RLOOConfig),
+            "raft": (RAFTModule, RLOOConfig),
+            "reinforce": (ReinforceModule, ReinforceConfig),
+            "vanilla_pg": (VanillaPGModule, RLOOConfig),
+        }[cfg.algorithm]
+        module = module_class(
+            policy, reference, reward_model, tokenizer, algorithm_config(config_class, cfg, total_rollouts)
+        )
     module.reward = reward_from_config(cfg)
     if cfg.activation_checkpointing:  # after the module put the policy in eval mode
         from rloo.models import use_activation_checkpointing

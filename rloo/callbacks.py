@@ -27,8 +27,19 @@ class HeldOutEval(Callback):
     and after training. Logs eval/* (win rate with its 95% interval, counts, score, length), a W&B table of the
     judged samples, and appends those samples to `samples_path` (JSONL)."""
 
-    def __init__(self, rows: list[dict], sampling: SamplingConfig, batch_size: int, judge: Judge | None,
-                 before: bool, after: bool, every: int, samples_path: Path | None, table_rows: int = 64, log=print):
+    def __init__(
+        self,
+        rows: list[dict],
+        sampling: SamplingConfig,
+        batch_size: int,
+        judge: Judge | None,
+        before: bool,
+        after: bool,
+        every: int,
+        samples_path: Path | None,
+        table_rows: int = 64,
+        log=print,
+    ):
         self.rows, self.sampling, self.batch_size, self.judge = rows, sampling, batch_size, judge
         self.before, self.after, self.every, self.log_fn = before, after, every, log
         self.samples_path, self.table_rows = samples_path, table_rows
@@ -50,12 +61,22 @@ class HeldOutEval(Callback):
         # a sampled evaluation draws from its own copy of the random state: training draws the same with or without it
         devices = [module.device.index or 0] if module.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), trainer.precision_plugin.forward_context():
-            per_row, samples = evaluate_policy(module.policy, module.tokenizer, shard, self.sampling, self.batch_size,
-                                               self.judge, module.reward_model, module.device)
+            per_row, samples = evaluate_policy(
+                module.policy,
+                module.tokenizer,
+                shard,
+                self.sampling,
+                self.batch_size,
+                self.judge,
+                module.reward_model,
+                module.device,
+            )
         per_row, samples = {k: v[:real] for k, v in per_row.items()}, samples[:real]
         if world > 1:  # shards differ by at most one row: pad with nan, gather, keep the rows that exist
             size = -(-len(self.rows) // world)
-            per_row = {k: torch.nn.functional.pad(v, (0, size - len(v)), value=float("nan")) for k, v in per_row.items()}
+            per_row = {
+                k: torch.nn.functional.pad(v, (0, size - len(v)), value=float("nan")) for k, v in per_row.items()
+            }
             gathered = {k: trainer.strategy.all_gather(v).flatten() for k, v in per_row.items()}
             keep = ~torch.isnan(gathered["length"])
             per_row = {k: v[keep] for k, v in gathered.items()}
@@ -75,8 +96,14 @@ class HeldOutEval(Callback):
             for key in [k for k in summary if k.startswith("eval/win_rate")]:
                 del summary[key]  # a rate over the few pairs that got a verdict is no win rate
         # where the run stood: the x-axes of learning curves (rloo.report), episodes and seconds of training
-        self.history.append({"step": step, "episodes": module.state.episodes, "train_seconds": round(module.state.train_seconds, 2),
-                             **summary})
+        self.history.append(
+            {
+                "step": step,
+                "episodes": module.state.episodes,
+                "train_seconds": round(module.state.train_seconds, 2),
+                **summary,
+            }
+        )
         for logger in trainer.loggers:
             logger.log_metrics(summary, step=step)
             logger.save()  # on disk before the rollout's checkpoint, which follows: a kill after it loses no row
@@ -89,8 +116,12 @@ class HeldOutEval(Callback):
             columns = list(rows[0])
             for logger in trainer.loggers:
                 if hasattr(logger, "log_table"):
-                    logger.log_table("eval/samples", columns=columns, data=[[r[c] for c in columns] for r in rows[:self.table_rows]],
-                                     step=step)
+                    logger.log_table(
+                        "eval/samples",
+                        columns=columns,
+                        data=[[r[c] for c in columns] for r in rows[: self.table_rows]],
+                        step=step,
+                    )
         if self.samples_path is not None:
             with Path(self.samples_path).open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -132,12 +163,14 @@ class RanksAgree(Callback):
         if trainer.world_size < 2 or weights_partitioned(module.policy):  # sharded: each rank holds its own part
             return
         names, params = zip(*[(n, p) for n, p in module.policy.named_parameters() if p.requires_grad])
-        sums = torch.stack([p.detach().double().sum() for p in params])              # [P]
-        gathered = trainer.strategy.all_gather(sums)                                 # [world, P]
+        sums = torch.stack([p.detach().double().sum() for p in params])  # [P]
+        gathered = trainer.strategy.all_gather(sums)  # [world, P]
         differ = (gathered != gathered[0]).any(0)
         if bool(differ.any()):
-            raise RuntimeError(f"data parallel ranks hold different weights after rollout {module.state.rollouts} "
-                               f"({int(differ.sum())} tensors, e.g. {names[int(differ.nonzero()[0])]})")
+            raise RuntimeError(
+                f"data parallel ranks hold different weights after rollout {module.state.rollouts} "
+                f"({int(differ.sum())} tensors, e.g. {names[int(differ.nonzero()[0])]})"
+            )
 
 
 class RolloutCheckpoints(Callback):
@@ -163,8 +196,10 @@ class RolloutCheckpoints(Callback):
         self.last_time = time.monotonic()
         if trainer.is_global_zero and self.keep != 0:
             atomic.symlink(name, self.directory / "last.ckpt")
-            steps = sorted(self.directory.glob("step*.ckpt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1)
-            for old in steps[:-self.keep] if self.keep > 0 else ():
+            steps = sorted(
+                self.directory.glob("step*.ckpt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1
+            )
+            for old in steps[: -self.keep] if self.keep > 0 else ():
                 shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)  # DeepSpeed: a dir per checkpoint
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
@@ -183,12 +218,16 @@ class ExportPolicy(Callback):
         policy = module.policy
         if weights_partitioned(policy):  # FSDP2: the whole weights gathered into a plain copy on rank 0 (a collective)
             policy = whole_copy(policy)
-        bad = [name for name, p in policy.named_parameters() if not torch.isfinite(p).all()] \
-            if trainer.is_global_zero else None
+        bad = (
+            [name for name, p in policy.named_parameters() if not torch.isfinite(p).all()]
+            if trainer.is_global_zero
+            else None
+        )
         bad = trainer.strategy.broadcast(bad)  # rank 0's finding: every rank raises, or none does
         if bad:
-            raise NonFiniteError(f"the trained policy has non-finite weights ({len(bad)} tensors, e.g. {bad[0]}); "
-                                 "not exported")
+            raise NonFiniteError(
+                f"the trained policy has non-finite weights ({len(bad)} tensors, e.g. {bad[0]}); not exported"
+            )
         if trainer.is_global_zero:  # LoRA: the adapters merged into a plain copy, which loads without peft
             policy = merged_copy(policy) if has_adapters(policy) else policy
             atomic.save_pretrained(policy, module.tokenizer, self.directory, "the trained policy")
@@ -216,8 +255,10 @@ class SampleTable(Callback):
         prompts = tokenizer.batch_decode(rollout.prompt_ids[:n], skip_special_tokens=True)
         completions = tokenizer.batch_decode(rollout.completion_ids[:n], skip_special_tokens=True)
         advantages = module.last_targets.sequence_advantages(rollout.completion_mask)[:n]
-        rows = [[step, p, c, float(s), float(a)] for p, c, s, a in
-                zip(prompts, completions, rollout.scores[:n].tolist(), advantages.tolist())]
+        rows = [
+            [step, p, c, float(s), float(a)]
+            for p, c, s, a in zip(prompts, completions, rollout.scores[:n].tolist(), advantages.tolist())
+        ]
         columns = ["step", "prompt", "completion", "score", "advantage"]
         for logger in trainer.loggers:
             if hasattr(logger, "log_table"):
@@ -245,5 +286,7 @@ class MismatchHistograms(Callback):
             if isinstance(logger, WandbLogger):
                 import wandb
 
-                logger.experiment.log({f"mismatch/{name}_hist": wandb.Histogram(values.numpy())
-                                       for name, values in kept.items()} | {"trainer/global_step": step})
+                logger.experiment.log(
+                    {f"mismatch/{name}_hist": wandb.Histogram(values.numpy()) for name, values in kept.items()}
+                    | {"trainer/global_step": step}
+                )

@@ -15,11 +15,32 @@ from omegaconf import DictConfig, OmegaConf
 from rloo.errors import ConfigError
 
 # Hydra's own flags (hydra/_internal/utils.py get_args_parser); those taking a value list it
-HYDRA_FLAGS = {"--help": False, "-h": False, "--hydra-help": False, "--version": False, "--cfg": True, "-c": True,
-               "--resolve": False, "--package": True, "-p": True, "--run": False, "-r": False, "--multirun": False,
-               "-m": False, "--shell-completion": False, "-sc": False, "--config-path": True, "-cp": True,
-               "--config-name": True, "-cn": True, "--config-dir": True, "-cd": True, "--experimental-rerun": True,
-               "--info": False, "-i": False}
+HYDRA_FLAGS = {
+    "--help": False,
+    "-h": False,
+    "--hydra-help": False,
+    "--version": False,
+    "--cfg": True,
+    "-c": True,
+    "--resolve": False,
+    "--package": True,
+    "-p": True,
+    "--run": False,
+    "-r": False,
+    "--multirun": False,
+    "-m": False,
+    "--shell-completion": False,
+    "-sc": False,
+    "--config-path": True,
+    "-cp": True,
+    "--config-name": True,
+    "-cn": True,
+    "--config-dir": True,
+    "-cd": True,
+    "--experimental-rerun": True,
+    "--info": False,
+    "-i": False,
+}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -69,7 +90,9 @@ def check_group_choices(argv: list[str]) -> None:
         for choice in value.split(","):  # multirun: model=a,b
             if choice not in allowed and not (key in OPTIONAL_GROUPS and choice in ("none", "null")):
                 extra = ", none" if key in OPTIONAL_GROUPS else ""
-                raise ConfigError(f"{key}={choice!r} is not a config in conf/{key}/: choose one of {', '.join(allowed)}{extra}")
+                raise ConfigError(
+                    f"{key}={choice!r} is not a config in conf/{key}/: choose one of {', '.join(allowed)}{extra}"
+                )
 
 
 def recipe_of(model: str) -> str | None:
@@ -96,7 +119,10 @@ def expand_overrides(argv: list[str], say=None) -> list[str]:
         if key == "model" and "," not in value and "experiment" not in given and (recipe := recipe_of(value)):
             out.append(f"experiment={recipe}")  # beside it: Hydra's flags (--cfg job) may follow the overrides
             if say:
-                say(f"rloo: model={value} runs its published recipe, experiment={recipe} (experiment=none: the model alone)")
+                say(
+                    f"rloo: model={value} runs its published recipe, experiment={recipe} "
+                    "(experiment=none: the model alone)"
+                )
     return out
 
 
@@ -127,10 +153,13 @@ def check_override_keys(argv: list[str]) -> None:
             if resume_policy(key, algorithm) is None:
                 readers = sorted({a for a in ALGORITHM_KEYS if resume_policy(key, a) is not None})
                 if readers:
-                    raise ConfigError(f"{key} does nothing with algo={algorithm}: only {', '.join(readers)} read it; "
-                                      "remove it")
-                raise ConfigError(f"{key} is not a config key of python -m rloo.train: see conf/train.yaml, "
-                                  f"conf/sampling.yaml and conf/algo/")
+                    raise ConfigError(
+                        f"{key} does nothing with algo={algorithm}: only {', '.join(readers)} read it; remove it"
+                    )
+                raise ConfigError(
+                    f"{key} is not a config key of python -m rloo.train: see conf/train.yaml, "
+                    f"conf/sampling.yaml and conf/algo/"
+                )
 
 
 def compose_train_config(overrides: list[str]) -> DictConfig:

@@ -17,6 +17,7 @@ from rloo.errors import ConfigError
 from rloo.sampling import SamplingConfig
 from rloo.schema import EvalKeys, SamplingKeys, check_config, check_value, fields_of
 
+
 def _require(cond: bool, key: str, allowed: str, value) -> None:
     if not cond:
         raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
@@ -33,14 +34,30 @@ def num_rollouts(cfg: DictConfig, world_size: int) -> int:
 
 def rollout_sampling(cfg: DictConfig) -> SamplingConfig:
     """How rollouts sample (conf/sampling.yaml)."""
-    return SamplingConfig(cfg.response_length, cfg.temperature, cfg.top_k, cfg.top_p, greedy=False,
-                          stop_at_eos=cfg.stop_token == "eos", lean_decode=cfg.lean_decode, sampler=cfg.sampler)
+    return SamplingConfig(
+        cfg.response_length,
+        cfg.temperature,
+        cfg.top_k,
+        cfg.top_p,
+        greedy=False,
+        stop_at_eos=cfg.stop_token == "eos",
+        lean_decode=cfg.lean_decode,
+        sampler=cfg.sampler,
+    )
 
 
 def eval_sampling(cfg: DictConfig) -> SamplingConfig:
     """How held-out evaluation samples: greedy unless eval.greedy=false, up to eval.max_new_tokens."""
-    return SamplingConfig(cfg.eval.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, greedy=cfg.eval.greedy,
-                          stop_at_eos=cfg.stop_token == "eos", lean_decode=cfg.lean_decode, sampler=cfg.sampler)
+    return SamplingConfig(
+        cfg.eval.max_new_tokens,
+        cfg.temperature,
+        cfg.top_k,
+        cfg.top_p,
+        greedy=cfg.eval.greedy,
+        stop_at_eos=cfg.stop_token == "eos",
+        lean_decode=cfg.lean_decode,
+        sampler=cfg.sampler,
+    )
 
 
 def algorithm_config(config_class, cfg: DictConfig, total_rollouts: int):
@@ -63,14 +80,19 @@ def validate_strategy(cfg: DictConfig) -> None:
     strategy = str(OmegaConf.select(cfg, "trainer.strategy", default="auto"))
     accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
     if strategy.startswith(("fsdp", "deepspeed")) and strategy not in CPU_STRATEGIES and accelerator == "cpu":
-        raise ConfigError(f"trainer.strategy={strategy} needs GPUs (trainer=gpu); on CPU use trainer.strategy=ddp "
-                          "or fsdp2")
+        raise ConfigError(
+            f"trainer.strategy={strategy} needs GPUs (trainer=gpu); on CPU use trainer.strategy=ddp or fsdp2"
+        )
     if strategy in SHARDED_STRATEGIES and cfg.lean_decode:
-        raise ConfigError(f"lean_decode=true cannot run under trainer.strategy={strategy}: the lean decode reads whole "
-                          "weights, which this strategy partitions across ranks; set lean_decode=false (HF generate)")
+        raise ConfigError(
+            f"lean_decode=true cannot run under trainer.strategy={strategy}: the lean decode reads whole "
+            "weights, which this strategy partitions across ranks; set lean_decode=false (HF generate)"
+        )
     if strategy in SHARDED_STRATEGIES and OmegaConf.select(cfg, "model.lora"):
-        raise ConfigError(f"model.lora=true cannot run under trainer.strategy={strategy}: LoRA keeps one whole base "
-                          "on each rank (it is also the reference); use trainer.strategy=ddp")
+        raise ConfigError(
+            f"model.lora=true cannot run under trainer.strategy={strategy}: LoRA keeps one whole base "
+            "on each rank (it is also the reference); use trainer.strategy=ddp"
+        )
 
 
 def check_strategy_installed(cfg: DictConfig) -> None:
@@ -79,8 +101,10 @@ def check_strategy_installed(cfg: DictConfig) -> None:
 
     strategy = str(OmegaConf.select(cfg, "trainer.strategy", default="auto"))
     if strategy.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
-        raise ConfigError(f"trainer.strategy={strategy} needs DeepSpeed, which is not installed: "
-                          "pip install -e '.[deepspeed]' on a GPU machine, or use trainer.strategy=ddp | fsdp2")
+        raise ConfigError(
+            f"trainer.strategy={strategy} needs DeepSpeed, which is not installed: "
+            "pip install -e '.[deepspeed]' on a GPU machine, or use trainer.strategy=ddp | fsdp2"
+        )
 
 
 def validate_lora(cfg: DictConfig) -> None:
@@ -105,15 +129,22 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     check_config(cfg, algorithm)
     k = cfg.k
     if algorithm in GROUP_BASELINES and k < 2:
-        raise ConfigError(f"k={k} is not allowed: an integer >= 2 with algo={algorithm} (it compares each completion "
-                          "with the others of its prompt)")
+        raise ConfigError(
+            f"k={k} is not allowed: an integer >= 2 with algo={algorithm} (it compares each completion "
+            "with the others of its prompt)"
+        )
     if algorithm == "ppo":
         value_model = cfg.get("value_model")
         if value_model is not None and _looks_local(str(value_model)) and not Path(str(value_model)).exists():
-            raise ConfigError(f"value_model={value_model!r} does not exist: a sequence classifier dir, a hub id, or null (the reward model)")
+            raise ConfigError(
+                f"value_model={value_model!r} does not exist: a sequence classifier dir, a hub id, or null "
+                "(the reward model)"
+            )
     if algorithm == "dpo" and cfg.model.lora:
-        raise ConfigError("model.lora=true is not allowed with algo=dpo: its pairs are sampled from the "
-                          "reference, which LoRA makes the policy itself; use model.lora=false")
+        raise ConfigError(
+            "model.lora=true is not allowed with algo=dpo: its pairs are sampled from the "
+            "reference, which LoRA makes the policy itself; use model.lora=false"
+        )
     validate_reward(cfg, algorithm == "ppo")
     validate_lora(cfg)
     validate_strategy(cfg)
@@ -122,26 +153,45 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     check_resume_argument(cfg.get("resume"))
 
     rollout, micro, minis = cfg.rollout_batch_size, cfg.micro_batch_size, cfg.num_mini_batches
-    _require(rollout % k == 0, "rollout_batch_size", f"a multiple of k={k} (it is prompts per rollout times k)", rollout)
+    _require(
+        rollout % k == 0, "rollout_batch_size", f"a multiple of k={k} (it is prompts per rollout times k)", rollout
+    )
     _require(rollout % minis == 0, "rollout_batch_size", f"a multiple of num_mini_batches={minis}", rollout)
-    _require((rollout // minis) % micro == 0, "micro_batch_size",
-             f"a divisor of the mini-batch rollout_batch_size/num_mini_batches={rollout // minis}", micro)
-    _require(rollout % cfg.generation_batch_size == 0 or cfg.generation_batch_size >= rollout, "generation_batch_size",
-             f"a divisor of rollout_batch_size={rollout}", cfg.generation_batch_size)
+    _require(
+        (rollout // minis) % micro == 0,
+        "micro_batch_size",
+        f"a divisor of the mini-batch rollout_batch_size/num_mini_batches={rollout // minis}",
+        micro,
+    )
+    _require(
+        rollout % cfg.generation_batch_size == 0 or cfg.generation_batch_size >= rollout,
+        "generation_batch_size",
+        f"a divisor of rollout_batch_size={rollout}",
+        cfg.generation_batch_size,
+    )
     if cfg.get("algorithm") in OFFLINE:  # a micro-batch holds whole pairs (each prompt's k rows)
         _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} with algo=dpo", micro)
     elif updates_per_rollout(cfg) == 1 and algorithm != "ppo":
         # on-policy path: advantages come from the same forward as the loss, one micro-batch of whole groups at a time
         _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} when each rollout is used once", micro)
     elif cfg.get("loss") == "reinforce":
-        raise ConfigError(f"loss='reinforce' is exactly on-policy: it needs num_ppo_epochs=1 and num_mini_batches=1, "
-                          f"got {cfg.num_ppo_epochs} and {minis}; use loss=ppo_clip to reuse a rollout")
+        raise ConfigError(
+            f"loss='reinforce' is exactly on-policy: it needs num_ppo_epochs=1 and num_mini_batches=1, "
+            f"got {cfg.num_ppo_epochs} and {minis}; use loss=ppo_clip to reuse a rollout"
+        )
     validate_judge_config(cfg)
     per_step = rollout * world_size
-    _require(cfg.total_episodes >= per_step, "total_episodes",
-             f"at least one rollout, rollout_batch_size * devices = {per_step}", cfg.total_episodes)
+    _require(
+        cfg.total_episodes >= per_step,
+        "total_episodes",
+        f"at least one rollout, rollout_batch_size * devices = {per_step}",
+        cfg.total_episodes,
+    )
     if cfg.model.policy is None and cfg.get("bootstrap") is None:
-        raise ConfigError("model.policy=None is not allowed: a save_pretrained dir or hub id (null only with the embedded bootstrap, model=tiny)")
+        raise ConfigError(
+            "model.policy=None is not allowed: a save_pretrained dir or hub id (null only with the embedded "
+            "bootstrap, model=tiny)"
+        )
     for split in ("train", "validation"):
         path = OmegaConf.select(cfg, f"data.{split}.path")
         if path is None and cfg.get("bootstrap") is None:
@@ -155,15 +205,19 @@ def validate_reward(cfg: DictConfig, ppo: bool) -> None:
     from rloo.scoring import MODEL, load_function, parse_reward
 
     if ppo and cfg.reward_errors == "mask":
-        raise ConfigError("reward_errors='mask' is not allowed with algo=ppo: it masks completions out of RLOO's "
-                          "leave-one-out baseline; use reward_errors=raise")
+        raise ConfigError(
+            "reward_errors='mask' is not allowed with algo=ppo: it masks completions out of RLOO's "
+            "leave-one-out baseline; use reward_errors=raise"
+        )
     terms = parse_reward(cfg.reward)
     for term in terms:
         if term.name != MODEL:
             load_function(term.name)
     if any(t.name == MODEL for t in terms) and cfg.model.reward_model is None and cfg.get("bootstrap") is None:
-        raise ConfigError(f"reward={cfg.reward!r} uses the reward model but model.reward_model is null: give one, "
-                          "or score with functions only")
+        raise ConfigError(
+            f"reward={cfg.reward!r} uses the reward model but model.reward_model is null: give one, "
+            "or score with functions only"
+        )
 
 
 JUDGE_NEEDS = {"rloo.toy.judge.OracleJudge": "data=toy (the oracle scores the embedded task only)"}
@@ -176,8 +230,10 @@ def validate_judge_config(cfg: DictConfig) -> None:
         return
     target = judge_cfg._target_
     if target in JUDGE_NEEDS and cfg.data.name != "toy":
-        raise ConfigError(f"judge={target.rsplit('.', 1)[1]} needs {JUDGE_NEEDS[target]}, got data={cfg.data.name}: "
-                          "use judge=reward_model, openai, hf or none")
+        raise ConfigError(
+            f"judge={target.rsplit('.', 1)[1]} needs {JUDGE_NEEDS[target]}, got data={cfg.data.name}: "
+            "use judge=reward_model, openai, hf or none"
+        )
     if "path" in judge_cfg.keys() and OmegaConf.is_missing(judge_cfg, "path"):
         raise ConfigError("judge.path is required for this judge: a save_pretrained dir or hub id")
     from hydra.errors import InstantiationException
@@ -193,7 +249,9 @@ def validate_judge_config(cfg: DictConfig) -> None:
 
 
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
-MODEL_FILES = {"tokenizer": ("tokenizer.json", "tokenizer_config.json", "vocab.json")}  # any one of; models: config.json
+MODEL_FILES = {
+    "tokenizer": ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+}  # any one of; models: config.json
 
 
 def check_model_sources(cfg: DictConfig) -> None:
@@ -220,8 +278,10 @@ def check_model_sources(cfg: DictConfig) -> None:
             architectures = config.get("architectures") or ["an unknown architecture"]
             labels = len(config.get("id2label") or {}) or config.get("num_labels", 1)
             if not any(a.endswith("ForSequenceClassification") for a in architectures):
-                raise ConfigError(f"{where} is a {architectures[0]}, not a sequence classifier: a reward model has a "
-                                  "score head with one output")
+                raise ConfigError(
+                    f"{where} is a {architectures[0]}, not a sequence classifier: a reward model has a "
+                    "score head with one output"
+                )
             if labels != 1:
                 raise ConfigError(f"{where} has a score head with {labels} outputs: a reward model has one")
 
@@ -233,8 +293,10 @@ def _check_hub_cache(repo_id: str, where: str, wanted: tuple[str, ...]) -> None:
     if not constants.HF_HUB_OFFLINE:
         return
     if not any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in wanted):
-        raise ConfigError(f"{where} is a hub id that is not in the local cache ({constants.HF_HUB_CACHE}), and "
-                          "HF_HUB_OFFLINE=1: download it first or give a local dir")
+        raise ConfigError(
+            f"{where} is a hub id that is not in the local cache ({constants.HF_HUB_CACHE}), and "
+            "HF_HUB_OFFLINE=1: download it first or give a local dir"
+        )
 
 
 def policy_location(spec: str, key: str) -> str:
@@ -244,7 +306,9 @@ def policy_location(spec: str, key: str) -> str:
         for candidate in (path / "policy", path):
             if (candidate / "config.json").exists():
                 return str(candidate)
-        raise ConfigError(f"{key}={spec!r} is a dir with neither a run's policy/ nor a save_pretrained model (config.json)")
+        raise ConfigError(
+            f"{key}={spec!r} is a dir with neither a run's policy/ nor a save_pretrained model (config.json)"
+        )
     if spec.startswith((".", "/", "~")) or not HUB_ID.match(spec):
         raise ConfigError(f"{key}={spec!r} does not exist: give a run dir, a save_pretrained dir or a hub id")
     return spec
@@ -274,7 +338,9 @@ def validate_eval_config(cfg: DictConfig) -> None:
         if cfg.get(key) is not None:
             policy_location(str(cfg[key]), key)
     if cfg.policy is None and cfg.model.policy is None and cfg.get("bootstrap") is None:
-        raise ConfigError("policy=None is not allowed here: a run dir, a save_pretrained dir or a hub id (or set model.policy)")
+        raise ConfigError(
+            "policy=None is not allowed here: a run dir, a save_pretrained dir or a hub id (or set model.policy)"
+        )
     path = OmegaConf.select(cfg, "data.validation.path")
     if path is None and cfg.get("bootstrap") is None:
         raise ConfigError("data.validation.path=None is not allowed: a hub id, a local file or a dataset dir")

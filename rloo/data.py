@@ -23,6 +23,7 @@ FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv
 @dataclass
 class SplitSpec:
     """One split's keys of conf/data/*.yaml (documented there)."""
+
     path: str
     split: str
     prompt_column: str
@@ -52,13 +53,16 @@ def load_split(spec: SplitSpec, key: str = "data") -> datasets.Dataset:
         try:
             dataset = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train")
         except Exception as error:
-            raise ConfigError(f"{where} cannot be read as {path.suffix[1:]}: {_malformed_line(path) or _first_line(error)}") from None
+            raise ConfigError(
+                f"{where} cannot be read as {path.suffix[1:]}: {_malformed_line(path) or _first_line(error)}"
+            ) from None
     else:
         try:
             dataset = datasets.load_dataset(spec.path, split=spec.split)
         except Exception as error:
-            raise ConfigError(f"{where} is not a local file or dir and cannot be loaded as a dataset id "
-                              f"({_first_line(error)})") from None
+            raise ConfigError(
+                f"{where} is not a local file or dir and cannot be loaded as a dataset id ({_first_line(error)})"
+            ) from None
     if len(dataset) == 0:
         raise ConfigError(f"{where} holds no rows")
     return dataset
@@ -89,38 +93,51 @@ def render_prompt(value, tokenizer, where: str) -> tuple[str, str | None]:
     """(prompt text, reference from a trailing assistant message or None)."""
     if isinstance(value, str):
         return value, None
-    if not isinstance(value, (list, tuple)) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
-        raise ConfigError(f"{where} holds {type(value).__name__} {str(value)[:40]!r}: text, or a list of chat messages "
-                          "{role, content}")
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in value
+    ):
+        raise ConfigError(
+            f"{where} holds {type(value).__name__} {str(value)[:40]!r}: text, or a list of chat messages "
+            "{role, content}"
+        )
     messages = list(value)
     reference = None
     if messages and messages[-1]["role"] == "assistant":
         reference = messages[-1]["content"]
         messages = messages[:-1]
     if tokenizer.chat_template is None:
-        raise ConfigError(f"{where} holds chat messages but the tokenizer has no chat template: set model.chat_template")
+        raise ConfigError(
+            f"{where} holds chat messages but the tokenizer has no chat template: set model.chat_template"
+        )
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), reference
 
 
-def tokenize_prompts(dataset: datasets.Dataset, spec: SplitSpec, tokenizer, max_prompt_length: int,
-                     truncate: bool, key: str = "data") -> tuple[list[dict], int]:
+def tokenize_prompts(
+    dataset: datasets.Dataset, spec: SplitSpec, tokenizer, max_prompt_length: int, truncate: bool, key: str = "data"
+) -> tuple[list[dict], int]:
     """Render and tokenize every row; prompts over max_prompt_length are dropped or left-truncated.
 
     Returns rows {prompt, reference, prompt_ids} and the number of prompts dropped (or truncated).
     """
     for name, column in (("prompt_column", spec.prompt_column), ("reference_column", spec.reference_column)):
         if column is not None and column not in dataset.column_names:
-            raise ConfigError(f"{key}.{name}={column!r} is not a column of {spec.path} "
-                              f"(columns: {', '.join(dataset.column_names)})")
+            raise ConfigError(
+                f"{key}.{name}={column!r} is not a column of {spec.path} (columns: {', '.join(dataset.column_names)})"
+            )
     rows, over_length = [], 0
     for index, example in enumerate(dataset):
-        prompt, reference = render_prompt(example[spec.prompt_column], tokenizer,
-                                          f"{key}.prompt_column={spec.prompt_column!r} at row {index} of {spec.path}")
+        prompt, reference = render_prompt(
+            example[spec.prompt_column],
+            tokenizer,
+            f"{key}.prompt_column={spec.prompt_column!r} at row {index} of {spec.path}",
+        )
         if spec.reference_column is not None:
             reference = example[spec.reference_column]
             if reference is not None and not isinstance(reference, str):
-                raise ConfigError(f"{key}.reference_column={spec.reference_column!r} at row {index} of {spec.path} "
-                                  f"holds {type(reference).__name__}: text or null")
+                raise ConfigError(
+                    f"{key}.reference_column={spec.reference_column!r} at row {index} of {spec.path} "
+                    f"holds {type(reference).__name__}: text or null"
+                )
         ids = tokenizer(prompt, add_special_tokens=False).input_ids
         if len(ids) > max_prompt_length:
             over_length += 1
@@ -138,8 +155,8 @@ def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tenso
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if seq:
-            ids[row, width - len(seq):] = torch.tensor(seq)
-            mask[row, width - len(seq):] = 1
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
     return ids, mask
 
 
@@ -152,8 +169,16 @@ class EpisodeSampler(Sampler[int]):
     One Lightning epoch is then the whole run, so the progress bar ends where training ends.
     """
 
-    def __init__(self, dataset_size: int, num_samples: int, seed: int, shuffle: bool = True, start: int = 0,
-                 rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        dataset_size: int,
+        num_samples: int,
+        seed: int,
+        shuffle: bool = True,
+        start: int = 0,
+        rank: int = 0,
+        world: int = 1,
+    ):
         self.dataset_size, self.num_samples, self.seed, self.shuffle = dataset_size, num_samples, seed, shuffle
         self.start, self.rank, self.world = start, rank, world
 
@@ -162,8 +187,12 @@ class EpisodeSampler(Sampler[int]):
         data_pass, position = self.start // self.dataset_size, self.start // self.dataset_size * self.dataset_size
         while position < self.num_samples:
             generator = torch.Generator().manual_seed(self.seed + data_pass)
-            order = torch.randperm(self.dataset_size, generator=generator) if self.shuffle else torch.arange(self.dataset_size)
-            chunk = order[:self.num_samples - position].tolist()
+            order = (
+                torch.randperm(self.dataset_size, generator=generator)
+                if self.shuffle
+                else torch.arange(self.dataset_size)
+            )
+            chunk = order[: self.num_samples - position].tolist()
             yield from ((position + i, index) for i, index in enumerate(chunk) if position + i >= self.start)
             position += len(chunk)
             data_pass += 1
@@ -178,9 +207,20 @@ class EpisodeSampler(Sampler[int]):
 class PromptDataModule(LightningDataModule):
     """Train prompts for rollouts and held-out (prompt, reference) pairs for evaluation."""
 
-    def __init__(self, tokenizer, train: SplitSpec, validation: SplitSpec, max_prompt_length: int,
-                 truncate_prompts: bool, prompts_per_rollout: int, num_rollouts: int, seed: int,
-                 shuffle: bool, num_workers: int, log=print):
+    def __init__(
+        self,
+        tokenizer,
+        train: SplitSpec,
+        validation: SplitSpec,
+        max_prompt_length: int,
+        truncate_prompts: bool,
+        prompts_per_rollout: int,
+        num_rollouts: int,
+        seed: int,
+        shuffle: bool,
+        num_workers: int,
+        log=print,
+    ):
         super().__init__()
         self.tokenizer, self.train_spec, self.validation_spec = tokenizer, train, validation
         self.max_prompt_length, self.truncate_prompts = max_prompt_length, truncate_prompts
@@ -202,14 +242,19 @@ class PromptDataModule(LightningDataModule):
 
     def _prepare(self, name: str, spec: SplitSpec) -> list[dict]:
         dataset = load_split(spec, f"data.{name}")
-        rows, over = tokenize_prompts(dataset, spec, self.tokenizer, self.max_prompt_length, self.truncate_prompts,
-                                      f"data.{name}")
+        rows, over = tokenize_prompts(
+            dataset, spec, self.tokenizer, self.max_prompt_length, self.truncate_prompts, f"data.{name}"
+        )
         action = "truncated" if self.truncate_prompts else "dropped"
-        self.log_fn(f"data: {name}: {len(rows)} prompts from {spec.path}; {over} longer than "
-                    f"{self.max_prompt_length} tokens {action}")
+        self.log_fn(
+            f"data: {name}: {len(rows)} prompts from {spec.path}; {over} longer than "
+            f"{self.max_prompt_length} tokens {action}"
+        )
         if not rows:
-            raise ConfigError(f"data.max_prompt_length={self.max_prompt_length} drops every prompt of data.{name} "
-                              f"({spec.path}): raise it, or set data.truncate_prompts=true")
+            raise ConfigError(
+                f"data.max_prompt_length={self.max_prompt_length} drops every prompt of data.{name} "
+                f"({spec.path}): raise it, or set data.truncate_prompts=true"
+            )
         return rows
 
     def collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
@@ -220,12 +265,25 @@ class PromptDataModule(LightningDataModule):
         # the sampler splits the prompts across ranks itself (the Trainer runs with use_distributed_sampler=False)
         rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
         per_rollout = self.prompts_per_rollout * world_size
-        sampler = EpisodeSampler(len(self.train_rows), self.num_rollouts * per_rollout, self.seed, self.shuffle,
-                                 start=self.first_rollout * per_rollout, rank=rank, world=world_size)
+        sampler = EpisodeSampler(
+            len(self.train_rows),
+            self.num_rollouts * per_rollout,
+            self.seed,
+            self.shuffle,
+            start=self.first_rollout * per_rollout,
+            rank=rank,
+            world=world_size,
+        )
         # its own generator for the workers' base seed: a resumed run's global random state stays the checkpoint's
-        return DataLoader(self.train_rows, batch_size=self.prompts_per_rollout, sampler=sampler,
-                          collate_fn=self.collate, num_workers=self.num_workers, drop_last=True,
-                          generator=torch.Generator().manual_seed(self.seed))
+        return DataLoader(
+            self.train_rows,
+            batch_size=self.prompts_per_rollout,
+            sampler=sampler,
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def eval_rows(self, num_prompts: int) -> list[dict]:
         """The first `num_prompts` held-out rows (fixed, so before/after compare the same prompts)."""

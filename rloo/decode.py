@@ -26,14 +26,15 @@ from rloo.sharding import weights_partitioned
 
 class _Layer(NamedTuple):
     """One GPTNeoXLayer's weights, read once per call so the step loop does no module look-ups."""
-    ln_attn: tuple[Tensor, Tensor, float]   # input_layernorm (weight, bias, eps)
-    ln_mlp: tuple[Tensor, Tensor, float]    # post_attention_layernorm
-    qkv: tuple[Tensor, Tensor | None]       # query_key_value: hidden -> 3 * hidden, per head q|k|v
+
+    ln_attn: tuple[Tensor, Tensor, float]  # input_layernorm (weight, bias, eps)
+    ln_mlp: tuple[Tensor, Tensor, float]  # post_attention_layernorm
+    qkv: tuple[Tensor, Tensor | None]  # query_key_value: hidden -> 3 * hidden, per head q|k|v
     dense: tuple[Tensor, Tensor | None]
-    up: tuple[Tensor, Tensor]               # mlp.dense_h_to_4h
-    down: tuple[Tensor, Tensor]             # mlp.dense_4h_to_h
-    act: object                             # mlp.act (the config's hidden_act)
-    parallel: bool                          # use_parallel_residual
+    up: tuple[Tensor, Tensor]  # mlp.dense_h_to_4h
+    down: tuple[Tensor, Tensor]  # mlp.dense_4h_to_h
+    act: object  # mlp.act (the config's hidden_act)
+    parallel: bool  # use_parallel_residual
 
 
 class _Shape(NamedTuple):
@@ -50,22 +51,35 @@ def supports_lean_decode(model) -> bool:
         return False
     if weights_partitioned(model):  # FSDP2 / ZeRO-3: each rank holds a part of each weight
         return False
-    return all(type(module) is torch.nn.Linear for layer in model.gpt_neox.layers
-               for module in (layer.attention.query_key_value, layer.attention.dense, layer.mlp.dense_h_to_4h,
-                              layer.mlp.dense_4h_to_h))
+    return all(
+        type(module) is torch.nn.Linear
+        for layer in model.gpt_neox.layers
+        for module in (
+            layer.attention.query_key_value,
+            layer.attention.dense,
+            layer.mlp.dense_h_to_4h,
+            layer.mlp.dense_4h_to_h,
+        )
+    )
 
 
 def _layers(model: GPTNeoXForCausalLM) -> list[_Layer]:
     def norm(ln):
         return ln.weight, ln.bias, ln.eps
 
-    return [_Layer(norm(layer.input_layernorm), norm(layer.post_attention_layernorm),
-                   (layer.attention.query_key_value.weight, layer.attention.query_key_value.bias),
-                   (layer.attention.dense.weight, layer.attention.dense.bias),
-                   (layer.mlp.dense_h_to_4h.weight, layer.mlp.dense_h_to_4h.bias),
-                   (layer.mlp.dense_4h_to_h.weight, layer.mlp.dense_4h_to_h.bias),
-                   layer.mlp.act, layer.use_parallel_residual)
-            for layer in model.gpt_neox.layers]
+    return [
+        _Layer(
+            norm(layer.input_layernorm),
+            norm(layer.post_attention_layernorm),
+            (layer.attention.query_key_value.weight, layer.attention.query_key_value.bias),
+            (layer.attention.dense.weight, layer.attention.dense.bias),
+            (layer.mlp.dense_h_to_4h.weight, layer.mlp.dense_h_to_4h.bias),
+            (layer.mlp.dense_4h_to_h.weight, layer.mlp.dense_4h_to_h.bias),
+            layer.mlp.act,
+            layer.use_parallel_residual,
+        )
+        for layer in model.gpt_neox.layers
+    ]
 
 
 def _shape(model: GPTNeoXForCausalLM) -> _Shape:
@@ -83,7 +97,7 @@ def rotary_tables(model: GPTNeoXForCausalLM, length: int, dtype: torch.dtype) ->
     rotary = model.gpt_neox.rotary_emb
     inv_freq = rotary.inv_freq.float()
     freqs = torch.arange(length, device=inv_freq.device).float()[:, None] * inv_freq  # [L, rot/2]
-    emb = torch.cat((freqs, freqs), dim=-1)                                            # [L, rot]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [L, rot]
     cos, sin = emb.cos() * rotary.attention_scaling, emb.sin() * rotary.attention_scaling
     half = sin.shape[-1] // 2
     sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
@@ -103,8 +117,9 @@ def _rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     return x * cos + swapped * sin_signed
 
 
-def _attention(x: Tensor, layer: _Layer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int,
-               mask: Tensor) -> Tensor:
+def _attention(
+    x: Tensor, layer: _Layer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int, mask: Tensor
+) -> Tensor:
     """Causal self-attention of x `[B, T, D]` (positions start..start+T-1) over the cache; writes k|v there.
 
     cos, sin: `[B, T, 1, 1, rot]`; kv_cache: `[B, H, S, 2*hd]` holding k|v side by side, as they lie in the
@@ -113,18 +128,20 @@ def _attention(x: Tensor, layer: _Layer, shape: _Shape, cos: Tensor, sin: Tensor
     batch, length, _ = x.shape
     qkv = F.linear(x, *layer.qkv).view(batch, length, shape.heads, 3, shape.head_dim)  # [B, T, H, q|k|v, hd]
     if shape.rotary_dims:
-        qk = qkv[..., :2, :shape.rotary_dims]  # q and k rotated in one op
+        qk = qkv[..., :2, : shape.rotary_dims]  # q and k rotated in one op
         qk.copy_(_rotate(qk, cos, sin))
     end = start + length
     kv_cache[:, :, start:end] = qkv[..., 1:, :].flatten(-2).transpose(1, 2)  # [B, H, T, 2*hd]
-    keys, values = kv_cache[:, :, :end, :shape.head_dim], kv_cache[:, :, :end, shape.head_dim:]
-    out = F.scaled_dot_product_attention(qkv[..., 0, :].transpose(1, 2), keys, values, attn_mask=mask,
-                                         scale=shape.head_dim ** -0.5)  # [B, H, T, hd]
+    keys, values = kv_cache[:, :, :end, : shape.head_dim], kv_cache[:, :, :end, shape.head_dim :]
+    out = F.scaled_dot_product_attention(
+        qkv[..., 0, :].transpose(1, 2), keys, values, attn_mask=mask, scale=shape.head_dim**-0.5
+    )  # [B, H, T, hd]
     return F.linear(out.transpose(1, 2).reshape(batch, length, -1), *layer.dense)
 
 
-def _layer_forward(x: Tensor, layer: _Layer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int,
-                   mask: Tensor) -> Tensor:
+def _layer_forward(
+    x: Tensor, layer: _Layer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int, mask: Tensor
+) -> Tensor:
     """GPTNeoXLayer.forward, additions in its order (float addition is not associative)."""
     attn = _attention(F.layer_norm(x, x.shape[-1:], *layer.ln_attn), layer, shape, cos, sin, kv_cache, start, mask)
     if layer.parallel:
@@ -166,11 +183,11 @@ def inverse_cdf_draw(probs: Tensor) -> Tensor:
     exceeds a uniform draw. The sum runs in float64, so no token's share is lost to rounding; a zero-probability
     token is never drawn (the cumulative sum does not rise there). On CPU about 20x cheaper than torch.multinomial,
     whose exponential noise costs a logarithm per vocabulary entry; one uniform per row instead."""
-    cumulative = probs.cumsum(-1, dtype=torch.float64)                          # [B, V]
+    cumulative = probs.cumsum(-1, dtype=torch.float64)  # [B, V]
     total = cumulative[:, -1:]
     draw = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * total
-    index = torch.searchsorted(cumulative, draw, right=True)                    # first c_v > draw: p_v > 0
-    last_nonzero = (cumulative < total).sum(-1, keepdim=True)                   # where a draw rounded up to total lands
+    index = torch.searchsorted(cumulative, draw, right=True)  # first c_v > draw: p_v > 0
+    last_nonzero = (cumulative < total).sum(-1, keepdim=True)  # where a draw rounded up to total lands
     return torch.minimum(index, last_nonzero).squeeze(1)
 
 
@@ -212,8 +229,16 @@ def _prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Ten
     return first.scatter_reduce_(0, inverse, rows, "amin"), inverse
 
 
-def _prefill(model: GPTNeoXForCausalLM, layers: list[_Layer], shape: _Shape, prompt_ids: Tensor, prompt_mask: Tensor,
-             cos_table: Tensor, sin_table: Tensor, cache_len: int) -> tuple[list[Tensor], Tensor]:
+def _prefill(
+    model: GPTNeoXForCausalLM,
+    layers: list[_Layer],
+    shape: _Shape,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    cos_table: Tensor,
+    sin_table: Tensor,
+    cache_len: int,
+) -> tuple[list[Tensor], Tensor]:
     """One forward over left-padded prompts `[U, P]`: per layer a k|v cache `[U, H, cache_len, 2*hd]` with the
     prompt in slots 0..P-1, and the logits `[U, V]` after the last prompt token."""
     hidden = F.embedding(prompt_ids, model.gpt_neox.embed_in.weight)  # [U, P, D]
@@ -222,8 +247,16 @@ def _prefill(model: GPTNeoXForCausalLM, layers: list[_Layer], shape: _Shape, pro
     mask = _prefill_mask(prompt_mask)
     kv_caches = []
     for layer in layers:
-        kv_caches.append(torch.empty(len(prompt_ids), shape.heads, cache_len, 2 * shape.head_dim,
-                                     dtype=_linear_dtype(layer.qkv[0]), device=prompt_ids.device))
+        kv_caches.append(
+            torch.empty(
+                len(prompt_ids),
+                shape.heads,
+                cache_len,
+                2 * shape.head_dim,
+                dtype=_linear_dtype(layer.qkv[0]),
+                device=prompt_ids.device,
+            )
+        )
         hidden = _layer_forward(hidden, layer, shape, cos, sin, kv_caches[-1], 0, mask)
     return kv_caches, _last_logits(model, hidden)
 
@@ -237,8 +270,16 @@ def _spread(group_cache: Tensor, inverse: Tensor, cache_len: int) -> Tensor:
 
 
 @torch.no_grad()
-def lean_generate(model: GPTNeoXForCausalLM, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
-                  eos_token_id: int, pad_token_id: int, *, drop_finished: bool = True) -> tuple[Tensor, Tensor]:
+def lean_generate(
+    model: GPTNeoXForCausalLM,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    sampling: SamplingConfig,
+    eos_token_id: int,
+    pad_token_id: int,
+    *,
+    drop_finished: bool = True,
+) -> tuple[Tensor, Tensor]:
     """Sample completions like `rloo.rollout.generate` (HF generate) with a hand-written KV-cache loop.
 
     prompt_ids, prompt_mask: `[N, P]` left-padded. Returns completion ids `[N, T]` (T <= max_new_tokens; stops
@@ -262,11 +303,13 @@ def lean_generate(model: GPTNeoXForCausalLM, prompt_ids: Tensor, prompt_mask: Te
 
     first, inverse = _prompt_groups(prompt_ids, prompt_mask)  # [U], [N]
     if len(first) == num_rows:
-        kv_caches, logits = _prefill(model, layers, shape, prompt_ids, prompt_mask, cos_table, sin_table,
-                                     prompt_len + max_new)
+        kv_caches, logits = _prefill(
+            model, layers, shape, prompt_ids, prompt_mask, cos_table, sin_table, prompt_len + max_new
+        )
     else:  # one prefill per distinct prompt, copied to its rows
-        group_caches, group_logits = _prefill(model, layers, shape, prompt_ids[first], prompt_mask[first], cos_table,
-                                              sin_table, prompt_len)
+        group_caches, group_logits = _prefill(
+            model, layers, shape, prompt_ids[first], prompt_mask[first], cos_table, sin_table, prompt_len
+        )
         kv_caches = [_spread(group_cache, inverse, prompt_len + max_new) for group_cache in group_caches]
         logits = group_logits[inverse]  # [N, V]
 
@@ -274,7 +317,7 @@ def lean_generate(model: GPTNeoXForCausalLM, prompt_ids: Tensor, prompt_mask: Te
     generation_logprobs = torch.zeros(num_rows, max_new, dtype=torch.float32, device=device)
     rows = torch.arange(num_rows, device=device)  # [B] original row of each batch slot
     live = torch.ones(num_rows, dtype=torch.bool, device=device)  # [B] only without dropping: False once ended
-    num_live = num_rows                            # python int: the loop never syncs to count
+    num_live = num_rows  # python int: the loop never syncs to count
     # the slots that draw, in original row order, so the random stream falls on rows as it would without
     # dropping (and as in generate while no row has ended); None: every slot, already in that order
     draw = None
@@ -304,8 +347,8 @@ def lean_generate(model: GPTNeoXForCausalLM, prompt_ids: Tensor, prompt_mask: Te
                 # the batch keeps its first B' slots: live rows from the tail move into the ended slots below B',
                 # so a drop copies only the moved rows, and every cache stays a contiguous prefix of its buffer
                 gone = torch.zeros(len(rows), dtype=torch.bool, device=device).index_fill_(0, ended_slots, True)
-                holes = gone[:num_live].nonzero().squeeze(1)                      # [M] ended slots below B'
-                movers = (~gone[num_live:]).nonzero().squeeze(1) + num_live      # [M] live slots from B' on
+                holes = gone[:num_live].nonzero().squeeze(1)  # [M] ended slots below B'
+                movers = (~gone[num_live:]).nonzero().squeeze(1) + num_live  # [M] live slots from B' on
                 state = [tokens, rows, next_position, key_valid, *kv_caches]
                 for tensor in state:
                     tensor.index_copy_(0, holes, tensor.index_select(0, movers))
@@ -319,7 +362,7 @@ def lean_generate(model: GPTNeoXForCausalLM, prompt_ids: Tensor, prompt_mask: Te
         start = prompt_len + step
         hidden = F.embedding(tokens[:, None], embed)  # [B, 1, D]
         cos, sin = cos_table[next_position][:, None, None, None], sin_table[next_position][:, None, None, None]
-        mask = key_valid[:, None, None, :start + 1]   # [B, 1, 1, start+1]
+        mask = key_valid[:, None, None, : start + 1]  # [B, 1, 1, start+1]
         for layer, kv_cache in zip(layers, kv_caches):
             hidden = _layer_forward(hidden, layer, shape, cos, sin, kv_cache, start, mask)
         logits = _last_logits(model, hidden)  # [B, V]

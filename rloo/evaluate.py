@@ -1,9 +1,9 @@
 """python -m rloo.evaluate: judge a saved policy on held-out prompts; writes verdicts.jsonl and summary.json.
 
-    python -m rloo.evaluate                                   # the embedded task's SFT policy vs the references
-    python -m rloo.evaluate policy=outputs/<date>/<time>      # a training run's policy
-    python -m rloo.evaluate policy=A opponent=B               # head to head
-    python -m rloo.evaluate model=pythia1b policy=<dir> judge=openai   # the published TL;DR evaluation
+python -m rloo.evaluate                                   # the embedded task's SFT policy vs the references
+python -m rloo.evaluate policy=outputs/<date>/<time>      # a training run's policy
+python -m rloo.evaluate policy=A opponent=B               # head to head
+python -m rloo.evaluate model=pythia1b policy=<dir> judge=openai   # the published TL;DR evaluation
 """
 
 from __future__ import annotations
@@ -50,18 +50,30 @@ def run(cfg: DictConfig) -> dict:
     policy_src = policy_location(cfg.policy, "policy") if cfg.policy else model_src["policy"]
     opponent_src = policy_location(cfg.opponent, "opponent") if cfg.opponent else None
     own_tokenizer = Path(policy_src, "tokenizer_config.json").exists()
-    tokenizer = load_tokenizer(policy_src if own_tokenizer else model_src["tokenizer"], model_src["pad_token"],
-                               model_src["chat_template"])
+    tokenizer = load_tokenizer(
+        policy_src if own_tokenizer else model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"]
+    )
     spec = SplitSpec(**data_src["validation"])
-    rows, over = tokenize_prompts(load_split(spec, "data.validation"), spec, tokenizer, cfg.data.max_prompt_length,
-                                  cfg.data.truncate_prompts, "data.validation")
-    rows = rows[:cfg.eval.num_prompts]
+    rows, over = tokenize_prompts(
+        load_split(spec, "data.validation"),
+        spec,
+        tokenizer,
+        cfg.data.max_prompt_length,
+        cfg.data.truncate_prompts,
+        "data.validation",
+    )
+    rows = rows[: cfg.eval.num_prompts]
     log(f"data: {len(rows)} held-out prompts from {spec.path} ({over} over {cfg.data.max_prompt_length} tokens)")
     if not rows:
-        raise ConfigError(f"data.validation: no prompts left from {spec.path} (max_prompt_length={cfg.data.max_prompt_length})")
+        raise ConfigError(
+            f"data.validation: no prompts left from {spec.path} (max_prompt_length={cfg.data.max_prompt_length})"
+        )
 
-    fabric = L.Fabric(accelerator=cfg.trainer.accelerator, devices=1,
-                      **precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator, fabric=True))
+    fabric = L.Fabric(
+        accelerator=cfg.trainer.accelerator,
+        devices=1,
+        **precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator, fabric=True),
+    )
     L.seed_everything(cfg.seed, verbose=False)
     sampling = eval_sampling(cfg)
     judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
@@ -69,7 +81,9 @@ def run(cfg: DictConfig) -> dict:
         judge.setup(fabric.device)
     reward_model = None
     if cfg.score and model_src["reward_model"]:
-        reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer).to(fabric.device)
+        reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer).to(
+            fabric.device
+        )
 
     others, opponent_measured = None, {}
     with fabric.autocast():
@@ -77,21 +91,30 @@ def run(cfg: DictConfig) -> dict:
             opponent = load_policy(opponent_src, tokenizer).to(fabric.device).eval()
             done = complete(opponent, tokenizer, rows, sampling, cfg.eval.batch_size, fabric.device)
             others = done["texts"]
-            opponent_measured = {"opponent_mean_length": done["length"].mean().item(),
-                                 "opponent_eos_frac": done["eos"].mean().item()}
+            opponent_measured = {
+                "opponent_mean_length": done["length"].mean().item(),
+                "opponent_eos_frac": done["eos"].mean().item(),
+            }
             del opponent
         policy = load_policy(policy_src, tokenizer).to(fabric.device).eval()
-        per_row, samples = evaluate_policy(policy, tokenizer, rows, sampling, cfg.eval.batch_size, judge, reward_model,
-                                           fabric.device, others)
+        per_row, samples = evaluate_policy(
+            policy, tokenizer, rows, sampling, cfg.eval.batch_size, judge, reward_model, fabric.device, others
+        )
     atomic.write_text(out / "verdicts.jsonl", "".join(json.dumps(row) + "\n" for row in samples), "the verdicts")
 
     measured = {k.split("/", 1)[1]: v for k, v in summarize_eval(per_row).items()}
     summary = {
         "policy": policy_src,
         "opponent": opponent_src or "reference",
-        "judge": None if judge is None else {"name": judge.name, "repr": repr(judge), "seed": getattr(judge, "seed", None)},
+        "judge": None
+        if judge is None
+        else {"name": judge.name, "repr": repr(judge), "seed": getattr(judge, "seed", None)},
         "num_prompts": len(rows),
-        "sampling": {"greedy": cfg.eval.greedy, "max_new_tokens": cfg.eval.max_new_tokens, "temperature": cfg.temperature},
+        "sampling": {
+            "greedy": cfg.eval.greedy,
+            "max_new_tokens": cfg.eval.max_new_tokens,
+            "temperature": cfg.temperature,
+        },
         **measured,
         **opponent_measured,
         "seconds": round(time.time() - started, 2),
@@ -108,9 +131,13 @@ def run(cfg: DictConfig) -> dict:
 def print_summary(summary: dict, log=print) -> None:
     log(f"\nrloo.evaluate: {summary['policy']} vs {summary['opponent']} on {summary['num_prompts']} held-out prompts")
     if "win_rate" in summary:
-        log(f"  win rate {summary['win_rate']:.3f}  95% CI [{summary['win_rate_ci_low']:.3f}, {summary['win_rate_ci_high']:.3f}]"
-            f"  (wins {summary['wins']}, ties {summary['ties']}, losses {summary['losses']}, invalid {summary['invalid']};"
-            f" judge {summary['judge']['name']})")
+        log(
+            f"  win rate {summary['win_rate']:.3f}  95% CI [{summary['win_rate_ci_low']:.3f}, "
+            f"{summary['win_rate_ci_high']:.3f}]"
+            f"  (wins {summary['wins']}, ties {summary['ties']}, losses {summary['losses']}, "
+            f"invalid {summary['invalid']};"
+            f" judge {summary['judge']['name']})"
+        )
     if "score" in summary:
         log(f"  reward-model score {summary['score']:.3f}")
     log(f"  mean length {summary['mean_length']:.2f} tokens, EOS {summary['eos_frac']:.3f}")

@@ -16,15 +16,21 @@ from rloo.objectives import entropy_from_logits, token_logprobs
 from rloo.sampling import position_ids_for
 from rloo.sharding import weights_partitioned
 
-
-LOGIT_CHUNK_ELEMENTS = 2**24  # logits materialised at once by the log-prob passes: 64 MB of float32, whatever the vocabulary
+LOGIT_CHUNK_ELEMENTS = (
+    2**24
+)  # logits materialised at once by the log-prob passes: 64 MB of float32, whatever the vocabulary
 
 
 def completion_logits(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int) -> Tensor:
     """Logits predicting each completion token, `[N, T, V]`: only the last T+1 positions go through the LM head.
     (The log-prob passes below never build this whole tensor; it stays for callers that need every logit.)"""
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
-                   logits_to_keep=completion_len + 1, use_cache=False)
+    output = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_for(attention_mask),
+        logits_to_keep=completion_len + 1,
+        use_cache=False,
+    )
     return output.logits[:, :-1]
 
 
@@ -32,8 +38,11 @@ def _head_is_plain(model: PreTrainedModel) -> bool:
     """The logits are head(hidden): no soft-capping or scaling after the head (Gemma 2, Cohere) that only the model's
     own forward applies."""
     config = model.config
-    return (isinstance(model.get_output_embeddings(), torch.nn.Linear)  # not an adapter-wrapped head
-            and not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", 1.0) in (None, 1.0))
+    return (
+        isinstance(model.get_output_embeddings(), torch.nn.Linear)  # not an adapter-wrapped head
+        and not getattr(config, "final_logit_softcapping", None)
+        and getattr(config, "logit_scale", 1.0) in (None, 1.0)
+    )
 
 
 SHARED_PREFIX_MODELS = ("gpt_neox",)  # bodies the packed forward is tested on
@@ -44,8 +53,12 @@ def shares_prompts(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tens
     """Rows come in groups of `group_size` with the same (left-padded) prompt, on a body the packed forward
     supports: then the prompt can run once per group."""
     n = prompt_ids.shape[0]
-    if (group_size < 2 or n % group_size or model.config.model_type not in SHARED_PREFIX_MODELS
-            or model.config._attn_implementation not in PACKED_MASK_ATTENTION):
+    if (
+        group_size < 2
+        or n % group_size
+        or model.config.model_type not in SHARED_PREFIX_MODELS
+        or model.config._attn_implementation not in PACKED_MASK_ATTENTION
+    ):
         return False
     ids, mask = prompt_ids.view(n // group_size, group_size, -1), prompt_mask.view(n // group_size, group_size, -1)
     return bool((ids == ids[:, :1]).all() & (mask == mask[:, :1]).all())  # one host sync
@@ -61,21 +74,26 @@ def packed_attention(prompt_mask: Tensor, completion_mask: Tensor) -> tuple[Tens
     """
     groups, k, length = completion_mask.shape
     prompt_len = prompt_mask.shape[1]
-    segment = torch.cat([torch.zeros(prompt_len, dtype=torch.long, device=prompt_mask.device),
-                         torch.arange(1, k + 1, device=prompt_mask.device).repeat_interleave(length)])  # [L]
+    segment = torch.cat(
+        [
+            torch.zeros(prompt_len, dtype=torch.long, device=prompt_mask.device),
+            torch.arange(1, k + 1, device=prompt_mask.device).repeat_interleave(length),
+        ]
+    )  # [L]
     key_real = torch.cat([prompt_mask, completion_mask.reshape(groups, -1)], 1).bool()  # [G, L]
     width = segment.shape[0]
     causal = torch.ones(width, width, dtype=torch.bool, device=prompt_mask.device).tril()
     same_or_prompt = (segment[None, :] == segment[:, None]) | (segment[None, :] == 0)  # [L, L]
     mask = (causal & same_or_prompt)[None] & key_real[:, None, :]
     mask |= torch.eye(width, dtype=torch.bool, device=prompt_mask.device)
-    prompt_positions = position_ids_for(prompt_mask)                                    # [G, P]
+    prompt_positions = position_ids_for(prompt_mask)  # [G, P]
     completion_positions = prompt_mask.sum(1, keepdim=True) + torch.arange(length, device=prompt_mask.device).repeat(k)
     return mask[:, None], torch.cat([prompt_positions, completion_positions], 1)
 
 
-def body_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int,
-                       group_size: int = 1) -> tuple[Tensor, Tensor]:
+def body_hidden_states(
+    model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int, group_size: int = 1
+) -> tuple[Tensor, Tensor]:
     """The transformer body's last hidden states of prompt + completion rows: at the last prompt position `[N, D]`
     and at every completion position `[N, T, D]`.
 
@@ -87,38 +105,47 @@ def body_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask
     """
     body, prompt_len = model.base_model, input_ids.shape[1] - completion_len
     if not shares_prompts(model, input_ids[:, :prompt_len], attention_mask[:, :prompt_len], group_size):
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
-                      use_cache=False).last_hidden_state
+        hidden = body(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_for(attention_mask),
+            use_cache=False,
+        ).last_hidden_state
         return hidden[:, prompt_len - 1], hidden[:, prompt_len:]
     k, groups = group_size, input_ids.shape[0] // group_size
     packed_ids = torch.cat([input_ids[::k, :prompt_len], input_ids[:, prompt_len:].reshape(groups, -1)], 1)  # [G, L]
-    mask, positions = packed_attention(attention_mask[::k, :prompt_len],
-                                       attention_mask[:, prompt_len:].reshape(groups, k, completion_len))
+    mask, positions = packed_attention(
+        attention_mask[::k, :prompt_len], attention_mask[:, prompt_len:].reshape(groups, k, completion_len)
+    )
     if model.config._attn_implementation == "eager":  # eager adds the mask to the scores
-        mask = torch.zeros(mask.shape, dtype=model.dtype, device=mask.device).masked_fill_(~mask, torch.finfo(model.dtype).min)
+        mask = torch.zeros(mask.shape, dtype=model.dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(model.dtype).min
+        )
     hidden = body(input_ids=packed_ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
-    completion = hidden[:, prompt_len:].reshape(groups * k, completion_len, -1)      # [N, T, D]
+    completion = hidden[:, prompt_len:].reshape(groups * k, completion_len, -1)  # [N, T, D]
     return hidden[:, prompt_len - 1].repeat_interleave(k, 0), completion
 
 
-def completion_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int,
-                             group_size: int = 1) -> Tensor:
+def completion_hidden_states(
+    model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int, group_size: int = 1
+) -> Tensor:
     """The hidden states at the positions that predict each completion token, as one contiguous `[N*T, D]`."""
     last_prompt, completion = body_hidden_states(model, input_ids, attention_mask, completion_len, group_size)
     hidden = torch.cat([last_prompt.unsqueeze(1), completion[:, :-1]], 1)
     return hidden.reshape(-1, hidden.shape[-1])
 
 
-def _head_chunks(head, hidden: Tensor, token_ids: Tensor, temperature: float, rows: int,
-                 with_entropy: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+def _head_chunks(
+    head, hidden: Tensor, token_ids: Tensor, temperature: float, rows: int, with_entropy: bool
+) -> tuple[Tensor, Tensor | None, Tensor]:
     """log p(y), the entropy (or None) and log Z `[R]` of softmax(head(h) / temperature), `rows` rows at a time."""
     logprobs, entropies, log_zs = [], [], []
     for start in range(0, hidden.shape[0], rows):
-        logits = head(hidden[start:start + rows]).float()  # [rows, V], fresh: divided in place
+        logits = head(hidden[start : start + rows]).float()  # [rows, V], fresh: divided in place
         if temperature != 1.0:
             logits.div_(temperature)
         log_z = logits.logsumexp(-1)
-        logprobs.append(logits.gather(1, token_ids[start:start + rows, None]).squeeze(1) - log_z)
+        logprobs.append(logits.gather(1, token_ids[start : start + rows, None]).squeeze(1) - log_z)
         if with_entropy:  # H = log Z - sum_v p_v z_v
             entropies.append(log_z - (logits - log_z[:, None]).exp_().mul_(logits).sum(-1))
         log_zs.append(log_z)
@@ -152,7 +179,7 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
             end = min(start + rows, hidden.shape[0])
             h = hidden[start:end].detach().requires_grad_(wanted[0])
             with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
-                logits = head(h)                                              # [rows, V]
+                logits = head(h)  # [rows, V]
             with torch.no_grad():
                 g = grad_logprobs[start:end, None].float()
                 grad_logits = (logits.float() / temperature - log_z[start:end, None]).exp_().mul_(-g)  # -g * softmax
@@ -168,23 +195,38 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         return grad_hidden, None, None, None, None, None, grad_weight, grad_bias
 
 
-def chunked_logprobs_and_entropy(head, hidden: Tensor, token_ids: Tensor, temperature: float, with_entropy: bool = True,
-                                 chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> tuple[Tensor, Tensor | None]:
+def chunked_logprobs_and_entropy(
+    head,
+    hidden: Tensor,
+    token_ids: Tensor,
+    temperature: float,
+    with_entropy: bool = True,
+    chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor | None]:
     """log softmax(head(h) / temperature)[y] and the entropy (detached), row by row of `hidden` `[R, D]`, in chunks of
     about `chunk_elements` logits, so the `[R, V]` logits never exist at once. With gradients, the backward recomputes
     each chunk's logits (one more head matmul) instead of keeping them (_ChunkedHeadLogprobs)."""
     rows = max(1, chunk_elements // head.out_features)
     params = (head.weight, head.bias)
-    if not (torch.is_grad_enabled() and (hidden.requires_grad or any(p is not None and p.requires_grad for p in params))):
+    if not (
+        torch.is_grad_enabled() and (hidden.requires_grad or any(p is not None and p.requires_grad for p in params))
+    ):
         logprobs, entropy, _ = _head_chunks(head, hidden, token_ids, temperature, rows, with_entropy)
         return logprobs, entropy
     logprobs, entropy = _ChunkedHeadLogprobs.apply(hidden, token_ids, head, temperature, rows, with_entropy, *params)
     return logprobs, entropy if with_entropy else None
 
 
-def completion_logprobs_and_entropy(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor,
-                                    completion_ids: Tensor, completion_mask: Tensor, temperature: float,
-                                    with_entropy: bool = True, group_size: int = 1) -> tuple[Tensor, Tensor | None]:
+def completion_logprobs_and_entropy(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    temperature: float,
+    with_entropy: bool = True,
+    group_size: int = 1,
+) -> tuple[Tensor, Tensor | None]:
     """The training-style forward of the policy: log pi(y_t | x, y_<t) `[N, T]` at the sampling temperature and
     the per-token entropy of that distribution `[N, T]` (detached), both 0 on padding. The LM head runs on the
     completion positions only, as a contiguous 2-D slice, in chunks (chunked_logprobs_and_entropy); with
@@ -197,31 +239,58 @@ def completion_logprobs_and_entropy(model: PreTrainedModel, input_ids: Tensor, a
             entropy = entropy_from_logits(logits) * completion_mask if with_entropy else None
         return token_logprobs(logits, completion_ids) * completion_mask, entropy
     hidden = completion_hidden_states(model, input_ids, attention_mask, t, group_size)
-    logprobs, entropy = chunked_logprobs_and_entropy(model.get_output_embeddings(), hidden, completion_ids.reshape(-1),
-                                                     temperature, with_entropy)
+    logprobs, entropy = chunked_logprobs_and_entropy(
+        model.get_output_embeddings(), hidden, completion_ids.reshape(-1), temperature, with_entropy
+    )
     return logprobs.view(n, t) * completion_mask, None if entropy is None else entropy.view(n, t) * completion_mask
 
 
-def completion_logprobs(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_ids: Tensor,
-                        completion_mask: Tensor, temperature: float, group_size: int = 1) -> Tensor:
+def completion_logprobs(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    temperature: float,
+    group_size: int = 1,
+) -> Tensor:
     """log pi(y_t | x, y_<t) of each completion token at the sampling temperature, `[N, T]`, 0 on padding."""
-    return completion_logprobs_and_entropy(model, input_ids, attention_mask, completion_ids, completion_mask,
-                                           temperature, with_entropy=False, group_size=group_size)[0]
+    return completion_logprobs_and_entropy(
+        model,
+        input_ids,
+        attention_mask,
+        completion_ids,
+        completion_mask,
+        temperature,
+        with_entropy=False,
+        group_size=group_size,
+    )[0]
 
 
 def last_hidden_states(model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """The transformer body of a sequence classifier (reward or value model), `[N, L, D]`."""
-    return model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=position_ids_for(attention_mask), use_cache=False).last_hidden_state
+    return model.base_model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_for(attention_mask),
+        use_cache=False,
+    ).last_hidden_state
 
 
-def reward_scores(reward_model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int = 0,
-                  group_size: int = 1) -> Tensor:
+def reward_scores(
+    reward_model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_len: int = 0,
+    group_size: int = 1,
+) -> Tensor:
     """Score `[N]` of each prompt+completion at its last real token (found from the mask, not from pad ids). Given the
     completion length and rows in groups of `group_size` sharing a prompt, the prompt runs once per group."""
     if completion_len:
-        last_prompt, completion = body_hidden_states(reward_model, input_ids, attention_mask, completion_len, group_size)
-        lengths = attention_mask[:, -completion_len:].sum(1)              # real completion tokens (right-padded)
+        last_prompt, completion = body_hidden_states(
+            reward_model, input_ids, attention_mask, completion_len, group_size
+        )
+        lengths = attention_mask[:, -completion_len:].sum(1)  # real completion tokens (right-padded)
         at_end = completion[torch.arange(completion.shape[0]), (lengths - 1).clamp(min=0)]
         last = torch.where((lengths > 0).unsqueeze(1), at_end, last_prompt)
         return reward_model.score(last).squeeze(-1).float()
@@ -230,7 +299,9 @@ def reward_scores(reward_model: PreTrainedModel, input_ids: Tensor, attention_ma
     return reward_model.score(hidden[torch.arange(hidden.shape[0]), last]).squeeze(-1).float()
 
 
-def token_values(value_model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int) -> Tensor:
+def token_values(
+    value_model: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor, completion_len: int
+) -> Tensor:
     """PPO's value of each completion token, `[N, T]`: the value head on the hidden state that predicts token t."""
     hidden = last_hidden_states(value_model, input_ids, attention_mask)
-    return value_model.score(hidden[:, -completion_len - 1:-1]).squeeze(-1).float()
+    return value_model.score(hidden[:, -completion_len - 1 : -1]).squeeze(-1).float()

@@ -10,8 +10,8 @@ from functools import partial
 import torch
 
 from rloo.data import left_pad
-from rloo.judges import Judge, win_rate_summary
 from rloo.forward import reward_scores
+from rloo.judges import Judge, win_rate_summary
 from rloo.rollout import chunked, sample_completions
 from rloo.sampling import SamplingConfig
 
@@ -19,22 +19,36 @@ INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan 
 
 
 @torch.no_grad()
-def complete(policy, tokenizer, rows: list[dict], sampling: SamplingConfig, batch_size: int,
-             device: torch.device | str = "cpu") -> dict:
+def complete(
+    policy, tokenizer, rows: list[dict], sampling: SamplingConfig, batch_size: int, device: torch.device | str = "cpu"
+) -> dict:
     """Completions of each row's prompt: texts, and the prompt/completion tensors in rollout layout."""
     ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
     ids, mask = ids.to(device), mask.to(device)
-    completion_ids, completion_mask, ended, _ = sample_completions(policy, ids, mask, sampling, tokenizer.eos_token_id,
-                                                                tokenizer.pad_token_id, batch_size)
-    return {"texts": tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
-            "input_ids": torch.cat([ids, completion_ids], 1), "attention_mask": torch.cat([mask, completion_mask], 1),
-            "length": completion_mask.sum(1).float(), "eos": ended.float()}
+    completion_ids, completion_mask, ended, _ = sample_completions(
+        policy, ids, mask, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size
+    )
+    return {
+        "texts": tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
+        "input_ids": torch.cat([ids, completion_ids], 1),
+        "attention_mask": torch.cat([mask, completion_mask], 1),
+        "length": completion_mask.sum(1).float(),
+        "eos": ended.float(),
+    }
 
 
 @torch.no_grad()
-def evaluate_policy(policy, tokenizer, rows: list[dict], sampling: SamplingConfig, batch_size: int,
-                    judge: Judge | None = None, reward_model=None, device: torch.device | str = "cpu",
-                    others: list[str] | None = None) -> tuple[dict[str, torch.Tensor], list[dict]]:
+def evaluate_policy(
+    policy,
+    tokenizer,
+    rows: list[dict],
+    sampling: SamplingConfig,
+    batch_size: int,
+    judge: Judge | None = None,
+    reward_model=None,
+    device: torch.device | str = "cpu",
+    others: list[str] | None = None,
+) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """Complete, score and judge `rows`; the candidate is judged against `others` (default: the references).
 
     Returns per-row tensors (score: nan without a reward model; outcome: 1 / 0.5 / 0, -1 invalid, nan without a
@@ -50,27 +64,50 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], sampling: SamplingConfi
     others = others if head_to_head else references
     verdicts = judge.judge(prompts, done["texts"], others) if judge is not None else [None] * n
     outcome = [float("nan") if v is None else INVALID if v.outcome is None else v.outcome for v in verdicts]
-    per_row = {"score": scores.float(), "length": done["length"], "eos": done["eos"],
-               "outcome": torch.tensor(outcome, device=scores.device)}
+    per_row = {
+        "score": scores.float(),
+        "length": done["length"],
+        "eos": done["eos"],
+        "outcome": torch.tensor(outcome, device=scores.device),
+    }
     samples = []
-    for i, (prompt, reference, other, text, verdict) in enumerate(zip(prompts, references, others, done["texts"], verdicts)):
-        samples.append({"prompt": prompt, "reference": reference, **({"opponent": other} if head_to_head else {}),
-                        "completion": text, "verdict": None if verdict is None else verdict.label,
-                        "outcome": None if verdict is None else verdict.outcome,
-                        "order": None if verdict is None else verdict.order,
-                        "judge_answer": None if verdict is None else (verdict.raw if verdict.error is None else verdict.error),
-                        "length": int(per_row["length"][i]), "score": float(scores[i])})
+    for i, (prompt, reference, other, text, verdict) in enumerate(
+        zip(prompts, references, others, done["texts"], verdicts)
+    ):
+        samples.append(
+            {
+                "prompt": prompt,
+                "reference": reference,
+                **({"opponent": other} if head_to_head else {}),
+                "completion": text,
+                "verdict": None if verdict is None else verdict.label,
+                "outcome": None if verdict is None else verdict.outcome,
+                "order": None if verdict is None else verdict.order,
+                "judge_answer": None if verdict is None else (verdict.raw if verdict.error is None else verdict.error),
+                "length": int(per_row["length"][i]),
+                "score": float(scores[i]),
+            }
+        )
     return per_row, samples
 
 
 def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[str, float]:
     """Means over rows, and, where a judge ran, the win rate (ties half) with its 95% interval and the counts."""
-    summary = {f"{prefix}mean_length": per_row["length"].mean().item(), f"{prefix}eos_frac": per_row["eos"].mean().item()}
+    summary = {
+        f"{prefix}mean_length": per_row["length"].mean().item(),
+        f"{prefix}eos_frac": per_row["eos"].mean().item(),
+    }
     scores = per_row["score"]
     if not torch.isnan(scores).all():
         summary[f"{prefix}score"] = scores[~torch.isnan(scores)].mean().item()
     outcome = per_row["outcome"]
     if not torch.isnan(outcome).all():
         judged = [None if o == INVALID else o for o in outcome[~torch.isnan(outcome)].tolist()]
-        summary.update({f"{prefix}{k}": v for k, v in win_rate_summary(judged).items() if not (isinstance(v, float) and math.isnan(v))})
+        summary.update(
+            {
+                f"{prefix}{k}": v
+                for k, v in win_rate_summary(judged).items()
+                if not (isinstance(v, float) and math.isnan(v))
+            }
+        )
     return summary

@@ -52,8 +52,9 @@ def load_value_model(name_or_path: str, tokenizer=None) -> PreTrainedModel:
     return value_model.requires_grad_(True)
 
 
-def reference_from(policy: PreTrainedModel, name_or_path: str | None, dtype: str = "float32",
-                   autocast_dtype: str | None = None) -> PreTrainedModel:
+def reference_from(
+    policy: PreTrainedModel, name_or_path: str | None, dtype: str = "float32", autocast_dtype: str | None = None
+) -> PreTrainedModel:
     """The frozen reference: a copy of the initial policy (its FP32Head included), or another checkpoint, stored in
     `dtype` as `store_frozen` does for a policy trained under autocast to `autocast_dtype` (None: no autocast)."""
     if name_or_path is None:

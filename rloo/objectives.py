@@ -159,7 +159,7 @@ def masked_leave_one_out_advantages(rewards: Tensor, k: int, valid: Tensor) -> T
     b_i = (sum_{j valid} R_j - R_i) / (m - 1); a group with fewer than 2 valid completions gets A = 0 throughout.
     """
     r, v = _groups(torch.where(valid, rewards, torch.zeros_like(rewards)), k, min_k=2), valid.reshape(-1, k)
-    m = v.sum(dim=1, keepdim=True)                                       # valid completions per group
+    m = v.sum(dim=1, keepdim=True)  # valid completions per group
     baseline = (r.sum(dim=1, keepdim=True) - r) / (m - 1).clamp(min=1)  # b_i over the other valid ones
     return torch.where(v & (m >= 2), r - baseline, torch.zeros_like(r)).reshape(-1)
 
@@ -180,8 +180,8 @@ def best_of_k_advantages(scores: Tensor, k: int) -> Tensor:
     (the first of equal ones; a non-finite score never wins over a finite one), 0 on the others. The mean over all
     N rows of -A_i * sum_t log pi(y_i,t) is then the mean negative log-likelihood of the N/k best completions:
     fine-tuning on the best of k. [N] -> [N]."""
-    groups = _groups(scores, k, min_k=2)                                    # [P, k]
-    best = torch.nan_to_num(groups, nan=-torch.inf).argmax(dim=1)          # [P]
+    groups = _groups(scores, k, min_k=2)  # [P, k]
+    best = torch.nan_to_num(groups, nan=-torch.inf).argmax(dim=1)  # [P]
     weights = torch.zeros_like(groups)
     weights[torch.arange(groups.shape[0], device=groups.device), best] = float(k)
     return weights.reshape(-1)
@@ -191,18 +191,24 @@ def preference_pairs(scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """Each prompt's k completions as one preference pair: the best by score chosen, the worst rejected (the first
     of equal ones). Returns the row indices of the chosen and the rejected [N/k], and whether the pair is decided
     [N/k]: its scores differ and all k are finite (a tie teaches no preference, a missing score none we can trust)."""
-    groups = _groups(scores, k, min_k=2)                                    # [P, k]
+    groups = _groups(scores, k, min_k=2)  # [P, k]
     finite = torch.isfinite(groups)
-    best = torch.where(finite, groups, -torch.inf).argmax(dim=1)            # [P]
-    worst = torch.where(finite, groups, torch.inf).argmin(dim=1)            # [P]
+    best = torch.where(finite, groups, -torch.inf).argmax(dim=1)  # [P]
+    worst = torch.where(finite, groups, torch.inf).argmin(dim=1)  # [P]
     offsets = torch.arange(groups.shape[0], device=groups.device) * k
     high, low = groups.gather(1, best[:, None])[:, 0], groups.gather(1, worst[:, None])[:, 0]
     decided = finite.all(dim=1) & (high > low)
     return offsets + best, offsets + worst, decided
 
 
-def dpo_loss(chosen_logprobs: Tensor, rejected_logprobs: Tensor, ref_chosen_logprobs: Tensor,
-             ref_rejected_logprobs: Tensor, beta: float, weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def dpo_loss(
+    chosen_logprobs: Tensor,
+    rejected_logprobs: Tensor,
+    ref_chosen_logprobs: Tensor,
+    ref_rejected_logprobs: Tensor,
+    beta: float,
+    weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """DPO (Rafailov et al. 2023) on sequence log-probs [P]: the implicit rewards r = beta * (log pi - log pi_ref) of
     the chosen and the rejected, and the loss mean_p w_p * -log sigmoid(r_chosen - r_rejected) (w: 1 or 0 per pair,
     so an undecided pair adds nothing but still counts in the mean). Returns the loss and its statistics."""
@@ -212,9 +218,12 @@ def dpo_loss(chosen_logprobs: Tensor, rejected_logprobs: Tensor, ref_chosen_logp
     losses = -torch.nn.functional.logsigmoid(margin)
     weights = torch.ones_like(losses) if weights is None else weights.to(losses.dtype)
     decided = weights.sum().clamp(min=1)
-    stats = {"chosen_reward": (chosen * weights).sum() / decided, "rejected_reward": (rejected * weights).sum() / decided,
-             "margin": (margin * weights).sum() / decided,
-             "accuracy": ((margin > 0).to(losses.dtype) * weights).sum() / decided}
+    stats = {
+        "chosen_reward": (chosen * weights).sum() / decided,
+        "rejected_reward": (rejected * weights).sum() / decided,
+        "margin": (margin * weights).sum() / decided,
+        "accuracy": ((margin > 0).to(losses.dtype) * weights).sum() / decided,
+    }
     return (losses * weights).mean(), stats
 
 
@@ -234,8 +243,13 @@ def group_reward_std(rewards: Tensor, k: int) -> Tensor:
     return _groups(rewards, k, min_k=2).std(dim=1)
 
 
-def reinforce_loss(advantages: Tensor, logprobs: Tensor, mask: Tensor, token_weights: Tensor | None = None,
-                   sequence_weights: Tensor | None = None) -> Tensor:
+def reinforce_loss(
+    advantages: Tensor,
+    logprobs: Tensor,
+    mask: Tensor,
+    token_weights: Tensor | None = None,
+    sequence_weights: Tensor | None = None,
+) -> Tensor:
     """On-policy REINFORCE: mean_i(-A_i * sum_t logprob_{i,t}) -> scalar.
 
     advantages [N] (treated as constants), logprobs [N, T], mask [N, T]; optional detached importance
@@ -272,8 +286,14 @@ def _clipped_objective(adv: Tensor, ratio: Tensor, clip_range: float) -> tuple[T
 
 
 def sequence_ppo_clip_loss(
-    advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float,
-    length_normalized: bool = False, token_weights: Tensor | None = None, sequence_weights: Tensor | None = None,
+    advantages: Tensor,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    mask: Tensor,
+    clip_range: float,
+    length_normalized: bool = False,
+    token_weights: Tensor | None = None,
+    sequence_weights: Tensor | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """Sequence-level PPO-clip, one importance ratio per completion.
 
@@ -310,7 +330,9 @@ def sequence_ppo_clip_loss(
     return objective.mean(), stats
 
 
-def token_clip_fraction(advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float) -> Tensor:
+def token_clip_fraction(
+    advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float
+) -> Tensor:
     """The fraction of real tokens whose gradient a token-level PPO clip would null, for comparison with the
     sequence-level clip. advantages [N] (one per sequence, broadcast) or [N, T] -> scalar."""
     ratio = torch.exp(_upcast(logprobs.detach()) - _upcast(old_logprobs.detach()))
@@ -321,8 +343,13 @@ def token_clip_fraction(advantages: Tensor, logprobs: Tensor, old_logprobs: Tens
 
 
 def token_ppo_clip_loss(
-    advantages_per_token: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, clip_range: float,
-    token_weights: Tensor | None = None, sequence_weights: Tensor | None = None,
+    advantages_per_token: Tensor,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    mask: Tensor,
+    clip_range: float,
+    token_weights: Tensor | None = None,
+    sequence_weights: Tensor | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """Token-level PPO-clip (as in PPO), one ratio per token.
 
@@ -356,6 +383,7 @@ def token_ppo_clip_loss(
 
 # ---- PPO (the baseline RLOO is compared with): per-token rewards, GAE, clipped value loss ---------------------
 
+
 def per_token_rewards(scores: Tensor, kl: Tensor, mask: Tensor, kl_coef: float) -> Tensor:
     """PPO's reward: -kl_coef * KL_t on every real token, plus the score on the last real token.
 
@@ -363,14 +391,16 @@ def per_token_rewards(scores: Tensor, kl: Tensor, mask: Tensor, kl_coef: float) 
     """
     mask = mask.bool()
     rewards = torch.where(mask, -kl_coef * _upcast(kl), torch.zeros_like(_upcast(kl)))  # r_t = -beta KL_t
-    last = (mask.sum(1) - 1).clamp(min=0)                                              # [N] last real token
+    last = (mask.sum(1) - 1).clamp(min=0)  # [N] last real token
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     has_tokens = mask.any(1)
     rewards[rows, last] += torch.where(has_tokens, _upcast(scores), torch.zeros_like(_upcast(scores)))  # r_T += s
     return rewards
 
 
-def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
+def gae_advantages(
+    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016) over each completion.
 
     rewards / values / mask [N, T] -> (advantages [N, T], returns [N, T]), both 0 on padding.
@@ -384,14 +414,15 @@ def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float =
     next_value = torch.zeros_like(rewards[:, 0])
     next_advantage = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[1])):
-        delta = rewards[:, t] + gamma * next_value - values[:, t]        # TD error
+        delta = rewards[:, t] + gamma * next_value - values[:, t]  # TD error
         advantages[:, t] = (delta + gamma * lam * next_advantage) * mask[:, t]
-        next_value, next_advantage = values[:, t], advantages[:, t]      # both 0 on padding
+        next_value, next_advantage = values[:, t], advantages[:, t]  # both 0 on padding
     return advantages, (advantages + values) * mask
 
 
-def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
-                       value_clip_range: float) -> tuple[Tensor, Tensor]:
+def clipped_value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, value_clip_range: float
+) -> tuple[Tensor, Tensor]:
     """PPO's clipped value loss: 0.5 * masked_mean(max((V - G)^2, (V_clip - G)^2)).
 
     values / old_values / returns / mask [N, T] -> (scalar loss, fraction of tokens where the clipped term wins).
@@ -439,8 +470,15 @@ def logprob_mismatch(train_logprobs: Tensor, rollout_logprobs: Tensor, mask: Ten
     }
 
 
-def importance_weights(train_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, correction: str,
-                       cap: float = 2.0, low: float = 0.5, high: float = 2.0) -> tuple[Tensor | None, Tensor | None]:
+def importance_weights(
+    train_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    mask: Tensor,
+    correction: str,
+    cap: float = 2.0,
+    low: float = 0.5,
+    high: float = 2.0,
+) -> tuple[Tensor | None, Tensor | None]:
     """Corrections for sampling from pi_rollout while training pi_train: rho = pi_train / pi_rollout (detached).
 
     train_logprobs / rollout_logprobs / mask [N, T] -> (token_weights [N, T] or None, sequence_weights [N] or None):
@@ -459,14 +497,14 @@ def importance_weights(train_logprobs: Tensor, rollout_logprobs: Tensor, mask: T
     log_rho = torch.where(real, _upcast(train_logprobs.detach()) - _upcast(rollout_logprobs.detach()), 0.0)
     ones = real.to(log_rho.dtype)
     if correction == "tis_token":
-        return torch.clamp(torch.exp(log_rho), max=cap) * ones, None            # min(rho_t, C)
+        return torch.clamp(torch.exp(log_rho), max=cap) * ones, None  # min(rho_t, C)
     if correction == "mask_token":
         rho = torch.exp(log_rho)
         return ((rho >= low) & (rho <= high)).to(log_rho.dtype) * ones, None
-    seq_log_rho = log_rho.sum(1)                                                  # log prod_t rho_t
+    seq_log_rho = log_rho.sum(1)  # log prod_t rho_t
     if correction == "tis_sequence":
-        return None, torch.exp(torch.clamp(seq_log_rho, max=math.log(cap)))      # min(prod rho, C), no overflow
+        return None, torch.exp(torch.clamp(seq_log_rho, max=math.log(cap)))  # min(prod rho, C), no overflow
     if correction == "geometric":
-        seq_log_rho = seq_log_rho / real.sum(1).clamp(min=1)                      # log of the geometric mean
+        seq_log_rho = seq_log_rho / real.sum(1).clamp(min=1)  # log of the geometric mean
     inside = (seq_log_rho >= math.log(low)) & (seq_log_rho <= math.log(high))
     return None, inside.to(log_rho.dtype)

@@ -29,6 +29,7 @@ SHARD_STATE = ("deepspeed_stage_2", "deepspeed_stage_2_offload")  # gradients an
 @dataclass(frozen=True)
 class Architecture:
     """A GPT-NeoX (Pythia) body: untied embedding and LM head."""
+
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -52,9 +53,16 @@ class Architecture:
 
 
 # Pythia sizes (Biderman et al. 2023): vocabulary (padded), hidden, layers, MLP width
-PYTHIA = {"70m": (50304, 512, 6, 2048), "160m": (50304, 768, 12, 3072), "410m": (50304, 1024, 24, 4096),
-          "1b": (50304, 2048, 16, 8192), "1.4b": (50304, 2048, 24, 8192), "2.8b": (50304, 2560, 32, 10240),
-          "6.9b": (50432, 4096, 32, 16384), "12b": (50688, 5120, 36, 20480)}
+PYTHIA = {
+    "70m": (50304, 512, 6, 2048),
+    "160m": (50304, 768, 12, 3072),
+    "410m": (50304, 1024, 24, 4096),
+    "1b": (50304, 2048, 16, 8192),
+    "1.4b": (50304, 2048, 24, 8192),
+    "2.8b": (50304, 2560, 32, 10240),
+    "6.9b": (50432, 4096, 32, 16384),
+    "12b": (50688, 5120, 36, 20480),
+}
 
 
 def architecture_of(policy: str | None, bootstrap: dict | None) -> Architecture:
@@ -63,25 +71,30 @@ def architecture_of(policy: str | None, bootstrap: dict | None) -> Architecture:
         if bootstrap is None:
             raise ValueError("model.policy is null and there is no bootstrap: no architecture to plan for")
         arch = bootstrap["architecture"]
-        return Architecture(bootstrap["tokenizer"]["vocab_size"], arch["hidden_size"], arch["num_layers"],
-                            arch["intermediate_size"])
+        return Architecture(
+            bootstrap["tokenizer"]["vocab_size"], arch["hidden_size"], arch["num_layers"], arch["intermediate_size"]
+        )
     config = Path(policy) / "config.json"
     if config.is_file():
         values = json.loads(config.read_text())
-        return Architecture(values["vocab_size"], values["hidden_size"], values["num_hidden_layers"],
-                            values["intermediate_size"])
+        return Architecture(
+            values["vocab_size"], values["hidden_size"], values["num_hidden_layers"], values["intermediate_size"]
+        )
     size = re.search(r"pythia-(\d+(?:\.\d+)?[mb])", policy.lower())
     if size and size.group(1) in PYTHIA:
         return Architecture(*PYTHIA[size.group(1)])
-    raise ValueError(f"model.policy={policy!r}: no local config.json and not a known Pythia size; "
-                     "give a local save_pretrained dir to plan for it")
+    raise ValueError(
+        f"model.policy={policy!r}: no local config.json and not a known Pythia size; "
+        "give a local save_pretrained dir to plan for it"
+    )
 
 
 @dataclass(frozen=True)
 class Shape:
     """What sets the memory besides the architecture."""
-    precision: str            # Lightning precision: 32-true | bf16-mixed | bf16-true | 16-mixed
-    frozen_dtype: str         # float32 | bfloat16 | float16
+
+    precision: str  # Lightning precision: 32-true | bf16-mixed | bf16-true | 16-mixed
+    frozen_dtype: str  # float32 | bfloat16 | float16
     strategy: str
     world_size: int
     lora: bool
@@ -90,7 +103,7 @@ class Shape:
     separate_reference: bool  # model.reference given, or no LoRA: a second copy of the weights
     has_reward_model: bool
     k: int
-    micro_batch_size: int     # completions per forward/backward in the update
+    micro_batch_size: int  # completions per forward/backward in the update
     generation_batch_size: int  # completions per generate call and rollout-time forward
     prompt_length: int
     response_length: int
@@ -104,20 +117,28 @@ def _bytes(dtype: str) -> int:
 
 def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     """MiB per device, by item; `peak` is the static state plus the larger of the rollout's and the update's."""
-    weight = 2 if shape.precision == "bf16-true" else 4                    # policy weights, gradients, AdamW state
-    compute = 4 if shape.precision == "32-true" else 2                     # activations and KV cache
+    weight = 2 if shape.precision == "bf16-true" else 4  # policy weights, gradients, AdamW state
+    compute = 4 if shape.precision == "32-true" else 2  # activations and KV cache
     linear, rest = arch.body_params()
     head = arch.head_params()
     policy_params = linear + rest + head
-    adapters = sum(shape.lora_r * (n_in + n_out) for name, (n_in, n_out) in arch.linear_shapes().items()
-                   if name in shape.lora_targets) * arch.num_layers if shape.lora else 0
+    adapters = (
+        sum(
+            shape.lora_r * (n_in + n_out)
+            for name, (n_in, n_out) in arch.linear_shapes().items()
+            if name in shape.lora_targets
+        )
+        * arch.num_layers
+        if shape.lora
+        else 0
+    )
     trained = adapters if shape.lora else policy_params
 
     frozen = _bytes(shape.frozen_dtype)
     autocast = autocast_dtype(shape.precision)
     if not shape.separate_reference:
         reference = 0
-    elif shape.frozen_dtype == autocast:   # rloo.models.store_frozen: linear layers cast, the rest float32
+    elif shape.frozen_dtype == autocast:  # rloo.models.store_frozen: linear layers cast, the rest float32
         reference = (linear + head) * frozen + rest * 4
     else:
         reference = policy_params * frozen
@@ -162,22 +183,33 @@ def shape_from_config(cfg) -> Shape:
     from rloo.scoring import MODEL, parse_reward
 
     trainer = dict(cfg.trainer)
-    return Shape(precision=str(cfg.precision.trainer), frozen_dtype=str(cfg.model.frozen_dtype),
-                 strategy=str(trainer.get("strategy", "auto")), world_size=world_size(trainer),
-                 lora=bool(cfg.model.lora), lora_r=int(cfg.lora.r), lora_targets=tuple(cfg.lora.target_modules),
-                 separate_reference=not cfg.model.lora or cfg.model.reference is not None,
-                 has_reward_model=any(term.name == MODEL for term in parse_reward(str(cfg.reward))),
-                 k=int(cfg.k), micro_batch_size=int(cfg.micro_batch_size),
-                 generation_batch_size=int(cfg.generation_batch_size), prompt_length=int(cfg.data.max_prompt_length),
-                 response_length=int(cfg.response_length), shared_prefix=bool(cfg.shared_prefix),
-                 activation_checkpointing=bool(cfg.activation_checkpointing))
+    return Shape(
+        precision=str(cfg.precision.trainer),
+        frozen_dtype=str(cfg.model.frozen_dtype),
+        strategy=str(trainer.get("strategy", "auto")),
+        world_size=world_size(trainer),
+        lora=bool(cfg.model.lora),
+        lora_r=int(cfg.lora.r),
+        lora_targets=tuple(cfg.lora.target_modules),
+        separate_reference=not cfg.model.lora or cfg.model.reference is not None,
+        has_reward_model=any(term.name == MODEL for term in parse_reward(str(cfg.reward))),
+        k=int(cfg.k),
+        micro_batch_size=int(cfg.micro_batch_size),
+        generation_batch_size=int(cfg.generation_batch_size),
+        prompt_length=int(cfg.data.max_prompt_length),
+        response_length=int(cfg.response_length),
+        shared_prefix=bool(cfg.shared_prefix),
+        activation_checkpointing=bool(cfg.activation_checkpointing),
+    )
 
 
 def render(arch: Architecture, shape: Shape, mib: dict[str, float], gpu_gib: float | None) -> str:
-    lines = [f"memory plan per device: hidden {arch.hidden_size}, {arch.num_layers} layers, vocabulary "
-             f"{arch.vocab_size}; {shape.precision}, strategy {shape.strategy} x {shape.world_size}"
-             + (f", LoRA r={shape.lora_r}" if shape.lora else "")
-             + (", activation checkpointing" if shape.activation_checkpointing else "")]
+    lines = [
+        f"memory plan per device: hidden {arch.hidden_size}, {arch.num_layers} layers, vocabulary "
+        f"{arch.vocab_size}; {shape.precision}, strategy {shape.strategy} x {shape.world_size}"
+        + (f", LoRA r={shape.lora_r}" if shape.lora else "")
+        + (", activation checkpointing" if shape.activation_checkpointing else "")
+    ]
     lines += [f"  {key:<22} {value:>10.0f} MiB" for key, value in mib.items() if key != "peak"]
     lines.append(f"  {'peak (estimate)':<22} {mib['peak']:>10.0f} MiB = {mib['peak'] / 1024:.1f} GiB")
     if gpu_gib is not None:
@@ -189,13 +221,14 @@ def render(arch: Architecture, shape: Shape, mib: dict[str, float], gpu_gib: flo
 def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
-    from rloo.cli import compose_train_config
+    from rloo.cli import OneLineParser, compose_train_config, hydra_argument_error
     from rloo.config import ConfigError, validate_train_config
 
-    from rloo.cli import OneLineParser, hydra_argument_error
-
-    parser = OneLineParser(prog="python -m rloo.plan", description="Memory per device of a training config, before "
-                           "anything loads: python -m rloo.plan model=pythia1b precision=bf16 --gpu-gib 80")
+    parser = OneLineParser(
+        prog="python -m rloo.plan",
+        description="Memory per device of a training config, before "
+        "anything loads: python -m rloo.plan model=pythia1b precision=bf16 --gpu-gib 80",
+    )
     parser.add_argument("overrides", nargs="*", help="rloo.train overrides (key=value, group=option)")
     parser.add_argument("--gpu-gib", type=float, default=None, help="GiB per device: say whether the plan fits")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

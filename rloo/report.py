@@ -24,19 +24,53 @@ from pathlib import Path
 
 import yaml
 
-COLUMNS = ["job", "overrides", "status", "algorithm", "seed", "k", "clip_range", "kl_coef", "win_rate",
-           "win_rate_ci_low", "win_rate_ci_high", "score", "reward", "kl", "clipfrac", "episodes", "train_seconds",
-           "wall_seconds", "peak_rss_mb", "peak_gpu_mb"]
+COLUMNS = [
+    "job",
+    "overrides",
+    "status",
+    "algorithm",
+    "seed",
+    "k",
+    "clip_range",
+    "kl_coef",
+    "win_rate",
+    "win_rate_ci_low",
+    "win_rate_ci_high",
+    "score",
+    "reward",
+    "kl",
+    "clipfrac",
+    "episodes",
+    "train_seconds",
+    "wall_seconds",
+    "peak_rss_mb",
+    "peak_gpu_mb",
+]
 # two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1); beyond the table, the normal's
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         15: 2.131, 20: 2.086, 30: 2.042}
+T_975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
 TAIL_STEPS = 10  # train metrics are averaged over the last steps: one step is noisy
 
 
 def job_dirs(multirun_dir: Path) -> list[Path]:
     """Job dirs in job-number order: every subdir Hydra gave a .hydra/ (it writes it before the job runs)."""
     dirs = [d for d in multirun_dir.iterdir() if d.is_dir() and (d / ".hydra").is_dir()]
-    return sorted(dirs, key=lambda d: (int(d.name.split("_")[0]) if d.name.split("_")[0].isdigit() else 1 << 30, d.name))
+    return sorted(
+        dirs, key=lambda d: (int(d.name.split("_")[0]) if d.name.split("_")[0].isdigit() else 1 << 30, d.name)
+    )
 
 
 def tail_mean(rows: list[dict], key: str) -> float | None:
@@ -47,10 +81,16 @@ def tail_mean(rows: list[dict], key: str) -> float | None:
 def job_row(job: Path) -> dict:
     overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
     config = yaml.safe_load((job / ".hydra" / "config.yaml").read_text()) or {}
-    row = {"job": job.name, "overrides": " ".join(overrides), "algorithm": config.get("algorithm"),
-           "seed": config.get("seed"), "k": config.get("k"), "clip_range": config.get("clip_range"),
-           "kl_coef": config.get("kl_coef"),
-           "setting": [o for o in overrides if not o.startswith("seed=")]}
+    row = {
+        "job": job.name,
+        "overrides": " ".join(overrides),
+        "algorithm": config.get("algorithm"),
+        "seed": config.get("seed"),
+        "k": config.get("k"),
+        "clip_range": config.get("clip_range"),
+        "kl_coef": config.get("kl_coef"),
+        "setting": [o for o in overrides if not o.startswith("seed=")],
+    }
     summary_path = job / "summary.json"
     if not summary_path.exists():
         return row | {"status": "failed"}
@@ -64,13 +104,19 @@ def job_row(job: Path) -> dict:
     train_seconds = summary.get("train_seconds", history[-1].get("train_seconds") if history else None)
     return row | {
         "status": "ok",
-        "win_rate": final.get("eval/win_rate"), "win_rate_ci_low": final.get("eval/win_rate_ci_low"),
-        "win_rate_ci_high": final.get("eval/win_rate_ci_high"), "score": final.get("eval/score"),
-        "episodes": summary.get("episodes"), "train_seconds": train_seconds,
-        "reward": tail_mean(rows, "objective/rlhf_reward"), "kl": tail_mean(rows, "objective/kl"),
+        "win_rate": final.get("eval/win_rate"),
+        "win_rate_ci_low": final.get("eval/win_rate_ci_low"),
+        "win_rate_ci_high": final.get("eval/win_rate_ci_high"),
+        "score": final.get("eval/score"),
+        "episodes": summary.get("episodes"),
+        "train_seconds": train_seconds,
+        "reward": tail_mean(rows, "objective/rlhf_reward"),
+        "kl": tail_mean(rows, "objective/kl"),
         "clipfrac": tail_mean(rows, "policy/clipfrac_avg"),
-        "wall_seconds": summary.get("wall_seconds"), "peak_rss_mb": summary.get("peak_rss_mb"),
-        "peak_gpu_mb": summary.get("peak_gpu_mb"), "history": history,
+        "wall_seconds": summary.get("wall_seconds"),
+        "peak_rss_mb": summary.get("peak_rss_mb"),
+        "peak_gpu_mb": summary.get("peak_gpu_mb"),
+        "history": history,
     }
 
 
@@ -83,14 +129,21 @@ def _cell(value) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| job | status | win rate [95% CI] | reward | KL | clip frac | wall s | peak RSS MB |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| job | status | win rate [95% CI] | reward | KL | clip frac | wall s | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        win = "-" if r.get("win_rate") is None else \
-            f"{r['win_rate']:.3f} [{r['win_rate_ci_low']:.3f}, {r['win_rate_ci_high']:.3f}]"
-        lines.append(f"| {r['overrides'] or r['job']} | {r['status']} | {win} | {_cell(r.get('reward'))} "
-                     f"| {_cell(r.get('kl'))} | {_cell(r.get('clipfrac'))} | {_cell(r.get('wall_seconds'))} "
-                     f"| {_cell(r.get('peak_rss_mb'))} |")
+        win = (
+            "-"
+            if r.get("win_rate") is None
+            else f"{r['win_rate']:.3f} [{r['win_rate_ci_low']:.3f}, {r['win_rate_ci_high']:.3f}]"
+        )
+        lines.append(
+            f"| {r['overrides'] or r['job']} | {r['status']} | {win} | {_cell(r.get('reward'))} "
+            f"| {_cell(r.get('kl'))} | {_cell(r.get('clipfrac'))} | {_cell(r.get('wall_seconds'))} "
+            f"| {_cell(r.get('peak_rss_mb'))} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -115,24 +168,38 @@ def by_setting(rows: list[dict]) -> list[dict]:
     table = []
     for setting, jobs in groups.items():
         mean, low, high = seed_interval([j["win_rate"] for j in jobs])
-        averaged = {key: statistics.fmean(values) if (values := [j[key] for j in jobs if j.get(key) is not None]) else None
-                    for key in ("score", "reward", "kl", "episodes", "train_seconds", "wall_seconds", "peak_rss_mb")}
+        averaged = {
+            key: statistics.fmean(values) if (values := [j[key] for j in jobs if j.get(key) is not None]) else None
+            for key in ("score", "reward", "kl", "episodes", "train_seconds", "wall_seconds", "peak_rss_mb")
+        }
         if averaged["train_seconds"] is not None and averaged["episodes"]:
             averaged["ms_per_episode"] = 1000 * averaged["train_seconds"] / averaged["episodes"]
-        table.append({"setting": setting, "seeds": len(jobs), "win_rate": mean, "win_rate_low": low,
-                      "win_rate_high": high, **averaged})
+        table.append(
+            {
+                "setting": setting,
+                "seeds": len(jobs),
+                "win_rate": mean,
+                "win_rate_low": low,
+                "win_rate_high": high,
+                **averaged,
+            }
+        )
     return sorted(table, key=lambda r: -r["win_rate"])
 
 
 def settings_markdown(table: list[dict]) -> str:
-    lines = ["| setting | seeds | final win rate, mean [95% CI over seeds] | RM score (held-out) | reward | KL "
-             "| episodes | train s | ms per episode | wall s | peak RSS MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| setting | seeds | final win rate, mean [95% CI over seeds] | RM score (held-out) | reward | KL "
+        "| episodes | train s | ms per episode | wall s | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in table:
-        lines.append(f"| {r['setting']} | {r['seeds']} | {r['win_rate']:.3f} [{r['win_rate_low']:.3f}, "
-                     f"{r['win_rate_high']:.3f}] | {_cell(r['score'])} | {_cell(r['reward'])} | {_cell(r['kl'])} "
-                     f"| {_cell(r['episodes'])} | {_cell(r['train_seconds'])} | {_cell(r.get('ms_per_episode'))} "
-                     f"| {_cell(r['wall_seconds'])} | {_cell(r['peak_rss_mb'])} |")
+        lines.append(
+            f"| {r['setting']} | {r['seeds']} | {r['win_rate']:.3f} [{r['win_rate_low']:.3f}, "
+            f"{r['win_rate_high']:.3f}] | {_cell(r['score'])} | {_cell(r['reward'])} | {_cell(r['kl'])} "
+            f"| {_cell(r['episodes'])} | {_cell(r['train_seconds'])} | {_cell(r.get('ms_per_episode'))} "
+            f"| {_cell(r['wall_seconds'])} | {_cell(r['peak_rss_mb'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -178,8 +245,10 @@ def plot_against_k(rows: list[dict], key: str, ylabel: str, path: Path) -> None:
         line = sorted((r for r in done if r["clip_range"] == clip), key=lambda r: r["k"])
         ks, values = [r["k"] for r in line], [r[key] for r in line]
         if key == "win_rate":
-            errors = [[v - r["win_rate_ci_low"] for v, r in zip(values, line)],
-                      [r["win_rate_ci_high"] - v for v, r in zip(values, line)]]
+            errors = [
+                [v - r["win_rate_ci_low"] for v, r in zip(values, line)],
+                [r["win_rate_ci_high"] - v for v, r in zip(values, line)],
+            ]
             axes.errorbar(ks, values, yerr=errors, marker="o", capsize=3, label=f"clip_range={clip}")
         else:
             axes.plot(ks, values, marker="o", label=f"clip_range={clip}")
@@ -220,8 +289,11 @@ def report(multirun_dir: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     from rloo.cli import OneLineParser
 
-    parser = OneLineParser(prog="python -m rloo.report", description="Tables and plots of a sweep: report.md, "
-                           "settings.md, report.csv and the learning curves, written into the multirun dir")
+    parser = OneLineParser(
+        prog="python -m rloo.report",
+        description="Tables and plots of a sweep: report.md, "
+        "settings.md, report.csv and the learning curves, written into the multirun dir",
+    )
     parser.add_argument("multirun_dir", help="a multirun dir, e.g. outputs/multirun/<date>/<time>")
     argv = [parser.parse_args(sys.argv[1:] if argv is None else argv).multirun_dir]
     multirun_dir = Path(argv[0])
@@ -229,14 +301,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {argv[0]!r} is not a dir: give a multirun dir (outputs/multirun/<date>/<time>)", file=sys.stderr)
         sys.exit(2)
     if not job_dirs(multirun_dir):
-        print(f"error: {argv[0]!r} holds no Hydra job dirs (<n>_<overrides>/.hydra): is it a multirun dir?", file=sys.stderr)
+        print(
+            f"error: {argv[0]!r} holds no Hydra job dirs (<n>_<overrides>/.hydra): is it a multirun dir?",
+            file=sys.stderr,
+        )
         sys.exit(2)
     rows = report(multirun_dir)
     print(markdown(rows))
     print(settings_markdown(by_setting(rows)))
-    print(f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished; wrote report.md, "
-          f"report.csv, settings.md, win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, "
-          f"win_rate_vs_seconds.png in {multirun_dir}")
+    print(
+        f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished; wrote report.md, "
+        f"report.csv, settings.md, win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, "
+        f"win_rate_vs_seconds.png in {multirun_dir}"
+    )
 
 
 if __name__ == "__main__":

@@ -75,8 +75,13 @@ def hydra_subdir(resume: str | None, now: str) -> str:
 
 
 def register_resolvers() -> None:
-    for name, resolver in (("wandb_offline", wandb_offline), ("sweep_group", sweep_group),
-                           ("sweep_job_name", sweep_job_name), ("unique_dir", unique_dir), ("run_dir", run_dir),
-                           ("hydra_subdir", hydra_subdir)):
+    for name, resolver in (
+        ("wandb_offline", wandb_offline),
+        ("sweep_group", sweep_group),
+        ("sweep_job_name", sweep_job_name),
+        ("unique_dir", unique_dir),
+        ("run_dir", run_dir),
+        ("hydra_subdir", hydra_subdir),
+    ):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver, use_cache=name in ("unique_dir", "run_dir"))

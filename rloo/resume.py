@@ -3,7 +3,7 @@ checkpoint carries so that a resumed run draws exactly what the uninterrupted on
 
     python -m rloo.train resume=outputs/2026-12-03/10-00-00            # its last whole checkpoint, in that dir
     python -m rloo.train resume=outputs/.../checkpoints/step40.ckpt    # that checkpoint
-    python -m rloo.train hydra.run.dir=outputs/my-run resume=auto      # this run dir's last checkpoint, or a fresh start
+    python -m rloo.train hydra.run.dir=outputs/my-run resume=auto      # this run dir's last checkpoint, or fresh
 
 A checkpoint is whole when it loads and was taken between rollouts (its optimiser steps are its rollouts times
 the updates per rollout); a Ctrl-C inside a rollout's updates leaves one that is not, and it is skipped.
@@ -21,9 +21,10 @@ import torch
 
 from rloo.errors import ConfigError
 
+
 @dataclass(frozen=True)
 class ResumePoint:
-    run_dir: Path | None   # the run it continues (None: a checkpoint outside a run dir; the new run gets its own)
+    run_dir: Path | None  # the run it continues (None: a checkpoint outside a run dir; the new run gets its own)
     checkpoint: Path
 
 
@@ -120,8 +121,12 @@ def rng_states() -> dict:
     """Every generator a step draws from: Python, NumPy, torch CPU and each CUDA device."""
     kind, keys, position, has_gauss, cached = np.random.get_state()
     # tensors and plain values only, so that checkpoints load with torch.load(weights_only=True)
-    return {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
-            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
 
 
 def restore_rng_states(states: dict) -> None:

@@ -8,14 +8,23 @@ from transformers import GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
 from rloo.cli import exit_on_config_error, run_entry_point
 from rloo.config import ConfigError
-from rloo.toy.bootstrap import (build_tokenizer, format_report, measure, reward_pairs, task_splits, train_reward_model,
-                                train_sft_policy)
+from rloo.toy.bootstrap import (
+    build_tokenizer,
+    format_report,
+    measure,
+    reward_pairs,
+    task_splits,
+    train_reward_model,
+    train_sft_policy,
+)
 
 
 @hydra.main(config_path="../conf", config_name="reward", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     if cfg.policy is not None and not Path(cfg.policy).is_dir():
-        exit_on_config_error(ConfigError(f"policy={cfg.policy!r} is not a directory: give a save_pretrained SFT policy dir or null"))
+        exit_on_config_error(
+            ConfigError(f"policy={cfg.policy!r} is not a directory: give a save_pretrained SFT policy dir or null")
+        )
     bootstrap = OmegaConf.to_container(cfg.bootstrap, resolve=True)
     splits, tokenizer = task_splits(bootstrap), build_tokenizer(bootstrap)
     run_dir = Path(cfg.paths.output_dir)
@@ -27,8 +36,13 @@ def main(cfg: DictConfig) -> None:
         print(f"SFT policy saved to {policy_dir}")
     out_dir = run_dir / "reward_model"
     report |= train_reward_model(bootstrap, tokenizer, reward_pairs(bootstrap), out_dir, policy_dir=policy_dir)
-    report |= measure(bootstrap, GPTNeoXForCausalLM.from_pretrained(policy_dir),
-                      GPTNeoXForSequenceClassification.from_pretrained(out_dir), tokenizer, splits["validation"])
+    report |= measure(
+        bootstrap,
+        GPTNeoXForCausalLM.from_pretrained(policy_dir),
+        GPTNeoXForSequenceClassification.from_pretrained(out_dir),
+        tokenizer,
+        splits["validation"],
+    )
     print(f"reward model saved to {out_dir}")
     print(format_report(report))
 

@@ -28,14 +28,15 @@ from rloo.sharding import ranks_step_together
 @dataclass
 class Rollout:
     """What was sampled and scored; what an algorithm derives from it (rewards, advantages) is its own record."""
-    prompt_ids: Tensor          # [N, P] left-padded, N = prompts * k (prompt-major: rows p*k .. p*k+k-1 share a prompt)
-    prompt_mask: Tensor         # [N, P]
-    completion_ids: Tensor      # [N, T] pad after the stop token
-    completion_mask: Tensor     # [N, T] 1 on real tokens, the stop token included
-    ended_with_eos: Tensor      # [N] bool
+
+    prompt_ids: Tensor  # [N, P] left-padded, N = prompts * k (prompt-major: rows p*k .. p*k+k-1 share a prompt)
+    prompt_mask: Tensor  # [N, P]
+    completion_ids: Tensor  # [N, T] pad after the stop token
+    completion_mask: Tensor  # [N, T] 1 on real tokens, the stop token included
+    ended_with_eos: Tensor  # [N] bool
     generation_logprobs: Tensor  # [N, T] log pi(y_t | .) as the sampler saw it (float32), 0 on padding
-    ref_logprobs: Tensor        # [N, T] log pi_ref(y_t | .) at temperature (float32), 0 on padding
-    scores: Tensor              # [N] reward-model score at the last real token (before any penalty)
+    ref_logprobs: Tensor  # [N, T] log pi_ref(y_t | .) at temperature (float32), 0 on padding
+    scores: Tensor  # [N] reward-model score at the last real token (before any penalty)
 
     @property
     def input_ids(self) -> Tensor:  # [N, P+T]
@@ -86,7 +87,9 @@ def _own_generation_config(model: PreTrainedModel, config: GenerationConfig):
         model.generation_config = saved
 
 
-def truncate_after_stop(completion_ids: Tensor, stop_token_id: int | None, pad_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
+def truncate_after_stop(
+    completion_ids: Tensor, stop_token_id: int | None, pad_token_id: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """Pad everything after the first stop token (which is kept). Returns ids `[N, T]`, mask `[N, T]`, ended `[N]`.
 
     Tokens before the stop are real even when they equal the pad id (a policy may sample it): only the
@@ -103,8 +106,15 @@ def truncate_after_stop(completion_ids: Tensor, stop_token_id: int | None, pad_t
     return torch.where(mask, completion_ids, pad_token_id), mask.long(), ended
 
 
-def generate_with_logprobs(policy: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
-                           eos_token_id: int, pad_token_id: int, batch_size: int) -> tuple[Tensor, Tensor]:
+def generate_with_logprobs(
+    policy: PreTrainedModel,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    sampling: SamplingConfig,
+    eos_token_id: int,
+    pad_token_id: int,
+    batch_size: int,
+) -> tuple[Tensor, Tensor]:
     """Sampled completions `[N, T]` and the log-probs the sampler gave each token `[N, T]` (float32).
 
     The log-probs are log softmax(logits / temperature) of the sampling pass itself (temperature 1 when
@@ -112,7 +122,7 @@ def generate_with_logprobs(policy: PreTrainedModel, prompt_ids: Tensor, prompt_m
     """
     chunks = []
     for start in range(0, prompt_ids.shape[0], batch_size):
-        ids, mask = prompt_ids[start:start + batch_size], prompt_mask[start:start + batch_size]
+        ids, mask = prompt_ids[start : start + batch_size], prompt_mask[start : start + batch_size]
         if sampling.lean_decode and decode.supports_lean_decode(policy):
             chunks.append(decode.lean_generate(policy, ids, mask, sampling, eos_token_id, pad_token_id))
         else:
@@ -127,20 +137,37 @@ def generate_with_logprobs(policy: PreTrainedModel, prompt_ids: Tensor, prompt_m
 def _hf_generate_with_logprobs(policy, ids, mask, sampling, eos_token_id, pad_token_id) -> tuple[Tensor, Tensor]:
     config = generation_config_for(sampling, eos_token_id, pad_token_id)
     with _own_generation_config(policy, config):
-        output = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config, output_logits=True,
-                                 return_dict_in_generate=True, synced_gpus=ranks_step_together(policy))
-    completion = output.sequences[:, ids.shape[1]:]
+        output = policy.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=config,
+            output_logits=True,
+            return_dict_in_generate=True,
+            synced_gpus=ranks_step_together(policy),
+        )
+    completion = output.sequences[:, ids.shape[1] :]
     temperature = 1.0 if sampling.greedy else sampling.temperature
     logits = torch.stack(output.logits, dim=1).float() / temperature  # [B, T, V] raw logits of each step
     return completion, token_logprobs(logits, completion)
 
 
-def sample_completions(policy: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig,
-                       eos_token_id: int, pad_token_id: int, batch_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Sample, then truncate at the stop token: ids `[N, T]`, mask `[N, T]`, ended `[N]`, generation log-probs `[N, T]`."""
-    raw, logprobs = generate_with_logprobs(policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, batch_size)
-    completion_ids, completion_mask, ended = truncate_after_stop(raw, eos_token_id if sampling.stop_at_eos else None,
-                                                                 pad_token_id)
+def sample_completions(
+    policy: PreTrainedModel,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    sampling: SamplingConfig,
+    eos_token_id: int,
+    pad_token_id: int,
+    batch_size: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Sample, then truncate at the stop token: ids `[N, T]`, mask `[N, T]`, ended `[N]`, generation log-probs
+    `[N, T]`."""
+    raw, logprobs = generate_with_logprobs(
+        policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, batch_size
+    )
+    completion_ids, completion_mask, ended = truncate_after_stop(
+        raw, eos_token_id if sampling.stop_at_eos else None, pad_token_id
+    )
     return completion_ids, completion_mask, ended, logprobs * completion_mask
 
 
@@ -162,34 +189,70 @@ class PhaseTimer:
 def chunked(fn, batch_size: int, *tensors: Tensor) -> Tensor:
     """Apply `fn` to row chunks of `tensors` and concatenate along rows."""
     n = tensors[0].shape[0]
-    return torch.cat([fn(*(t[s:s + batch_size] for t in tensors)) for s in range(0, n, batch_size)])
+    return torch.cat([fn(*(t[s : s + batch_size] for t in tensors)) for s in range(0, n, batch_size)])
 
 
 @torch.no_grad()
-def collect_rollout(policy: PreTrainedModel, reference: PreTrainedModel | None, reward_model: PreTrainedModel,
-                    prompt_ids: Tensor, prompt_mask: Tensor, k: int, sampling: SamplingConfig,
-                    eos_token_id: int, pad_token_id: int, forward_batch_size: int,
-                    timer: PhaseTimer | None = None, share_prompts: bool = False) -> Rollout:
+def collect_rollout(
+    policy: PreTrainedModel,
+    reference: PreTrainedModel | None,
+    reward_model: PreTrainedModel,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    k: int,
+    sampling: SamplingConfig,
+    eos_token_id: int,
+    pad_token_id: int,
+    forward_batch_size: int,
+    timer: PhaseTimer | None = None,
+    share_prompts: bool = False,
+) -> Rollout:
     """Repeat each prompt k times, sample, truncate, and compute reference log-probs and scores.
 
     `timer`, if given, receives the seconds of the phases generate / ref_logprobs / scores. With `share_prompts`
     the reference and the reward model run each prompt once for its k completions (body_hidden_states).
     """
     timer = timer or PhaseTimer()
-    prompt_ids = prompt_ids.repeat_interleave(k, dim=0)    # [B*k, P]
+    prompt_ids = prompt_ids.repeat_interleave(k, dim=0)  # [B*k, P]
     prompt_mask = prompt_mask.repeat_interleave(k, dim=0)  # [B*k, P]
     with timer("generate"):
         completion_ids, completion_mask, ended, generation_logprobs = sample_completions(
-            policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, forward_batch_size)
+            policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, forward_batch_size
+        )
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention_mask = torch.cat([prompt_mask, completion_mask], 1)
     group = k if share_prompts else 1
     # reference None: the policy's base, its LoRA adapters switched off (rloo.lora)
-    with timer("ref_logprobs"), (adapters_disabled(policy) if reference is None else contextlib.nullcontext(reference)) as ref:
-        ref_logprobs = chunked(partial(completion_logprobs, ref, temperature=sampling.temperature, group_size=group),
-                               forward_batch_size, input_ids, attention_mask, completion_ids, completion_mask)
+    with (
+        timer("ref_logprobs"),
+        adapters_disabled(policy) if reference is None else contextlib.nullcontext(reference) as ref,
+    ):
+        ref_logprobs = chunked(
+            partial(completion_logprobs, ref, temperature=sampling.temperature, group_size=group),
+            forward_batch_size,
+            input_ids,
+            attention_mask,
+            completion_ids,
+            completion_mask,
+        )
     with timer("scores"):
-        scores = chunked(partial(reward_scores, reward_model, completion_len=completion_ids.shape[1], group_size=group),
-                         forward_batch_size, input_ids, attention_mask) if reward_model is not None else torch.zeros(input_ids.shape[0], device=input_ids.device)  # reward= without model
-    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, generation_logprobs,
-                   ref_logprobs.float(), scores)
+        scores = (
+            chunked(
+                partial(reward_scores, reward_model, completion_len=completion_ids.shape[1], group_size=group),
+                forward_batch_size,
+                input_ids,
+                attention_mask,
+            )
+            if reward_model is not None
+            else torch.zeros(input_ids.shape[0], device=input_ids.device)
+        )  # reward= without model
+    return Rollout(
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        ended,
+        generation_logprobs,
+        ref_logprobs.float(),
+        scores,
+    )

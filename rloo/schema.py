@@ -36,8 +36,13 @@ REWARD_ERRORS = ("raise", "mask")
 ALGORITHMS = ("rloo", "raft", "reinforce", "vanilla_pg", "ppo", "dpo")
 
 
-def key(resume: str, low: float | None = None, high: float | None = None, low_open: bool = False,
-        choices: tuple | None = None):
+def key(
+    resume: str,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    choices: tuple | None = None,
+):
     """A schema field: its resume policy and its range ([low, high], or (low, high] with low_open) or choices."""
     return field(metadata={"resume": resume, "low": low, "high": high, "low_open": low_open, "choices": choices})
 
@@ -55,7 +60,7 @@ class EvalKeys:
     greedy: bool = key(APPLIED)
     max_new_tokens: int = key(APPLIED, low=1)
     before: bool = key(APPLIED)  # training only
-    after: bool = key(APPLIED)   # training only
+    after: bool = key(APPLIED)  # training only
 
 
 @dataclass
@@ -154,7 +159,7 @@ class CommonKeys(SamplingKeys):
     model: ModelKeys = key(FIXED)
     data: DataKeys = key(FIXED)
     precision: PrecisionKeys = key(FIXED)
-    trainer: dict = group(APPLIED)        # Lightning Trainer arguments; devices and num_nodes are fixed (below)
+    trainer: dict = group(APPLIED)  # Lightning Trainer arguments; devices and num_nodes are fixed (below)
     logger: dict | None = group(APPLIED)
     judge: dict | None = group(APPLIED)
     paths: dict = group(APPLIED)
@@ -164,10 +169,11 @@ class CommonKeys(SamplingKeys):
 FIXED_TRAINER_KEYS = ("devices", "num_nodes")  # the world size: each rank's data shard and random states
 
 
-# ---- one dataclass per algorithm: only the keys it reads (conf/algo/) -------------------------------------------------
+# ---- one dataclass per algorithm: only the keys it reads (conf/algo/) ------------------------------------------
 @dataclass
 class PolicyGradientKeys(CommonKeys):
     """conf/algo/shared/policy_gradient.yaml: the algorithms that sample from the policy and penalise KL."""
+
     kl_coef: float = key(APPLIED, low=0)
     kl_estimator: str = key(FIXED, choices=KL_ESTIMATORS)
     normalize_advantages: bool = key(FIXED)
@@ -183,6 +189,7 @@ class PolicyGradientKeys(CommonKeys):
 @dataclass
 class RLOOKeys(PolicyGradientKeys):
     """conf/algo/rloo.yaml; also raft and vanilla_pg, which change only the advantage."""
+
     loss: str = key(FIXED, choices=LOSSES)
     sequence_ratio: str = key(FIXED, choices=SEQUENCE_RATIOS)
 
@@ -206,8 +213,14 @@ class DPOKeys(CommonKeys):
     dpo_beta: float = key(FIXED, low=0, low_open=True)
 
 
-ALGORITHM_KEYS = {"rloo": RLOOKeys, "raft": RLOOKeys, "vanilla_pg": RLOOKeys, "reinforce": ReinforceKeys,
-                  "ppo": PPOKeys, "dpo": DPOKeys}
+ALGORITHM_KEYS = {
+    "rloo": RLOOKeys,
+    "raft": RLOOKeys,
+    "vanilla_pg": RLOOKeys,
+    "reinforce": ReinforceKeys,
+    "ppo": PPOKeys,
+    "dpo": DPOKeys,
+}
 
 
 # ---- walking a config against a schema ------------------------------------------------------------------------------
@@ -248,7 +261,9 @@ def _check_node(node: DictConfig, schema: type, prefix: str, algorithm: str, ski
         inner = _dataclass_of(annotation)
         if inner is not None:
             if not isinstance(child, DictConfig) or child._is_none():
-                raise ConfigError(f"{path}={child._value()!r} is not allowed: a mapping with the keys of {name} in conf/")
+                raise ConfigError(
+                    f"{path}={child._value()!r} is not allowed: a mapping with the keys of {name} in conf/"
+                )
             _check_node(child, inner, f"{path}.", algorithm, skip)
             continue
         check_value(path, child._value() if OmegaConf.is_missing(node, name) else node[name], annotation, meta)
@@ -261,8 +276,10 @@ def _dataclass_of(annotation) -> type | None:
 def _unknown_key_message(path: str, known: list[str], algorithm: str | None) -> str:
     readers = algorithms_reading(path) if algorithm else []
     if readers:
-        return (f"{path} does nothing with algo={algorithm}: only {', '.join(readers)} read it; "
-                f"remove it (conf/algo/{algorithm}.yaml lists what {algorithm} reads)")
+        return (
+            f"{path} does nothing with algo={algorithm}: only {', '.join(readers)} read it; "
+            f"remove it (conf/algo/{algorithm}.yaml lists what {algorithm} reads)"
+        )
     close = difflib.get_close_matches(path.rsplit(".", 1)[-1], known, n=1)
     hint = f"; did you mean {path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close[0]}?" if close else ""
     return f"{path} is not a config key{hint}"
@@ -270,8 +287,9 @@ def _unknown_key_message(path: str, known: list[str], algorithm: str | None) -> 
 
 def check_value(path: str, value: Any, annotation, meta: dict) -> None:
     """One leaf: its type (from the annotation), then its choices or range."""
-    allowed_types = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, _union_type()) \
-        else (annotation,)
+    allowed_types = (
+        typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, _union_type()) else (annotation,)
+    )
     optional = type(None) in allowed_types
     if value is None:
         if optional or (meta.get("choices") and None in meta["choices"]):
@@ -282,8 +300,10 @@ def check_value(path: str, value: Any, annotation, meta: dict) -> None:
         raise ConfigError(f"{path}={value!r} is not allowed: {_describe(allowed_types, meta)}")
     choices = meta.get("choices")
     if choices and value not in choices:
-        raise ConfigError(f"{path}={value!r} is not allowed: one of {', '.join(str(c) for c in choices if c is not None)}"
-                          + (" or null" if None in choices else ""))
+        raise ConfigError(
+            f"{path}={value!r} is not allowed: one of {', '.join(str(c) for c in choices if c is not None)}"
+            + (" or null" if None in choices else "")
+        )
     low, high, low_open = meta.get("low"), meta.get("high"), meta.get("low_open")
     if low is not None or high is not None:
         too_low = low is not None and (value <= low if low_open else value < low)
@@ -321,8 +341,13 @@ def _describe(allowed_types: tuple, meta: dict) -> str:
     elif typing.get_origin(base) is list:
         text = "a non-empty list of names"
     elif base is int:
-        text = ("a positive integer" if low == 1 and high is None else
-                f"an integer >= {low}" if low is not None and high is None else "an integer")
+        text = (
+            "a positive integer"
+            if low == 1 and high is None
+            else f"an integer >= {low}"
+            if low is not None and high is None
+            else "an integer"
+        )
     elif base is float:
         bracket = "(" if low_open else "["
         text = f"a number in {bracket}{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
@@ -333,7 +358,7 @@ def _describe(allowed_types: tuple, meta: dict) -> str:
     return text + (", or null" if type(None) in allowed_types else "")
 
 
-# ---- resume policy ----------------------------------------------------------------------------------------------------
+# ---- resume policy ---------------------------------------------------------------------------------------------
 def resume_policy(path: str, algorithm: str) -> str | None:
     """FIXED or APPLIED for a dotted key of the composed config; None for a key the schema does not know."""
     schema, parts = schema_of(algorithm) if algorithm in ALGORITHM_KEYS else CommonKeys, path.split(".")

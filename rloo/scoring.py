@@ -26,7 +26,9 @@ from rloo.errors import ConfigError, RewardFunctionError
 
 MODEL = "model"
 REWARD_ERRORS = ("raise", "mask")
-TERM = re.compile(r"^\s*(?:(?P<weight>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\*\s*)?(?P<name>[\w.]+(?::\w+)?)\s*$")
+TERM = re.compile(
+    r"^\s*(?:(?P<weight>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\*\s*)?(?P<name>[\w.]+(?::\w+)?)\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,16 @@ class RewardTerm:
 def parse_reward(spec: str) -> list[RewardTerm]:
     """'model + 0.5*pkg.mod:fn' -> [RewardTerm(1.0, 'model'), RewardTerm(0.5, 'pkg.mod:fn')]."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"reward={spec!r} is not allowed: model, module:function, or a sum like 'model + 0.5*module:function'")
+        raise ConfigError(
+            f"reward={spec!r} is not allowed: model, module:function, or a sum like 'model + 0.5*module:function'"
+        )
     terms = []
     for part in spec.split("+"):
         match = TERM.match(part)
         if match is None or (match["name"] != MODEL and ":" not in match["name"]):
-            raise ConfigError(f"reward={spec!r}: term {part.strip()!r} is not [weight*]model or [weight*]module:function")
+            raise ConfigError(
+                f"reward={spec!r}: term {part.strip()!r} is not [weight*]model or [weight*]module:function"
+            )
         terms.append(RewardTerm(float(match["weight"]) if match["weight"] else 1.0, match["name"]))
     names = [t.name for t in terms]
     if len(set(names)) != len(names):
@@ -64,7 +70,9 @@ def load_function(name: str) -> Callable:
     return function
 
 
-def call_reward_function(name: str, function: Callable, prompts: list[str], completions: list[str]) -> tuple[Tensor, str | None]:
+def call_reward_function(
+    name: str, function: Callable, prompts: list[str], completions: list[str]
+) -> tuple[Tensor, str | None]:
     """The function's scores `[N]` float32, nan where it failed, and what went wrong in one line (None: nothing)."""
     n, nothing = len(completions), torch.full((len(completions),), float("nan"))
     try:
@@ -81,8 +89,10 @@ def call_reward_function(name: str, function: Callable, prompts: list[str], comp
     bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
     scores = torch.tensor([float("nan") if i in set(bad) else v for i, v in enumerate(values)], dtype=torch.float32)
     if bad:
-        return scores, (f"reward function {name} returned a non-finite value for {len(bad)} of {n} completions "
-                        f"(first: {values[bad[0]]} at {bad[0]})")
+        return scores, (
+            f"reward function {name} returned a non-finite value for {len(bad)} of {n} completions "
+            f"(first: {values[bad[0]]} at {bad[0]})"
+        )
     return scores, None
 
 

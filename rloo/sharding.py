@@ -27,8 +27,12 @@ def weights_partitioned(model: nn.Module) -> bool:
 def ranks_step_together(model: nn.Module) -> bool:
     """Generation must keep every rank in step: each decode step of a partitioned model gathers weights, a
     collective every rank joins, so a rank whose rows all ended keeps stepping until all have (synced_gpus)."""
-    return (weights_partitioned(model) and torch.distributed.is_available() and torch.distributed.is_initialized()
-            and torch.distributed.get_world_size() > 1)
+    return (
+        weights_partitioned(model)
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
 
 
 def shard_model(model: nn.Module, mesh) -> nn.Module:

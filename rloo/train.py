@@ -1,7 +1,7 @@
 """python -m rloo.train: compose the config, build the pieces, fit, write the run summary.
 
-    python -m rloo.train                                   # the embedded task, offline, CPU, minutes
-    python -m rloo.train model=pythia6.9b precision=bf16   # the published TL;DR recipe
+python -m rloo.train                                   # the embedded task, offline, CPU, minutes
+python -m rloo.train model=pythia6.9b precision=bf16   # the published TL;DR recipe
 """
 
 from __future__ import annotations
@@ -28,15 +28,28 @@ SIGTERM_EXIT_CODE = 128 + 15
 
 def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
-    from rloo.assemble import (build_module, lightning_strategy, policy_and_reference, precision_arguments,
-                               quiet_lightning_logs, resolve_sources, world_size)
-    from rloo.config import check_model_sources, check_strategy_installed, eval_sampling, num_rollouts, updates_per_rollout
+    from rloo.assemble import (
+        build_module,
+        lightning_strategy,
+        policy_and_reference,
+        precision_arguments,
+        quiet_lightning_logs,
+        resolve_sources,
+        world_size,
+    )
+    from rloo.config import (
+        check_model_sources,
+        check_strategy_installed,
+        eval_sampling,
+        num_rollouts,
+        updates_per_rollout,
+    )
 
     trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
     processes = world_size(trainer_args)
     validate_train_config(cfg, world_size=processes)  # once, before anything heavy is imported, written or loaded
-    check_strategy_installed(cfg)                      # DeepSpeed strategies need deepspeed on this machine
-    check_model_sources(cfg)                           # the model dirs (config.json) or the hub cache, read only
+    check_strategy_installed(cfg)  # DeepSpeed strategies need deepspeed on this machine
+    check_model_sources(cfg)  # the model dirs (config.json) or the hub cache, read only
     # a batch of the train loop is one rollout; Lightning counts every optimiser step of it (global_step)
     rollouts, updates = num_rollouts(cfg, processes), updates_per_rollout(cfg)
     trainer_args["strategy"] = lightning_strategy(cfg, trainer_args, processes)
@@ -62,49 +75,99 @@ def run(cfg: DictConfig) -> dict:
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     resume_point, resumed_rollouts = prepare_resume(cfg, out, updates, log)  # before anything is written or loaded
-    config_name = "config.yaml" if not (out / "config.yaml").exists() else f"config.resumed-{time.strftime('%H-%M-%S')}.yaml"
+    config_name = (
+        "config.yaml" if not (out / "config.yaml").exists() else f"config.resumed-{time.strftime('%H-%M-%S')}.yaml"
+    )
     atomic.write_text(out / config_name, OmegaConf.to_yaml(cfg, resolve=True), "the resolved config")
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     if resume_point:  # the rows a resumed run logs again move aside: metrics.csv stays one timeline
         for metrics_csv in out.glob("csv/metrics.csv"):
             drop_rows_after(str(metrics_csv), resumed_rollouts)
-    loggers = [instantiate(c, **continued_wandb_run(c, out) if resume_point else {}) for c in cfg.logger.values()] \
-        if cfg.logger else False
+    loggers = (
+        [instantiate(c, **continued_wandb_run(c, out) if resume_point else {}) for c in cfg.logger.values()]
+        if cfg.logger
+        else False
+    )
     export = ExportPolicy(out / "policy", exported=lambda: write_summary("evaluating"))
-    eval_callback = HeldOutEval([], eval_sampling(cfg), cfg.eval.batch_size, None, before=cfg.eval.before,
-                                after=cfg.eval.after, every=cfg.eval_every, samples_path=out / "eval_samples.jsonl", log=log)
+    eval_callback = HeldOutEval(
+        [],
+        eval_sampling(cfg),
+        cfg.eval.batch_size,
+        None,
+        before=cfg.eval.before,
+        after=cfg.eval.after,
+        every=cfg.eval_every,
+        samples_path=out / "eval_samples.jsonl",
+        log=log,
+    )
     # in list order at each hook. on_train_end: the policy exported, the summary so far (write_summary below), then
     # the final evaluation. After each rollout: evaluation and samples, then the checkpoint that includes them.
-    callbacks = [export, eval_callback, SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
-                 MismatchHistograms(cfg.log_every), RanksAgree(), *checkpoint_callbacks(cfg, out)]
+    callbacks = [
+        export,
+        eval_callback,
+        SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
+        MismatchHistograms(cfg.log_every),
+        RanksAgree(),
+        *checkpoint_callbacks(cfg, out),
+    ]
     precision = precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator)
     plugins = precision.pop("plugins", []) + [atomic.checkpoint_io()]
-    trainer = L.Trainer(**trainer_args, **precision, plugins=plugins, logger=loggers, default_root_dir=out,
-                        callbacks=callbacks, max_epochs=1, max_steps=rollouts * updates,
-                        log_every_n_steps=cfg.log_every, use_distributed_sampler=False,  # PromptDataModule splits
-                        num_sanity_val_steps=0)
+    trainer = L.Trainer(
+        **trainer_args,
+        **precision,
+        plugins=plugins,
+        logger=loggers,
+        default_root_dir=out,
+        callbacks=callbacks,
+        max_epochs=1,
+        max_steps=rollouts * updates,
+        log_every_n_steps=cfg.log_every,
+        use_distributed_sampler=False,  # PromptDataModule splits
+        num_sanity_val_steps=0,
+    )
     if trainer.world_size != processes:
-        raise ConfigError(f"trainer.devices={cfg.trainer.devices!r} runs {trainer.world_size} processes, not the "
-                          f"{processes} it was read as: give the device count as an integer")
+        raise ConfigError(
+            f"trainer.devices={cfg.trainer.devices!r} runs {trainer.world_size} processes, not the "
+            f"{processes} it was read as: give the device count as an integer"
+        )
 
     model_src, data_src, bootstrap_report = resolve_sources(cfg, log)
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # after the bootstrap: cold and warm runs match
     tokenizer = load_tokenizer(model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"])
     datamodule = PromptDataModule(
-        tokenizer, SplitSpec(**data_src["train"]), SplitSpec(**data_src["validation"]), cfg.data.max_prompt_length,
-        cfg.data.truncate_prompts, cfg.rollout_batch_size // cfg.k, rollouts, seed=cfg.seed, shuffle=cfg.data.shuffle,
-        num_workers=cfg.data.num_workers, log=log)
+        tokenizer,
+        SplitSpec(**data_src["train"]),
+        SplitSpec(**data_src["validation"]),
+        cfg.data.max_prompt_length,
+        cfg.data.truncate_prompts,
+        cfg.rollout_batch_size // cfg.k,
+        rollouts,
+        seed=cfg.seed,
+        shuffle=cfg.data.shuffle,
+        num_workers=cfg.data.num_workers,
+        log=log,
+    )
     datamodule.first_rollout = resumed_rollouts
     datamodule.setup("fit")  # data errors surface before any model loads
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
     eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
 
     policy, reference = policy_and_reference(cfg, load_policy(model_src["policy"], tokenizer), model_src["reference"])
-    reward_model = load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer) \
-        if model_src["reward_model"] else None  # reward= may score with functions alone
-    module = build_module(cfg, policy, reference, reward_model, tokenizer, rollouts,
-                          value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer))
+    reward_model = (
+        load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer)
+        if model_src["reward_model"]
+        else None
+    )  # reward= may score with functions alone
+    module = build_module(
+        cfg,
+        policy,
+        reference,
+        reward_model,
+        tokenizer,
+        rollouts,
+        value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer),
+    )
     for logger in loggers or []:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
@@ -121,10 +184,14 @@ def run(cfg: DictConfig) -> dict:
             "rollouts": module.state.rollouts,
             "optimizer_steps": trainer.global_step,
             "episodes": module.state.episodes,
-            "train_seconds": round(module.state.train_seconds, 2),  # in training steps only: no evaluation, no checkpoint
+            "train_seconds": round(
+                module.state.train_seconds, 2
+            ),  # in training steps only: no evaluation, no checkpoint
             "algorithm": cfg.algorithm,
             "wall_seconds": round(time.time() - started, 2),
-            "fit_seconds": round(time.time() - fit_started, 2),  # trainer.fit: training steps and the evaluations inside it
+            "fit_seconds": round(
+                time.time() - fit_started, 2
+            ),  # trainer.fit: training steps and the evaluations inside it
             "peak_rss_mb": round(peak_rss_mb(), 1),  # this process (rank) since the run began
             "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
             "output_dir": str(out),
@@ -146,15 +213,19 @@ def run(cfg: DictConfig) -> dict:
         if isinstance(error, SIGTERMException):
             stopped_by_sigterm(out, module, log)
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            raise WriteError(f"could not write {error.filename or 'a checkpoint'} in {out}: {error.strerror}; "
-                             f"checkpoints already there are whole: {checkpoint_names(out) or 'none'}") from None
+            raise WriteError(
+                f"could not write {error.filename or 'a checkpoint'} in {out}: {error.strerror}; "
+                f"checkpoints already there are whole: {checkpoint_names(out) or 'none'}"
+            ) from None
         raise
     if trainer.received_sigterm:  # it came after training, during the final evaluation
         write_summary("interrupted")
         stopped_by_sigterm(out, module, log)
     if eval_callback.judge_failure and eval_callback.final is not None:  # no win rate to report, nor to rank by
         write_summary("failed")
-        raise JudgeFailed(f"{eval_callback.judge_failure}; policy/ and checkpoints are saved, summary.json has no win rate")
+        raise JudgeFailed(
+            f"{eval_callback.judge_failure}; policy/ and checkpoints are saved, summary.json has no win rate"
+        )
     summary = write_summary("finished")
     if trainer.is_global_zero:
         print_summary(summary, log)
@@ -169,8 +240,10 @@ def checkpoint_callbacks(cfg: DictConfig, out: Path) -> list:
     from rloo.callbacks import RolloutCheckpoints
 
     directory = out / "checkpoints"
-    return [RolloutCheckpoints(directory, cfg.checkpoint_every, cfg.checkpoint_minutes, cfg.keep_checkpoints),
-            OnExceptionCheckpoint(directory, "interrupted")]
+    return [
+        RolloutCheckpoints(directory, cfg.checkpoint_every, cfg.checkpoint_minutes, cfg.keep_checkpoints),
+        OnExceptionCheckpoint(directory, "interrupted"),
+    ]
 
 
 def continued_wandb_run(logger_cfg: DictConfig, out: Path) -> dict:
@@ -209,8 +282,10 @@ def compare_with_resumed_run(cfg: DictConfig, out: Path, log) -> None:
     previous = OmegaConf.to_container(OmegaConf.load(previous_config))
     refused, applied = compare_configs(previous, OmegaConf.to_container(cfg, resolve=True))
     if refused:
-        raise ConfigError(f"resume={cfg.resume} cannot continue with {'; '.join(refused)} (from {previous_config}): "
-                          "these keys are fixed for a run; start a new run to change them")
+        raise ConfigError(
+            f"resume={cfg.resume} cannot continue with {'; '.join(refused)} (from {previous_config}): "
+            "these keys are fixed for a run; start a new run to change them"
+        )
     for change in applied:
         log(f"resume: {change} (applied from the resumed rollout on)")
 
@@ -221,21 +296,28 @@ def checkpoint_names(out: Path) -> str:
 
 def stopped_by_sigterm(out: Path, module, log) -> None:
     """Exit as a process ended by SIGTERM (128 + 15), which schedulers read as preempted, never as success."""
-    log(f"rloo: stopped by SIGTERM after {module.state.rollouts} rollouts; checkpoints in {out / 'checkpoints'}: "
-        f"{checkpoint_names(out) or 'none'}; summary.json says what was done")
+    log(
+        f"rloo: stopped by SIGTERM after {module.state.rollouts} rollouts; checkpoints in {out / 'checkpoints'}: "
+        f"{checkpoint_names(out) or 'none'}; summary.json says what was done"
+    )
     sys.exit(SIGTERM_EXIT_CODE)
 
 
 def print_summary(summary: dict, log=print) -> None:
-    log(f"\nrloo: {summary['rollouts']} rollouts ({summary['optimizer_steps']} optimiser steps), {summary['episodes']} episodes"
-        f" in {summary['wall_seconds']:.0f} s")
+    log(
+        f"\nrloo: {summary['rollouts']} rollouts ({summary['optimizer_steps']} optimiser steps), "
+        f"{summary['episodes']} episodes"
+        f" in {summary['wall_seconds']:.0f} s"
+    )
     log(f"  outputs: {summary['output_dir']}  (summary.json, policy/, checkpoints/, config.yaml, logs)")
     initial, final = summary["initial"] or {}, summary["final"] or {}
+
     def shown(evaluation: dict, key: str) -> str:
         if key not in evaluation:
             return "-"
         if key == "eval/win_rate":
-            return f"{evaluation[key]:.3f} [{evaluation['eval/win_rate_ci_low']:.3f}, {evaluation['eval/win_rate_ci_high']:.3f}]"
+            low, high = evaluation["eval/win_rate_ci_low"], evaluation["eval/win_rate_ci_high"]
+            return f"{evaluation[key]:.3f} [{low:.3f}, {high:.3f}]"
         return f"{evaluation[key]:.3f}"
 
     for key in ("eval/win_rate", "eval/score", "eval/mean_length"):

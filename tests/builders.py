@@ -12,21 +12,32 @@ from rloo.rollout import generate_with_logprobs
 from rloo.sampling import SamplingConfig
 
 
-def sampling(max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-             stop_at_eos: bool = True, lean_decode: bool = True, sampler: str = "multinomial") -> SamplingConfig:
+def sampling(
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    stop_at_eos: bool = True,
+    lean_decode: bool = True,
+    sampler: str = "multinomial",
+) -> SamplingConfig:
     """Sampling settings; the multinomial draw by default, so the lean decode and HF generate share a random stream."""
     return SamplingConfig(max_new_tokens, temperature, top_k, top_p, greedy, stop_at_eos, lean_decode, sampler)
 
 
-def hf_generate(policy, prompt_ids, prompt_mask, sampling: SamplingConfig, eos_token_id: int, pad_token_id: int,
-                batch_size: int):
+def hf_generate(
+    policy, prompt_ids, prompt_mask, sampling: SamplingConfig, eos_token_id: int, pad_token_id: int, batch_size: int
+):
     """HF generate's completions `[N, T]` (T <= max_new_tokens; it stops once every row has ended)."""
-    return generate_with_logprobs(policy, prompt_ids, prompt_mask, replace(sampling, lean_decode=False), eos_token_id,
-                                  pad_token_id, batch_size)[0]
+    return generate_with_logprobs(
+        policy, prompt_ids, prompt_mask, replace(sampling, lean_decode=False), eos_token_id, pad_token_id, batch_size
+    )[0]
 
 
 def train_config(algorithm: str, total_rollouts: int, **keys):
-    """The typed config of `algorithm` (RLOOConfig, PPOConfig, ReinforceConfig, DPOConfig) from conf/train.yaml with `keys` set,
+    """The typed config of `algorithm` (RLOOConfig, PPOConfig, ReinforceConfig, DPOConfig) from conf/train.yaml
+    with `keys` set,
     checked as rloo.train checks them."""
     overrides = [f"algo={algorithm}", "judge=none"] + [f"{key}={value}" for key, value in keys.items()]
     cfg = compose_train_config(overrides)
@@ -37,7 +48,7 @@ def train_config(algorithm: str, total_rollouts: int, **keys):
     return algorithm_config(config_class, cfg, total_rollouts)
 
 
-def toy_split(path) -> "SplitSpec":
+def toy_split(path):
     """A split of the embedded task's jsonl layout, as conf/data/toy.yaml reads it."""
     from rloo.data import SplitSpec
 

@@ -14,8 +14,11 @@ SECTIONS = re.compile(r"Post:\n(?P<post>.*?)\n\nSummary A:\n(?P<a>.*?)\n\nSummar
 
 
 def answer(text: str, delay: float = 0.0):
-    body = {"id": "cmpl-test", "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+    body = {
+        "id": "cmpl-test",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+    }
     return 200, {}, json.dumps(body), delay
 
 
@@ -54,8 +57,14 @@ class Handler(BaseHTTPRequestHandler):
             body = None
         with state.lock:
             index = len(state.requests)
-            state.requests.append({"path": self.path, "body": body, "authorization": self.headers.get("Authorization"),
-                                   "content_type": self.headers.get("Content-Type")})
+            state.requests.append(
+                {
+                    "path": self.path,
+                    "body": body,
+                    "authorization": self.headers.get("Authorization"),
+                    "content_type": self.headers.get("Content-Type"),
+                }
+            )
             state.in_flight += 1
             state.max_in_flight = max(state.max_in_flight, state.in_flight)
         try:

@@ -11,22 +11,59 @@ ROOT = Path(__file__).resolve().parent.parent
 HANG_GUARD_S = 3600
 
 FAST = ["debug=fast"]  # conf/debug/fast.yaml: the tiny bootstrap (bootstrap=fast) and three 8-completion steps
-METRICS = ["objective/scores", "objective/kl", "objective/rlhf_reward", "objective/non_score_reward",
-           "objective/entropy", "policy/clipfrac_avg", "policy/approxkl_avg", "loss/policy_avg", "policy/ratio",
-           "completions/mean_length", "completions/eos_frac", "objective/frac_reward_zero_std", "time/rollout",
-           "time/update", "time/tokens_per_second", "train/lr", "train/rollout", "train/episode", "train/epoch"]
+METRICS = [
+    "objective/scores",
+    "objective/kl",
+    "objective/rlhf_reward",
+    "objective/non_score_reward",
+    "objective/entropy",
+    "policy/clipfrac_avg",
+    "policy/approxkl_avg",
+    "loss/policy_avg",
+    "policy/ratio",
+    "completions/mean_length",
+    "completions/eos_frac",
+    "objective/frac_reward_zero_std",
+    "time/rollout",
+    "time/update",
+    "time/tokens_per_second",
+    "train/lr",
+    "train/rollout",
+    "train/episode",
+    "train/epoch",
+]
 
 
 def train(run_dir: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, *overrides], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+    return subprocess.run(
+        [sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, *overrides],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
 
 
 def evaluate(run_dir: Path, cache: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "rloo.evaluate", f"hydra.run.dir={run_dir}", "bootstrap=fast",
-                           "response_length=8", *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rloo.evaluate",
+            f"hydra.run.dir={run_dir}",
+            "bootstrap=fast",
+            "response_length=8",
+            *overrides,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
 
 
 def train_error(run_dir: Path, cache: Path, *overrides: str) -> str:

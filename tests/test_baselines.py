@@ -28,7 +28,7 @@ def test_best_of_k_matches_a_loop_and_averages_to_the_nll_of_the_best():
     k, scores = 4, torch.randn(24)
     expected = []
     for p in range(6):
-        group = scores[p * k:(p + 1) * k].tolist()
+        group = scores[p * k : (p + 1) * k].tolist()
         best = max(range(k), key=lambda i: (group[i], -i))
         expected += [float(k) if i == best else 0.0 for i in range(k)]
     weights = best_of_k_advantages(scores, k)
@@ -41,7 +41,7 @@ def test_best_of_k_matches_a_loop_and_averages_to_the_nll_of_the_best():
 def test_moving_average_hand_values():
     assert moving_average_advantages(torch.tensor([1.0, 2.0]), None).tolist() == [1.0, 2.0]  # no rollout yet: b = 0
     assert moving_average_advantages(torch.tensor([1.0, 2.0]), 0.5).tolist() == [0.5, 1.5]
-    assert updated_moving_average(None, 2.0, 0.9) == 2.0                   # the first rollout's mean starts it
+    assert updated_moving_average(None, 2.0, 0.9) == 2.0  # the first rollout's mean starts it
     assert updated_moving_average(2.0, 4.0, 0.9) == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)
 
 
@@ -54,9 +54,15 @@ class Record(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         targets, rollout = module.last_targets, module.last_rollout
-        self.steps.append({"rewards": targets.rewards.clone(), "advantages": targets.advantages.clone(),
-                           "scores": rollout.scores.clone(), "ended": rollout.ended_with_eos.clone(),
-                           "baseline": getattr(module, "baseline", None)})
+        self.steps.append(
+            {
+                "rewards": targets.rewards.clone(),
+                "advantages": targets.advantages.clone(),
+                "scores": rollout.scores.clone(),
+                "ended": rollout.ended_with_eos.clone(),
+                "baseline": getattr(module, "baseline", None),
+            }
+        )
 
 
 def fit_recorded(assets, tokenizer, module_class, algorithm, **keys):
@@ -66,8 +72,9 @@ def fit_recorded(assets, tokenizer, module_class, algorithm, **keys):
 
 
 def test_reinforce_subtracts_the_moving_average_of_earlier_rollouts(tiny_run_assets, tokenizer):
-    module, steps = fit_recorded(tiny_run_assets, tokenizer, ReinforceModule, "reinforce", k=1, micro_batch_size=4,
-                                 baseline_decay=0.5)
+    module, steps = fit_recorded(
+        tiny_run_assets, tokenizer, ReinforceModule, "reinforce", k=1, micro_batch_size=4, baseline_decay=0.5
+    )
     baseline = None
     for step in steps:  # the loop reference: b before the rollout, then b <- 0.5 b + 0.5 mean R
         expected = step["rewards"] - (0.0 if baseline is None else baseline)
@@ -116,9 +123,12 @@ def test_reinforce_resumes_with_its_moving_baseline_bit_identical(finished_run):
     assert straight.returncode == 0, straight.stderr[-3000:]
     checkpoint = torch.load(base / "reinforce" / "checkpoints" / "step1.ckpt", weights_only=True)
     assert isinstance(checkpoint["rloo_moving_baseline"], float)
-    resumed = train(base / "reinforce_resumed", base / "cache", *args,
-                    f"resume={base / 'reinforce' / 'checkpoints' / 'step1.ckpt'}")
+    resumed = train(
+        base / "reinforce_resumed", base / "cache", *args, f"resume={base / 'reinforce' / 'checkpoints' / 'step1.ckpt'}"
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = (AutoModelForCausalLM.from_pretrained(base / run / "policy").state_dict()
-            for run in ("reinforce", "reinforce_resumed"))
+    a, b = (
+        AutoModelForCausalLM.from_pretrained(base / run / "policy").state_dict()
+        for run in ("reinforce", "reinforce_resumed")
+    )
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -16,14 +16,27 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(*args, timeout=HANG_GUARD_S):
-    return subprocess.run([sys.executable, "-m", "rloo.bench", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rloo.bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow
 def test_bench_smoke_run_writes_every_field(tmp_path):
-    result = bench("--presets", "tiny", "--steps", "2", "--warmup", "1", "--ppo-epochs", "1,2", "--peers", "none",
-                   "--out", str(tmp_path))
+    result = bench(
+        "--presets",
+        "tiny",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--ppo-epochs",
+        "1,2",
+        "--peers",
+        "none",
+        "--out",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads((tmp_path / "results.json").read_text())
     assert {"date", "machine", "args", "results", "ratios"} <= set(report)
@@ -41,17 +54,24 @@ def test_bench_smoke_run_writes_every_field(tmp_path):
         assert r["settings"]["completions_per_step"] == 64  # equal completions per update for every algorithm
     assert runs[("rloo", None)]["settings"]["completions_per_prompt"] == 4
     assert runs[("ppo", 1)]["settings"]["completions_per_prompt"] == 1
-    assert "values" in runs[("ppo", 1)]["phase_seconds_median"] and "old_logprobs" in runs[("ppo", 1)]["phase_seconds_median"]
+    assert (
+        "values" in runs[("ppo", 1)]["phase_seconds_median"]
+        and "old_logprobs" in runs[("ppo", 1)]["phase_seconds_median"]
+    )
     # PPO holds one more model and trains two: more parameter, gradient and optimiser bytes
     rloo_state, ppo_state = runs[("rloo", None)]["model_state_mb"], runs[("ppo", 1)]["model_state_mb"]
     added_parameters = ppo_state["parameters"] - rloo_state["parameters"]  # the value model
     assert added_parameters > 0
     assert ppo_state["gradients"] - rloo_state["gradients"] == pytest.approx(added_parameters, rel=1e-3)
-    assert (ppo_state["optimizer"] - rloo_state["optimizer"]) / 2 == pytest.approx(added_parameters, rel=1e-3)  # Adam: 2 moments
+    assert (ppo_state["optimizer"] - rloo_state["optimizer"]) / 2 == pytest.approx(
+        added_parameters, rel=1e-3
+    )  # Adam: 2 moments
     vs = {row["vs"]: row for row in report["ratios"]}
     assert set(vs) == {"rloo PPO (1 ep)", "rloo PPO (2 ep)"}
     row = vs["rloo PPO (1 ep)"]
-    assert row["time_ratio"] == pytest.approx(runs[("rloo", None)]["step_seconds_median"] / runs[("ppo", 1)]["step_seconds_median"])
+    assert row["time_ratio"] == pytest.approx(
+        runs[("rloo", None)]["step_seconds_median"] / runs[("ppo", 1)]["step_seconds_median"]
+    )
     table = (tmp_path / "results.md").read_text()
     assert "| tiny | rloo RLOO |" in table and "rloo PPO (2 ep)" in table and "Machine:" in table
 
@@ -81,9 +101,9 @@ def test_gpu_presets_need_cuda(tmp_path, capsys):
 
 
 def test_model_state_counts_each_tensor_once_and_adam_state():
-    a = torch.nn.Linear(10, 10)          # 110 params
+    a = torch.nn.Linear(10, 10)  # 110 params
     b = torch.nn.Linear(10, 5).requires_grad_(False)  # 55 frozen params
-    shared = torch.nn.Sequential(a, a)   # the same tensors twice
+    shared = torch.nn.Sequential(a, a)  # the same tensors twice
     optimizer = torch.optim.AdamW(a.parameters())
     a(torch.ones(1, 10)).sum().backward()
     optimizer.step()
@@ -113,16 +133,36 @@ def test_stability_reports_what_the_fp32_head_removes():
     def cell(precision, config, mean):
         return {"model": "m", "precision": precision, "config": config, "logprob_abs_mean": mean}
 
-    cells = [cell("fp32", "peer-like", 1e-7), cell("fp32", "rloo default", 1e-7),
-             cell("bf16", "peer-like", 8.4e-4), cell("bf16", "rloo default", 1.45e-4)]
-    assert head_reductions(cells) == {("m", "bf16"): pytest.approx(8.4e-4 / 1.45e-4)}  # 5.8x; fp32 has no head to compare
+    cells = [
+        cell("fp32", "peer-like", 1e-7),
+        cell("fp32", "rloo default", 1e-7),
+        cell("bf16", "peer-like", 8.4e-4),
+        cell("bf16", "rloo default", 1.45e-4),
+    ]
+    assert head_reductions(cells) == {
+        ("m", "bf16"): pytest.approx(8.4e-4 / 1.45e-4)
+    }  # 5.8x; fp32 has no head to compare
     assert head_reductions(cells[:3]) == {}  # no default cell to compare with
 
 
 @pytest.mark.slow
 def test_the_published_schedule_runs_its_optimiser_steps_per_rollout(tmp_path):
-    result = bench("--presets", "tiny", "--steps", "2", "--warmup", "1", "--ppo-epochs", "1", "--peers", "none",
-                   "--rloo-schedule", "2x2", "--out", str(tmp_path))
+    result = bench(
+        "--presets",
+        "tiny",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--ppo-epochs",
+        "1",
+        "--peers",
+        "none",
+        "--rloo-schedule",
+        "2x2",
+        "--out",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads((tmp_path / "results.json").read_text())
     ours = next(r for r in report["results"] if r["algorithm"] == "rloo")
@@ -138,9 +178,16 @@ def test_the_peer_sums_its_optimiser_steps_into_rollouts():
 
     assert schedule(argparse.Namespace(algorithm="rloo", rloo_schedule="2x2", ppo_epochs=4)) == (2, 2)
     assert schedule(argparse.Namespace(algorithm="ppo", rloo_schedule="2x2", ppo_epochs=4)) == (4, 1)
-    steps = [{"wall": 1.0, "rollout": 0.5, "tokens": 10}, {"wall": 0.2, "rollout": None, "tokens": 0},
-             {"wall": 2.0, "rollout": 1.5, "tokens": 7}, {"wall": 0.3, "rollout": None, "tokens": 0}]
-    assert per_rollout(steps, 2) == [{"wall": 1.2, "tokens": 10, "rollout": 0.5}, {"wall": 2.3, "tokens": 7, "rollout": 1.5}]
+    steps = [
+        {"wall": 1.0, "rollout": 0.5, "tokens": 10},
+        {"wall": 0.2, "rollout": None, "tokens": 0},
+        {"wall": 2.0, "rollout": 1.5, "tokens": 7},
+        {"wall": 0.3, "rollout": None, "tokens": 0},
+    ]
+    assert per_rollout(steps, 2) == [
+        {"wall": 1.2, "tokens": 10, "rollout": 0.5},
+        {"wall": 2.3, "tokens": 7, "rollout": 1.5},
+    ]
 
 
 def test_the_quality_table_renders_its_rows():
@@ -148,7 +195,13 @@ def test_the_quality_table_renders_its_rows():
     from rloo.bench.quality import markdown, row
 
     evaluation = {"eval/win_rate": 0.7, "eval/win_rate_ci_low": 0.6, "eval/win_rate_ci_high": 0.8, "eval/score": 1.5}
-    summary = {"rollouts": 3, "episodes": 24, "fit_seconds": 12.0, "initial": evaluation, "final": evaluation,
-               "output_dir": "x"}
+    summary = {
+        "rollouts": 3,
+        "episodes": 24,
+        "fit_seconds": 12.0,
+        "initial": evaluation,
+        "final": evaluation,
+        "output_dir": "x",
+    }
     table = markdown({"rows": [row("RLOO", summary), row("PPO", summary)]})
     assert "| RLOO | 3 | 24 | 12 | 0.700 | 0.700 [0.600, 0.800] | 1.50 |" in table and table.count("\n") == 4

@@ -1,7 +1,7 @@
 """rloo.bench.peers: TRL's trainers at our settings. The smoke runs need TRL in this interpreter (CI has none):
 
-    PYTHONPATH=. <venv with TRL 1.16>/bin/python -m pytest tests/test_bench_peers.py   # RLOOTrainer (TRL 1.16)
-    PYTHONPATH=. <venv with TRL 1.12>/bin/python -m pytest tests/test_bench_peers.py   # PPOTrainer (TRL 1.12)
+PYTHONPATH=. <venv with TRL 1.16>/bin/python -m pytest tests/test_bench_peers.py   # RLOOTrainer (TRL 1.16)
+PYTHONPATH=. <venv with TRL 1.12>/bin/python -m pytest tests/test_bench_peers.py   # PPOTrainer (TRL 1.12)
 """
 
 import importlib.util
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from tests.e2e import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,8 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_importing_peers_needs_no_trl():
     code = "import sys, rloo.bench.peers; assert 'trl' not in sys.modules, 'peers imported TRL at module level'"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -41,7 +48,7 @@ def test_completion_tokens_stop_at_the_first_eos():
     from rloo.bench.peers import Recorder
 
     recorder = Recorder(eos_token_id=1)
-    prompts = torch.full((3, 2), 7)                                         # [B, prompt_length]
+    prompts = torch.full((3, 2), 7)  # [B, prompt_length]
     completions = torch.tensor([[5, 6, 7, 8], [5, 1, 0, 0], [1, 1, 0, 0]])  # no EOS, EOS at 1, EOS at 0
     recorder.start()
     recorder.count_completions(torch.cat([prompts, completions], 1), prompt_length=2)
@@ -68,10 +75,33 @@ def test_peer_worker_writes_every_field(tmp_path, algorithm):
         pytest.skip(f"the RLOO peer is TRL 1.16's RLOOTrainer; this is TRL {trl.__version__}")
     out = tmp_path / "result.json"
     epochs = 2
-    command = [sys.executable, "-m", "rloo.bench.peers", "--algorithm", algorithm, "--preset", "tiny", "--steps", "2",
-               "--warmup", "1", "--ppo-epochs", str(epochs), "--threads", "2", "--out", str(out)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "rloo.bench.peers",
+        "--algorithm",
+        algorithm,
+        "--preset",
+        "tiny",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--ppo-epochs",
+        str(epochs),
+        "--threads",
+        "2",
+        "--out",
+        str(out),
+    ]
+    result = subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     r = json.loads(out.read_text())
 

@@ -6,9 +6,19 @@ import pytest
 
 from tests.e2e import train
 
-DIAGNOSTICS = ["mismatch/logprob_abs_mean", "mismatch/logprob_abs_max", "mismatch/token_mult_prob_error",
-               "mismatch/seq_log_ratio_mean", "mismatch/seq_log_ratio_min", "mismatch/seq_log_ratio_max",
-               "policy/clipfrac_avg", "policy/token_clipfrac_avg", "policy/ratio", "policy/ratio_min", "policy/ratio_max"]
+DIAGNOSTICS = [
+    "mismatch/logprob_abs_mean",
+    "mismatch/logprob_abs_max",
+    "mismatch/token_mult_prob_error",
+    "mismatch/seq_log_ratio_mean",
+    "mismatch/seq_log_ratio_min",
+    "mismatch/seq_log_ratio_max",
+    "policy/clipfrac_avg",
+    "policy/token_clipfrac_avg",
+    "policy/ratio",
+    "policy/ratio_min",
+    "policy/ratio_max",
+]
 
 
 def metrics(run) -> dict[str, list[float]]:
@@ -22,12 +32,22 @@ def precision_runs(finished_run):
     in bf16 once with the default fp32 LM head and once with a bf16 one."""
     base, _ = finished_run
     runs = {}
-    for name, overrides in (("fp32", ["precision=fp32"]), ("bf16", ["precision=bf16"]),
-                            ("bf16-head", ["precision=bf16", "fp32_lm_head=false"]),
-                            ("bf16-frozen", ["precision=bf16", "model.frozen_dtype=bfloat16"])):
+    for name, overrides in (
+        ("fp32", ["precision=fp32"]),
+        ("bf16", ["precision=bf16"]),
+        ("bf16-head", ["precision=bf16", "fp32_lm_head=false"]),
+        ("bf16-frozen", ["precision=bf16", "model.frozen_dtype=bfloat16"]),
+    ):
         run = base / f"mismatch-{name}"
-        result = train(run, base / "cache", *overrides, "num_ppo_epochs=2", "eval_every=0", "checkpoint_every=0",
-                       "log_histograms=true")
+        result = train(
+            run,
+            base / "cache",
+            *overrides,
+            "num_ppo_epochs=2",
+            "eval_every=0",
+            "checkpoint_every=0",
+            "log_histograms=true",
+        )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         runs[name] = run
     return runs
@@ -39,8 +59,11 @@ def test_every_diagnostic_is_logged_every_step(precision_runs):
         logged = metrics(run)
         for key in DIAGNOSTICS:
             assert len(logged.get(key, [])) == 3, key  # 3 steps
-        for low, mean, high in zip(logged["mismatch/seq_log_ratio_min"], logged["mismatch/seq_log_ratio_mean"],
-                                   logged["mismatch/seq_log_ratio_max"]):
+        for low, mean, high in zip(
+            logged["mismatch/seq_log_ratio_min"],
+            logged["mismatch/seq_log_ratio_mean"],
+            logged["mismatch/seq_log_ratio_max"],
+        ):
             assert low <= mean <= high
         assert all(v >= 1.0 for v in logged["mismatch/token_mult_prob_error"])
 
@@ -77,8 +100,17 @@ def test_histograms_reach_the_offline_wandb_run(precision_runs):
 def test_generation_logprobs_break_the_on_policy_ratio_in_bf16_and_recompute_keeps_it(finished_run):
     base, _ = finished_run
     run = base / "peer-like-bf16"
-    result = train(run, base / "cache", "precision=bf16", "old_logprobs=generation", "fp32_lm_head=false",
-                   "eval_every=0", "checkpoint_every=0", "is_correction=tis_token", "sequence_ratio=mean")
+    result = train(
+        run,
+        base / "cache",
+        "precision=bf16",
+        "old_logprobs=generation",
+        "fp32_lm_head=false",
+        "eval_every=0",
+        "checkpoint_every=0",
+        "is_correction=tis_token",
+        "sequence_ratio=mean",
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     logged = metrics(run)
     # one update per rollout: with recomputed log-probs the ratio is exactly 1 (tests/test_module.py);

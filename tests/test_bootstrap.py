@@ -12,24 +12,37 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, GPTNeoXForCausalLM,
-                          GPTNeoXForSequenceClassification)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    GPTNeoXForCausalLM,
+    GPTNeoXForSequenceClassification,
+)
 
-from rloo.toy.reward_stage import bradley_terry_loss, collate_pairs, encode_pairs, pair_scores
-from rloo.toy.sft_stage import collate_sft, encode_sft_examples, sft_loss
 from rloo.toy import bootstrap
 from rloo.toy.bootstrap import MARKER, artifacts_dir, build_architecture, build_tokenizer, ensure_artifacts
 from rloo.toy.evaluation import pair_accuracy
+from rloo.toy.reward_stage import bradley_terry_loss, collate_pairs, encode_pairs, pair_scores
+from rloo.toy.sft_stage import collate_sft, encode_sft_examples, sft_loss
 from tests.e2e import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/bootstrap/toy.yaml"))
 # Command-line form of TINY, for the entry points.
 TINY_OVERRIDES = [
-    "bootstrap.task.n_train=256", "bootstrap.task.n_validation=32", "bootstrap.task.n_test=16",
-    "bootstrap.architecture.hidden_size=64", "bootstrap.architecture.num_layers=2", "bootstrap.architecture.num_heads=2",
-    "bootstrap.architecture.intermediate_size=128", "bootstrap.sft.epochs=1", "bootstrap.sft.batch_size=64",
-    "bootstrap.reward.num_pairs=128", "bootstrap.reward.num_heldout_pairs=64", "bootstrap.reward.epochs=1",
+    "bootstrap.task.n_train=256",
+    "bootstrap.task.n_validation=32",
+    "bootstrap.task.n_test=16",
+    "bootstrap.architecture.hidden_size=64",
+    "bootstrap.architecture.num_layers=2",
+    "bootstrap.architecture.num_heads=2",
+    "bootstrap.architecture.intermediate_size=128",
+    "bootstrap.sft.epochs=1",
+    "bootstrap.sft.batch_size=64",
+    "bootstrap.reward.num_pairs=128",
+    "bootstrap.reward.num_heldout_pairs=64",
+    "bootstrap.reward.epochs=1",
 ]
 
 
@@ -43,8 +56,9 @@ def tiny_config():
 
 def tiny_model(cls, tokenizer, **arch):
     torch.manual_seed(0)
-    config = build_architecture(dict(tiny_config()["architecture"], **arch), len(tokenizer), tokenizer.pad_token_id,
-                                tokenizer.eos_token_id)
+    config = build_architecture(
+        dict(tiny_config()["architecture"], **arch), len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id
+    )
     if cls is GPTNeoXForSequenceClassification:
         config.num_labels = 1
     return cls(config).eval()
@@ -149,13 +163,18 @@ def test_bradley_terry_loss_by_hand():
 def test_pair_scores_match_unpadded_forward(tokenizer):
     """The padded rollout layout scores each sequence as HF's own classifier does on it alone."""
     model = tiny_model(GPTNeoXForSequenceClassification, tokenizer)
-    pairs = [{"prompt": "POST: the cat was on my boat\n\nTL;DR:", "chosen": " cat boat", "rejected": " cat lol"},
-             {"prompt": "POST: rain\n\nTL;DR:", "chosen": " rain", "rejected": " rain rain the dog"}]
+    pairs = [
+        {"prompt": "POST: the cat was on my boat\n\nTL;DR:", "chosen": " cat boat", "rejected": " cat lol"},
+        {"prompt": "POST: rain\n\nTL;DR:", "chosen": " rain", "rejected": " rain rain the dog"},
+    ]
     rows = encode_pairs(tokenizer, pairs)
     with torch.no_grad():
         chosen, rejected = pair_scores(model, collate_pairs(tokenizer.pad_token_id)(rows))
-        alone = [model(input_ids=torch.tensor([prompt + completion])).logits[0, 0]
-                 for prompt, c, r in rows for completion in (c, r)]
+        alone = [
+            model(input_ids=torch.tensor([prompt + completion])).logits[0, 0]
+            for prompt, c, r in rows
+            for completion in (c, r)
+        ]
     assert torch.allclose(torch.stack([chosen, rejected], 1).flatten(), torch.stack(alone), atol=1e-5)
     expected = -torch.nn.functional.logsigmoid(torch.stack(alone[0::2]) - torch.stack(alone[1::2])).mean()
     assert bradley_terry_loss(chosen, rejected).item() == pytest.approx(expected.item(), abs=1e-5)
@@ -164,8 +183,10 @@ def test_pair_scores_match_unpadded_forward(tokenizer):
 def test_sft_loss_is_completion_token_nll(tokenizer):
     """Left-padded prompts and right-padded completions give the NLL of the reference + EOS tokens alone."""
     model = tiny_model(GPTNeoXForCausalLM, tokenizer)
-    examples = [{"prompt": "POST: the cat was on my boat\n\nTL;DR:", "reference": " cat"},
-                {"prompt": "POST: rain\n\nTL;DR:", "reference": " rain lol the dog"}]
+    examples = [
+        {"prompt": "POST: the cat was on my boat\n\nTL;DR:", "reference": " cat"},
+        {"prompt": "POST: rain\n\nTL;DR:", "reference": " rain lol the dog"},
+    ]
     rows = encode_sft_examples(tokenizer, examples)
     assert all(completion[-1] == tokenizer.eos_token_id for _, completion in rows)
     nll = []
@@ -189,8 +210,14 @@ def test_reward_model_beats_chance_on_heldout_pairs(tokenizer, tmp_path):
 
 def run_entry_point(module, tmp_path, *overrides):
     env = dict(os.environ, RLOO_CACHE_DIR=str(tmp_path / "cache"))
-    result = subprocess.run([sys.executable, "-m", module, *TINY_OVERRIDES, *overrides, f"hydra.run.dir={tmp_path}"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    result = subprocess.run(
+        [sys.executable, "-m", module, *TINY_OVERRIDES, *overrides, f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

@@ -80,14 +80,18 @@ def test_recipe_chat_template_renders_the_published_prompt(tokenizer):
     cfg = composed("model=pythia1b")
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.chat_template = cfg.model.chat_template
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "SUBREDDIT: r/x\n\nPOST: hi\n\nTL;DR:"}],
-                                         tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "SUBREDDIT: r/x\n\nPOST: hi\n\nTL;DR:"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert text == "User: SUBREDDIT: r/x\n\nPOST: hi\n\nTL;DR:\n\nAssistant:"
 
 
 def run_train(*args, timeout=HANG_GUARD_S):
-    return subprocess.run([sys.executable, "-m", "rloo.train", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rloo.train", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow
@@ -101,15 +105,29 @@ def test_cfg_job_for_the_real_recipe_composes_without_downloading():
 @pytest.mark.parametrize("size", ["1b", "6.9b"])
 def test_a_model_on_the_command_line_runs_its_published_recipe(size):
     """model=pythia1b alone selects experiment=tldr_pythia1b; experiment=none keeps the model alone."""
-    assert composed(f"model=pythia{size}", "precision=bf16") == composed(f"experiment=tldr_pythia{size}", "precision=bf16")
+    assert composed(f"model=pythia{size}", "precision=bf16") == composed(
+        f"experiment=tldr_pythia{size}", "precision=bf16"
+    )
     alone = composed(f"model=pythia{size}", "experiment=none")
     assert alone.model.name == f"pythia{size}" and alone.data.name == "toy" and alone.k == 4
 
 
 def test_the_default_run_composes_the_embedded_task_with_rloo():
     cfg = composed()
-    assert (cfg.algorithm, cfg.k, cfg.kl_coef, cfg.loss, cfg.clip_range, cfg.num_ppo_epochs) == ("rloo", 4, 0.05, "ppo_clip", 0.2, 1)
-    assert (cfg.model.name, cfg.data.name, cfg.precision.name, cfg.bootstrap.task.n_train) == ("tiny", "toy", "fp32", 16384)
+    assert (cfg.algorithm, cfg.k, cfg.kl_coef, cfg.loss, cfg.clip_range, cfg.num_ppo_epochs) == (
+        "rloo",
+        4,
+        0.05,
+        "ppo_clip",
+        0.2,
+        1,
+    )
+    assert (cfg.model.name, cfg.data.name, cfg.precision.name, cfg.bootstrap.task.n_train) == (
+        "tiny",
+        "toy",
+        "fp32",
+        16384,
+    )
     assert (cfg.rollout_batch_size, cfg.total_episodes, cfg.lr, cfg.response_length) == (64, 8192, 3e-4, 16)
     assert cfg.judge._target_.endswith("OracleJudge") and set(cfg.logger) == {"wandb", "csv"}
 
@@ -118,14 +136,19 @@ def test_a_recipe_has_the_last_word_over_an_algorithm():
     """experiment/ is composed after algo/: the recipe's schedule and k hold whatever algorithm runs it."""
     assert composed("experiment=bf16_mismatch", "algo=ppo").num_ppo_epochs == 2
     assert composed("experiment=tldr_pythia1b", "algo=raft").k == 2
-    assert composed("experiment=bf16_mismatch", "algo=ppo", "num_ppo_epochs=3").num_ppo_epochs == 3  # the command line wins
+    assert (
+        composed("experiment=bf16_mismatch", "algo=ppo", "num_ppo_epochs=3").num_ppo_epochs == 3
+    )  # the command line wins
 
 
 def test_bootstrap_none_runs_without_the_embedded_task(tiny_run_assets):
-    cfg = composed("bootstrap=none", f"model.policy={tiny_run_assets / 'policy'}",
-                   f"model.reward_model={tiny_run_assets / 'reward_model'}",
-                   f"data.train.path={tiny_run_assets / 'train.jsonl'}",
-                   f"data.validation.path={tiny_run_assets / 'validation.jsonl'}")
+    cfg = composed(
+        "bootstrap=none",
+        f"model.policy={tiny_run_assets / 'policy'}",
+        f"model.reward_model={tiny_run_assets / 'reward_model'}",
+        f"data.train.path={tiny_run_assets / 'train.jsonl'}",
+        f"data.validation.path={tiny_run_assets / 'validation.jsonl'}",
+    )
     assert cfg.get("bootstrap") is None
     validate_train_config(cfg)
     assert "model." in first_error("bootstrap=none")  # your own models and data, named
@@ -141,54 +164,74 @@ def test_every_experiment_debug_and_bootstrap_option_composes_and_validates(grou
 def test_model_files_hold_models_and_recipes_hold_the_rest():
     for name in group_options("model"):
         keys = set(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
-        assert keys == {"name", "policy", "reference", "reward_model", "tokenizer", "chat_template", "pad_token",
-                        "frozen_dtype", "lora"}, name
+        assert keys == {
+            "name",
+            "policy",
+            "reference",
+            "reward_model",
+            "tokenizer",
+            "chat_template",
+            "pad_token",
+            "frozen_dtype",
+            "lora",
+        }, name
 
 
-@pytest.mark.parametrize("override, key, allowed", [
-    ("k=1", "k=1", "integer >= 2"),
-    ("rollout_batch_size=30", "rollout_batch_size=30", "multiple of k=4"),
-    ("lr=-0.1", "lr=-0.1", "number in"),
-    ("temperature=0", "temperature=0", "number in"),
-    ("response_length=0", "response_length=0", "positive integer"),
-    ("loss=dpo", "loss='dpo'", "ppo_clip, reinforce"),
-    ("kl_estimator=k9", "kl_estimator='k9'", "k1, k2, k3"),
-    ("model=gpt5", "model='gpt5'", "pythia1b, pythia6.9b, tiny"),
-    ("precision=fp8", "precision='fp8'", "bf16, bf16-true, fp16, fp32"),
-    ("data.train.path=/nonexistent/prompts.jsonl", "data.train.path='/nonexistent/prompts.jsonl'", "does not exist"),
-    ("judge=gpt5", "judge='gpt5'", "hf, none, openai, oracle, reward_model"),
-    ("eval_every=-1", "eval_every=-1", "integer >= 0"),
-    ("algo=a2c", "algo='a2c'", "dpo, ppo, raft, reinforce, rloo, rloo_k2, vanilla_pg"),
-    ("algo=raft k=1", "k=1", "integer >= 2 with algo=raft"),
-    ("algo=reinforce baseline_decay=1.5", "baseline_decay=1.5", "number in"),
-    ("experiment=tldr_gpt5", "experiment='tldr_gpt5'", "bf16_mismatch, tldr_pythia1b, tldr_pythia6.9b"),
-    ("algo=ppo loss=reinforce", "loss", "does nothing with algo=ppo"),
-    ("algo=ppo lam=1.5", "lam=1.5", "number in"),
-    ("algo=ppo sequence_ratio=mean", "sequence_ratio", "does nothing with algo=ppo"),
-    ("algo=dpo kl_coef=0.5", "kl_coef", "does nothing with algo=dpo"),
-    ("algo=dpo loss=reinforce", "loss", "does nothing with algo=dpo"),
-    ("algo=dpo is_correction=tis_token", "is_correction", "does nothing with algo=dpo"),
-    ("algo=dpo old_logprobs=generation", "old_logprobs", "does nothing with algo=dpo"),
-    ("algo=dpo sequence_ratio=mean", "sequence_ratio", "does nothing with algo=dpo"),
-    ("algo=dpo clip_range=0.9", "clip_range", "does nothing with algo=dpo"),
-    ("algo=rloo dpo_beta=0.2", "dpo_beta", "does nothing with algo=rloo"),
-    ("algo=dpo experiment=bf16_mismatch", "old_logprobs", "does nothing with algo=dpo"),
-    ("algo=dpo +kl_coef=0.5", "kl_coef", "does nothing with algo=dpo"),
-    ("klcoef=0.1", "klcoef", "not a config key"),
-    ("model.policyy=x", "model.policyy", "not a config key"),
-    ("bootstrap=huge", "bootstrap='huge'", "fast, hard, toy, none"),
-    ("eval.greedy=3", "eval.greedy=3", "true or false"),
-    ("sampler=gumbel", "sampler='gumbel'", "inverse_cdf, multinomial"),
-    ("trainer.strategy=fsdp", "trainer.strategy=fsdp", "needs GPUs"),
-    ("trainer=gpu trainer.strategy=deepspeed_stage_3", "lean_decode=true", "set lean_decode=false"),
-    ("trainer.strategy=fsdp2", "lean_decode=true", "set lean_decode=false"),
-    ("trainer.strategy=fsdp2 lean_decode=false model.lora=true", "model.lora=true", "trainer.strategy=ddp"),
-    ("model.lora=yes", "model.lora='yes'", "true or false"),
-    ("model.lora=true lora.r=0", "lora.r=0", "positive integer"),
-    ("algo=ppo value_model=/nonexistent/vm", "value_model='/nonexistent/vm'", "does not exist"),
-    ("judge=hf", "judge.path", "required"),
-    ("judge=openai judge.base_url=http://127.0.0.1:9/v1 judge.max_retries=-1", "judge.max_retries=-1", "integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "override, key, allowed",
+    [
+        ("k=1", "k=1", "integer >= 2"),
+        ("rollout_batch_size=30", "rollout_batch_size=30", "multiple of k=4"),
+        ("lr=-0.1", "lr=-0.1", "number in"),
+        ("temperature=0", "temperature=0", "number in"),
+        ("response_length=0", "response_length=0", "positive integer"),
+        ("loss=dpo", "loss='dpo'", "ppo_clip, reinforce"),
+        ("kl_estimator=k9", "kl_estimator='k9'", "k1, k2, k3"),
+        ("model=gpt5", "model='gpt5'", "pythia1b, pythia6.9b, tiny"),
+        ("precision=fp8", "precision='fp8'", "bf16, bf16-true, fp16, fp32"),
+        (
+            "data.train.path=/nonexistent/prompts.jsonl",
+            "data.train.path='/nonexistent/prompts.jsonl'",
+            "does not exist",
+        ),
+        ("judge=gpt5", "judge='gpt5'", "hf, none, openai, oracle, reward_model"),
+        ("eval_every=-1", "eval_every=-1", "integer >= 0"),
+        ("algo=a2c", "algo='a2c'", "dpo, ppo, raft, reinforce, rloo, rloo_k2, vanilla_pg"),
+        ("algo=raft k=1", "k=1", "integer >= 2 with algo=raft"),
+        ("algo=reinforce baseline_decay=1.5", "baseline_decay=1.5", "number in"),
+        ("experiment=tldr_gpt5", "experiment='tldr_gpt5'", "bf16_mismatch, tldr_pythia1b, tldr_pythia6.9b"),
+        ("algo=ppo loss=reinforce", "loss", "does nothing with algo=ppo"),
+        ("algo=ppo lam=1.5", "lam=1.5", "number in"),
+        ("algo=ppo sequence_ratio=mean", "sequence_ratio", "does nothing with algo=ppo"),
+        ("algo=dpo kl_coef=0.5", "kl_coef", "does nothing with algo=dpo"),
+        ("algo=dpo loss=reinforce", "loss", "does nothing with algo=dpo"),
+        ("algo=dpo is_correction=tis_token", "is_correction", "does nothing with algo=dpo"),
+        ("algo=dpo old_logprobs=generation", "old_logprobs", "does nothing with algo=dpo"),
+        ("algo=dpo sequence_ratio=mean", "sequence_ratio", "does nothing with algo=dpo"),
+        ("algo=dpo clip_range=0.9", "clip_range", "does nothing with algo=dpo"),
+        ("algo=rloo dpo_beta=0.2", "dpo_beta", "does nothing with algo=rloo"),
+        ("algo=dpo experiment=bf16_mismatch", "old_logprobs", "does nothing with algo=dpo"),
+        ("algo=dpo +kl_coef=0.5", "kl_coef", "does nothing with algo=dpo"),
+        ("klcoef=0.1", "klcoef", "not a config key"),
+        ("model.policyy=x", "model.policyy", "not a config key"),
+        ("bootstrap=huge", "bootstrap='huge'", "fast, hard, toy, none"),
+        ("eval.greedy=3", "eval.greedy=3", "true or false"),
+        ("sampler=gumbel", "sampler='gumbel'", "inverse_cdf, multinomial"),
+        ("trainer.strategy=fsdp", "trainer.strategy=fsdp", "needs GPUs"),
+        ("trainer=gpu trainer.strategy=deepspeed_stage_3", "lean_decode=true", "set lean_decode=false"),
+        ("trainer.strategy=fsdp2", "lean_decode=true", "set lean_decode=false"),
+        ("trainer.strategy=fsdp2 lean_decode=false model.lora=true", "model.lora=true", "trainer.strategy=ddp"),
+        ("model.lora=yes", "model.lora='yes'", "true or false"),
+        ("model.lora=true lora.r=0", "lora.r=0", "positive integer"),
+        ("algo=ppo value_model=/nonexistent/vm", "value_model='/nonexistent/vm'", "does not exist"),
+        ("judge=hf", "judge.path", "required"),
+        (
+            "judge=openai judge.base_url=http://127.0.0.1:9/v1 judge.max_retries=-1",
+            "judge.max_retries=-1",
+            "integer >= 0",
+        ),
+    ],
+)
 def test_bad_values_fail_fast_with_one_line_naming_the_key(override, key, allowed):
     error = first_error(*override.split())
     assert "\n" not in error and key in error and allowed in error, error
@@ -200,8 +243,9 @@ def test_a_bad_value_exits_2_with_one_line_and_loads_nothing(tmp_path):
     result = run_train("algo=dpo", "kl_coef=0.5", f"hydra.run.dir={tmp_path / 'run'}", "logger=none")
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines == ["error: kl_coef does nothing with algo=dpo: only ppo, raft, reinforce, rloo, vanilla_pg read it; "
-                     "remove it"], result.stderr
+    assert lines == [
+        "error: kl_coef does nothing with algo=dpo: only ppo, raft, reinforce, rloo, vanilla_pg read it; remove it"
+    ], result.stderr
     assert not (tmp_path / "run" / "policy").exists()
 
 
@@ -233,7 +277,7 @@ def test_total_episodes_counts_every_device():
 def compose_sweep(name: str):
     """A sweep file as `python -m rloo.train -m -cd sweeps -cn NAME` composes it: the job config and its params."""
     from hydra import compose, initialize_config_dir
-    
+
     from rloo.resolvers import register_resolvers
 
     register_resolvers()
@@ -289,7 +333,9 @@ def test_real_recipe_judges_with_openai_and_asks_for_the_key(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY")
     with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
         validate_train_config(cfg)
-    validate_train_config(composed("model=pythia1b", "judge.base_url=http://localhost:8000/v1"))  # a local server needs no key
+    validate_train_config(
+        composed("model=pythia1b", "judge.base_url=http://localhost:8000/v1")
+    )  # a local server needs no key
 
 
 def test_oracle_judge_is_refused_off_the_embedded_task(monkeypatch):
@@ -302,4 +348,6 @@ def test_a_deepspeed_strategy_without_deepspeed_is_one_line_before_any_model_loa
 
     if importlib.util.find_spec("deepspeed") is not None:
         pytest.skip("deepspeed is installed here")
-    assert "trainer.strategy=deepspeed_stage_2 needs DeepSpeed" in first_error("trainer=gpu", "trainer.strategy=deepspeed_stage_2")
+    assert "trainer.strategy=deepspeed_stage_2 needs DeepSpeed" in first_error(
+        "trainer=gpu", "trainer.strategy=deepspeed_stage_2"
+    )

@@ -10,7 +10,10 @@ import torch
 from rloo.data import EpisodeSampler, PromptDataModule, SplitSpec, left_pad, load_split, tokenize_prompts
 from rloo.errors import ConfigError
 
-ROWS = [{"prompt": f"POST: the {w} was there\n\nTL;DR:", "reference": f" {w}"} for w in ("cat", "dog", "boat", "rain", "car")]
+ROWS = [
+    {"prompt": f"POST: the {w} was there\n\nTL;DR:", "reference": f" {w}"}
+    for w in ("cat", "dog", "boat", "rain", "car")
+]
 
 
 def write_jsonl(path, rows):
@@ -51,20 +54,42 @@ def test_long_prompts_are_dropped_or_left_truncated_and_counted(tokenizer):
 
 
 def test_tldr_format_messages_are_rendered_with_the_recipe_template(tmp_path, tokenizer):
-    """The published data layout on small local files: train has messages [user, assistant]; eval has prompt/completion."""
+    """The published data layout on small local files: train has messages [user, assistant]; eval has
+    prompt/completion."""
     from tests.test_config import composed
 
-    train = write_jsonl(tmp_path / "train.jsonl", [
-        {"messages": [{"role": "user", "content": "SUBREDDIT: r/pets\n\nTITLE: cat\n\nPOST: my cat\n\nTL;DR:"},
-                      {"role": "assistant", "content": " my cat is great"}]}] * 3)
-    validation = write_jsonl(tmp_path / "validation.jsonl", [
-        {"prompt": "SUBREDDIT: r/pets\n\nTITLE: dog\n\nPOST: my dog\n\nTL;DR:", "completion": " dog"}] * 2)
+    train = write_jsonl(
+        tmp_path / "train.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": "SUBREDDIT: r/pets\n\nTITLE: cat\n\nPOST: my cat\n\nTL;DR:"},
+                    {"role": "assistant", "content": " my cat is great"},
+                ]
+            }
+        ]
+        * 3,
+    )
+    validation = write_jsonl(
+        tmp_path / "validation.jsonl",
+        [{"prompt": "SUBREDDIT: r/pets\n\nTITLE: dog\n\nPOST: my dog\n\nTL;DR:", "completion": " dog"}] * 2,
+    )
     cfg = composed("model=pythia1b", f"data.train.path={train}", f"data.validation.path={validation}")
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = cfg.model.chat_template
-    dm = PromptDataModule(tok, SplitSpec(**cfg.data.train), SplitSpec(**cfg.data.validation),
-                          cfg.data.max_prompt_length, cfg.data.truncate_prompts, prompts_per_rollout=1,
-                          num_rollouts=2, seed=0, shuffle=True, num_workers=0, log=lambda *_: None)
+    dm = PromptDataModule(
+        tok,
+        SplitSpec(**cfg.data.train),
+        SplitSpec(**cfg.data.validation),
+        cfg.data.max_prompt_length,
+        cfg.data.truncate_prompts,
+        prompts_per_rollout=1,
+        num_rollouts=2,
+        seed=0,
+        shuffle=True,
+        num_workers=0,
+        log=lambda *_: None,
+    )
     dm.setup()
     assert dm.train_rows[0]["prompt"] == "User: SUBREDDIT: r/pets\n\nTITLE: cat\n\nPOST: my cat\n\nTL;DR:\n\nAssistant:"
     assert dm.train_rows[0]["reference"] == " my cat is great"
@@ -90,8 +115,19 @@ def test_episode_sampler_yields_exact_count_with_full_reshuffled_passes():
 def test_train_dataloader_has_one_batch_per_rollout(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "p.jsonl", ROWS)
     spec = SplitSpec(path=str(path), split="train", prompt_column="prompt", reference_column="reference")
-    dm = PromptDataModule(tokenizer, spec, spec, 64, False, prompts_per_rollout=2, num_rollouts=7, seed=0, shuffle=True,
-                          num_workers=0, log=lambda *_: None)
+    dm = PromptDataModule(
+        tokenizer,
+        spec,
+        spec,
+        64,
+        False,
+        prompts_per_rollout=2,
+        num_rollouts=7,
+        seed=0,
+        shuffle=True,
+        num_workers=0,
+        log=lambda *_: None,
+    )
     dm.setup()
     batches = list(dm.train_dataloader())
     assert len(batches) == 7

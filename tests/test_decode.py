@@ -20,13 +20,21 @@ PAD, EOS = 0, 1  # the presets' tokenizer ids
 ARCHITECTURES = [(True, 0.25), (False, 0.25), (True, 1.0)]
 
 
-def tiny_model(parallel: bool = True, rotary_pct: float = 0.25, vocab_size: int = 512, seed: int = 0,
-               hidden_size: int = 64):
+def tiny_model(
+    parallel: bool = True, rotary_pct: float = 0.25, vocab_size: int = 512, seed: int = 0, hidden_size: int = 64
+):
     """A random GPT-NeoX: hidden 64, 4 heads of 16 dims (rotary on 4 of them at 0.25), 2 layers."""
     torch.manual_seed(seed)
-    config = neox_config(PRESETS["tiny"], hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=4 * hidden_size, vocab_size=vocab_size, use_parallel_residual=parallel,
-                         rotary_pct=rotary_pct)
+    config = neox_config(
+        PRESETS["tiny"],
+        hidden_size=hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=4 * hidden_size,
+        vocab_size=vocab_size,
+        use_parallel_residual=parallel,
+        rotary_pct=rotary_pct,
+    )
     return GPTNeoXForCausalLM(config).eval()
 
 
@@ -34,7 +42,7 @@ def left_padded_prompts(num_rows: int, length: int, vocab_size: int, seed: int =
     """ids, mask `[N, P]`: row i has a real length cycling through 1..P, left-padded with PAD."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(2, vocab_size, (num_rows, length), generator=generator)
-    real = 1 + torch.arange(num_rows) % length                          # [N]
+    real = 1 + torch.arange(num_rows) % length  # [N]
     mask = (torch.arange(length)[None, :] >= length - real[:, None]).long()
     return ids.masked_fill(mask == 0, PAD), mask
 
@@ -111,8 +119,9 @@ def test_stops_once_every_row_has_ended():
 
 
 @pytest.mark.parametrize("parallel, rotary_pct", ARCHITECTURES)
-@pytest.mark.parametrize("temperature, top_k, top_p, greedy", [(0.7, 0, 1.0, False), (0.7, 5, 0.9, False),
-                                                               (1.0, 0, 1.0, True)])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p, greedy", [(0.7, 0, 1.0, False), (0.7, 5, 0.9, False), (1.0, 0, 1.0, True)]
+)
 def test_logprobs_equal_training_forward(parallel, rotary_pct, temperature, top_k, top_p, greedy):
     model = tiny_model(parallel, rotary_pct, vocab_size=24)  # a small vocabulary: EOS ends many rows
     ids, mask = left_padded_prompts(16, 5, 24)
@@ -122,24 +131,34 @@ def test_logprobs_equal_training_forward(parallel, rotary_pct, temperature, top_
     completions, completion_mask, ended = truncate_after_stop(completions, EOS, PAD)
     if not greedy:
         assert ended.any()
-    expected = completion_logprobs(model, torch.cat([ids, completions], 1), torch.cat([mask, completion_mask], 1),
-                                   completions, completion_mask, 1.0 if greedy else temperature)
+    expected = completion_logprobs(
+        model,
+        torch.cat([ids, completions], 1),
+        torch.cat([mask, completion_mask], 1),
+        completions,
+        completion_mask,
+        1.0 if greedy else temperature,
+    )
     assert logprobs.dtype == torch.float32
     torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
     assert (logprobs[completion_mask == 0] == 0).all()
 
 
 def hf_warp(scores, temperature, top_k, top_p):
-    for warper in (TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k) if top_k else None,
-                   TopPLogitsWarper(top_p) if top_p < 1.0 else None):
+    for warper in (
+        TemperatureLogitsWarper(temperature),
+        TopKLogitsWarper(top_k) if top_k else None,
+        TopPLogitsWarper(top_p) if top_p < 1.0 else None,
+    ):
         if warper is not None:
             scores = warper(None, scores)
     return scores
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 0.9), (1.3, 10, 1.0), (0.7, 20, 0.5),
-                                                       (1.0, 0, 1e-4), (0.5, 7, 0.0), (0.9, 1, 0.3),
-                                                       (2.0, 200, 0.99)])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [(0.7, 0, 0.9), (1.3, 10, 1.0), (0.7, 20, 0.5), (1.0, 0, 1e-4), (0.5, 7, 0.0), (0.9, 1, 0.3), (2.0, 200, 0.99)],
+)
 @pytest.mark.parametrize("ties", [False, True])
 def test_filter_equals_hf_warpers(temperature, top_k, top_p, ties):
     generator = torch.Generator().manual_seed(0)
@@ -167,8 +186,9 @@ def test_first_step_frequencies_match_softmax(top_k, top_p, sampler):
     expected = filter_logits((logits / temperature)[None], top_k, top_p)[0].softmax(-1)  # [V]
     sampling = sampling_config(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p, sampler=sampler)
     torch.manual_seed(0)
-    completions, _ = lean_generate(model, ids.expand(rows, -1), torch.ones(rows, 4, dtype=torch.long), sampling,
-                                   EOS, PAD)
+    completions, _ = lean_generate(
+        model, ids.expand(rows, -1), torch.ones(rows, 4, dtype=torch.long), sampling, EOS, PAD
+    )
     frequencies = torch.bincount(completions[:, 0], minlength=16).float() / rows
     # 6 standard errors per token: a fixed seed never flakes, a wrong distribution is far outside
     tolerance = 6 * (expected * (1 - expected) / rows).sqrt() + 1e-4
@@ -232,14 +252,26 @@ def test_bf16_runs_with_finite_logprobs(how):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
             _, completion_mask, _ = truncate_after_stop(completions, EOS, PAD)
-            expected = completion_logprobs(model, torch.cat([ids, completions], 1),
-                                           torch.cat([mask, completion_mask], 1), completions, completion_mask, 0.7)
+            expected = completion_logprobs(
+                model,
+                torch.cat([ids, completions], 1),
+                torch.cat([mask, completion_mask], 1),
+                completions,
+                completion_mask,
+                0.7,
+            )
     else:
         model = model.to(torch.bfloat16)
         completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
         _, completion_mask, _ = truncate_after_stop(completions, EOS, PAD)
-        expected = completion_logprobs(model, torch.cat([ids, completions], 1), torch.cat([mask, completion_mask], 1),
-                                       completions, completion_mask, 0.7)
+        expected = completion_logprobs(
+            model,
+            torch.cat([ids, completions], 1),
+            torch.cat([mask, completion_mask], 1),
+            completions,
+            completion_mask,
+            0.7,
+        )
     assert logprobs.dtype == torch.float32 and torch.isfinite(logprobs).all()
     real = completion_mask == 1
     assert (logprobs[real] < 0).all() and (logprobs[~real] == 0).all()

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rloo.algorithms.dpo import DPOModule
+from rloo.cli import compose_train_config
 from rloo.errors import ConfigError
 from rloo.objectives import dpo_loss, preference_pairs
-from rloo.cli import compose_train_config
 from tests.e2e import train
 from tests.test_module import fit
 
@@ -22,9 +22,9 @@ NAN = float("nan")
 # ---- the math --------------------------------------------------------------------------------------------
 def test_preference_pairs_hand_values():
     chosen, rejected, decided = preference_pairs(torch.tensor([1.0, 3.0, 5.0, 5.0, NAN, 2.0, -1.0, 0.0]), 2)
-    assert chosen.tolist()[0] == 1 and rejected.tolist()[0] == 0             # 3 beats 1
-    assert chosen.tolist()[3] == 7 and rejected.tolist()[3] == 6             # 0 beats -1
-    assert decided.tolist() == [True, False, False, True]                    # a tie and a nan make no pair
+    assert chosen.tolist()[0] == 1 and rejected.tolist()[0] == 0  # 3 beats 1
+    assert chosen.tolist()[3] == 7 and rejected.tolist()[3] == 6  # 0 beats -1
+    assert decided.tolist() == [True, False, False, True]  # a tie and a nan make no pair
 
 
 def test_preference_pairs_match_a_loop_for_k_above_two():
@@ -32,7 +32,7 @@ def test_preference_pairs_match_a_loop_for_k_above_two():
     k, scores = 4, torch.randint(0, 3, (40,)).float()  # many ties
     chosen, rejected, decided = preference_pairs(scores, k)
     for p in range(10):
-        group = scores[p * k:(p + 1) * k].tolist()
+        group = scores[p * k : (p + 1) * k].tolist()
         best = max(range(k), key=lambda i: (group[i], -i))
         worst = min(range(k), key=lambda i: (group[i], i))
         assert (chosen[p].item(), rejected[p].item()) == (p * k + best, p * k + worst)
@@ -44,7 +44,9 @@ def test_dpo_loss_hand_values():
     loss, stats = dpo_loss(torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.5]), torch.tensor([-1.5]), 0.1)
     assert loss.item() == pytest.approx(math.log(1 + math.exp(-0.1)))
     assert stats["margin"].item() == pytest.approx(0.1) and stats["accuracy"].item() == 1.0
-    assert stats["chosen_reward"].item() == pytest.approx(0.05) and stats["rejected_reward"].item() == pytest.approx(-0.05)
+    assert stats["chosen_reward"].item() == pytest.approx(0.05) and stats["rejected_reward"].item() == pytest.approx(
+        -0.05
+    )
     # the policy equal to the reference: log 2 per decided pair; an undecided pair adds 0 but counts in the mean
     same = torch.tensor([-3.0, -4.0])
     loss, _ = dpo_loss(same, same, same, same, 0.5, weights=torch.tensor([True, False]))
@@ -58,8 +60,14 @@ def test_dpo_loss_matches_a_loop_and_its_gradient_prefers_the_chosen():
     pr.requires_grad_(True)
     weights = torch.tensor([1, 1, 0, 1, 1, 0]).bool()
     loss, _ = dpo_loss(pc, pr, rc, rr, 0.2, weights)
-    expected = sum(-math.log(1 / (1 + math.exp(-0.2 * ((pc[i] - rc[i]) - (pr[i] - rr[i])).item())))
-                   for i in range(6) if weights[i]) / 6
+    expected = (
+        sum(
+            -math.log(1 / (1 + math.exp(-0.2 * ((pc[i] - rc[i]) - (pr[i] - rr[i])).item())))
+            for i in range(6)
+            if weights[i]
+        )
+        / 6
+    )
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     loss.backward()
     assert (pc.grad[weights] < 0).all() and (pr.grad[weights] > 0).all()  # descent raises chosen, lowers rejected
@@ -81,8 +89,9 @@ def test_dpo_learns_from_pairs_the_reference_samples_whatever_the_policy_does(ti
     runs = {}
     for lr in (1e-2, 1e-6):
         record = Record()
-        _, module = fit(tiny_run_assets, tokenizer, module_class=DPOModule, algorithm="dpo", callbacks=[record],
-                        k=2, lr=lr)
+        _, module = fit(
+            tiny_run_assets, tokenizer, module_class=DPOModule, algorithm="dpo", callbacks=[record], k=2, lr=lr
+        )
         runs[lr] = (record.completions, module.policy.state_dict())
     (fast, fast_weights), (slow, slow_weights) = runs[1e-2], runs[1e-6]
     # offline: the same seed draws the same pairs at both learning rates, though the policies part ways
@@ -110,8 +119,16 @@ def test_the_first_dpo_loss_is_log_two_per_decided_pair(tiny_run_assets, tokeniz
         original(module, metrics, batch_size)
 
     monkeypatch.setattr(dpo, "log_metrics", capture)
-    fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=DPOModule, algorithm="dpo", callbacks=[First()],
-        k=2, micro_batch_size=16)
+    fit(
+        tiny_run_assets,
+        tokenizer,
+        num_rollouts=1,
+        module_class=DPOModule,
+        algorithm="dpo",
+        callbacks=[First()],
+        k=2,
+        micro_batch_size=16,
+    )
     assert seen["decided"] > 0
     assert seen["loss"] == pytest.approx(math.log(2) * seen["decided"], rel=1e-5)
 
@@ -128,8 +145,15 @@ def test_dpo_runs_as_an_algo_option(finished_run):
     assert {"dpo/accuracy", "dpo/margin", "dpo/decided_frac", "loss/policy_avg"} <= set(header)
 
 
-@pytest.mark.parametrize("overrides, key", [(["model.lora=true"], "model.lora"), (["micro_batch_size=3"], "micro_batch_size"),
-                                            (["dpo_beta=0"], "dpo_beta"), (["k=1"], "k")])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["model.lora=true"], "model.lora"),
+        (["micro_batch_size=3"], "micro_batch_size"),
+        (["dpo_beta=0"], "dpo_beta"),
+        (["k=1"], "k"),
+    ],
+)
 def test_dpo_refuses_what_it_cannot_do(overrides, key):
     from rloo.config import validate_train_config
 

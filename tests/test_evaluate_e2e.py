@@ -2,10 +2,10 @@
 training e2e run), with the oracle, head to head, and the OpenAI judge against a loopback server."""
 
 import json
-import sys
 import statistics
-import pytest
+import sys
 
+import pytest
 
 from rloo.toy.task import oracle_judge, oracle_score
 from tests.chat_server import answer, sections
@@ -31,7 +31,11 @@ def test_sft_policy_vs_references_with_the_oracle(finished_run):
     scores = [oracle_judge(v["prompt"], v["completion"], v["reference"]) for v in verdicts]
     assert [v["verdict"] for v in verdicts] == [LABELS[s] for s in scores]
     assert (summary["wins"], summary["ties"], summary["losses"], summary["invalid"]) == (
-        scores.count(1.0), scores.count(0.5), scores.count(0.0), 0)
+        scores.count(1.0),
+        scores.count(0.5),
+        scores.count(0.0),
+        0,
+    )
     rate = statistics.fmean(scores)
     half = 1.959964 * statistics.stdev(scores) / len(scores) ** 0.5
     assert abs(summary["win_rate"] - rate) < 1e-9
@@ -49,8 +53,13 @@ def test_trained_run_dir_and_head_to_head(finished_run):
     summary, _ = outputs(base / "eval_run")
     assert summary["policy"] == str(base / "run" / "policy")
     # a policy against itself, greedy: the same completions, so every pair is a tie
-    result = evaluate(base / "eval_self", base / "cache", f"policy={base / 'run'}", f"opponent={base / 'run' / 'policy'}",
-                      "eval.num_prompts=8")
+    result = evaluate(
+        base / "eval_self",
+        base / "cache",
+        f"policy={base / 'run'}",
+        f"opponent={base / 'run' / 'policy'}",
+        "eval.num_prompts=8",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary, verdicts = outputs(base / "eval_self")
     assert summary["ties"] == 8 and summary["win_rate"] == 0.5 and summary["opponent"] == str(base / "run" / "policy")
@@ -69,7 +78,10 @@ def test_missing_policy_is_one_line_before_any_model_loads(tmp_path, monkeypatch
 def oracle_server(index, body, headers):
     """Answers as the oracle would (A on a tie), in the chat-completions protocol."""
     post, a, b = sections(body)
-    return answer(f"Comparison: by the oracle.\nPreferred: {'A' if oracle_score(post, ' ' + a) >= oracle_score(post, ' ' + b) else 'B'}")
+    return answer(
+        "Comparison: by the oracle.\nPreferred: "
+        + ("A" if oracle_score(post, " " + a) >= oracle_score(post, " " + b) else "B")
+    )
 
 
 @pytest.mark.slow
@@ -78,8 +90,14 @@ def test_openai_judge_through_evaluate_on_a_loopback_server(finished_run, server
     url, state = server
     state.respond = oracle_server
     secret = "sk-evaluate-test-5b1c"
-    args = ["judge=openai", f"judge.base_url={url}", "judge.model=local-judge", f"judge.cache_dir={tmp_path / 'cache'}",
-            "judge.backoff=0.01", "eval.num_prompts=16"]
+    args = [
+        "judge=openai",
+        f"judge.base_url={url}",
+        "judge.model=local-judge",
+        f"judge.cache_dir={tmp_path / 'cache'}",
+        "judge.backoff=0.01",
+        "eval.num_prompts=16",
+    ]
     result = evaluate(tmp_path / "first", base / "cache", *args, env={"OPENAI_API_KEY": secret})
     assert result.returncode == 0, result.stderr[-3000:]
     summary, verdicts = outputs(tmp_path / "first")
@@ -95,6 +113,11 @@ def test_openai_judge_through_evaluate_on_a_loopback_server(finished_run, server
     summary2, verdicts2 = outputs(tmp_path / "second")
     assert state.count == 16 and summary2["judge_requests_sent"] == 0 and summary2["judge_cache_hits"] == 16
     assert [v["verdict"] for v in verdicts2] == [v["verdict"] for v in verdicts]
-    for text in (result.stdout, result.stderr, again.stdout, again.stderr,
-                 *(p.read_text() for p in tmp_path.rglob("*") if p.is_file())):
+    for text in (
+        result.stdout,
+        result.stderr,
+        again.stdout,
+        again.stderr,
+        *(p.read_text() for p in tmp_path.rglob("*") if p.is_file()),
+    ):
         assert secret not in text

@@ -39,27 +39,34 @@ def test_masked_leave_one_out_by_hand():
 
 def test_masked_leave_one_out_equals_the_plain_one_when_all_are_valid():
     rewards = torch.randn(12, generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(masked_leave_one_out_advantages(rewards, 3, torch.ones(12, dtype=torch.bool)),
-                          leave_one_out_advantages(rewards, 3))
+    assert torch.allclose(
+        masked_leave_one_out_advantages(rewards, 3, torch.ones(12, dtype=torch.bool)),
+        leave_one_out_advantages(rewards, 3),
+    )
 
 
 # ---- reward= parsing and reward functions ------------------------------------------------------------------
 def test_reward_expressions_parse_into_weighted_terms():
     assert parse_reward("model") == [RewardTerm(1.0, MODEL)]
     assert parse_reward("model + 0.5*rloo.toy.rule_rewards:topic_recall") == [
-        RewardTerm(1.0, MODEL), RewardTerm(0.5, "rloo.toy.rule_rewards:topic_recall")]
+        RewardTerm(1.0, MODEL),
+        RewardTerm(0.5, "rloo.toy.rule_rewards:topic_recall"),
+    ]
     assert parse_reward("-2e-1 * a.b:c") == [RewardTerm(-0.2, "a.b:c")]
     for bad in ("", "modle", "model + model", "0.5*", "a.b:c:d"):
         with pytest.raises(ConfigError, match="reward="):
             parse_reward(bad)
 
 
-@pytest.mark.parametrize("function, message", [
-    (reward_functions.raises, "raised ValueError: this reward function always fails"),
-    (reward_functions.wrong_count, "returned 2 values for 3 completions"),
-    (reward_functions.nan_for_odd_rows, "returned a non-finite value for 1 of 3 completions (first: nan at 1)"),
-    (reward_functions.not_numbers, "returned list, not one float per completion"),
-])
+@pytest.mark.parametrize(
+    "function, message",
+    [
+        (reward_functions.raises, "raised ValueError: this reward function always fails"),
+        (reward_functions.wrong_count, "returned 2 values for 3 completions"),
+        (reward_functions.nan_for_odd_rows, "returned a non-finite value for 1 of 3 completions (first: nan at 1)"),
+        (reward_functions.not_numbers, "returned list, not one float per completion"),
+    ],
+)
 def test_a_misbehaving_function_is_named_with_what_it_did(function, message):
     values, error = call_reward_function("tests.reward_functions:f", function, ["p"] * 3, ["a b", "c", "d e f"])
     assert error == f"reward function tests.reward_functions:f {message}"
@@ -83,8 +90,9 @@ def test_a_reward_function_that_raises_stops_the_run_in_one_line(finished_run):
     base, _ = finished_run
     result = train(base / "fn-raises", base / "cache", "reward=tests.reward_functions:raises", "eval.before=false")
     assert result.returncode == 1, result.stderr[-3000:]
-    assert last_line(result) == ("error: reward function tests.reward_functions:raises raised ValueError: "
-                                 "this reward function always fails")
+    assert last_line(result) == (
+        "error: reward function tests.reward_functions:raises raised ValueError: this reward function always fails"
+    )
 
 
 def test_a_reward_function_that_does_not_import_is_refused_before_loading(finished_run):
@@ -97,8 +105,14 @@ def test_a_reward_function_that_does_not_import_is_refused_before_loading(finish
 def test_masked_completions_leave_the_baseline_and_are_counted(finished_run):
     base, _ = finished_run
     run = base / "fn-masked"
-    result = train(run, base / "cache", "reward=tests.reward_functions:nan_for_odd_rows", "reward_errors=mask",
-                   "logger=csv", "eval.before=false")
+    result = train(
+        run,
+        base / "cache",
+        "reward=tests.reward_functions:nan_for_odd_rows",
+        "reward_errors=mask",
+        "logger=csv",
+        "eval.before=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert metric_column(run, "reward/masked") == [4.0, 4.0, 4.0]  # half of each 8-completion rollout
     assert metric_column(run, "guard/skipped_steps") == [0.0, 0.0, 0.0]
@@ -109,9 +123,23 @@ def test_masked_completions_leave_the_baseline_and_are_counted(finished_run):
 def test_a_rule_based_reward_on_the_embedded_task_trains(finished_run):
     base, _ = finished_run
     run = base / "rule-reward"
-    result = train(run, base / "cache", "reward=rloo.toy.rule_rewards:topic_recall", "logger=csv", "total_episodes=960", "k=4",
-                   "rollout_batch_size=16", "micro_batch_size=16", "generation_batch_size=16", "lr=3e-3", "kl_coef=0.01",
-                   "eval.before=false", "eval.after=false", "sample_every=0", "checkpoint_every=0")
+    result = train(
+        run,
+        base / "cache",
+        "reward=rloo.toy.rule_rewards:topic_recall",
+        "logger=csv",
+        "total_episodes=960",
+        "k=4",
+        "rollout_batch_size=16",
+        "micro_batch_size=16",
+        "generation_batch_size=16",
+        "lr=3e-3",
+        "kl_coef=0.01",
+        "eval.before=false",
+        "eval.after=false",
+        "sample_every=0",
+        "checkpoint_every=0",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     recall = metric_column(run, "reward/topic_recall")
     assert len(recall) == 60
@@ -137,8 +165,14 @@ def nan_reward_model(finished_run):
 def test_a_nan_reward_model_stops_the_run_after_max_bad_steps_without_saving_nan(finished_run, nan_reward_model):
     base, _ = finished_run
     run = base / "nan-stop"
-    result = train(run, base / "cache", f"model.reward_model={nan_reward_model}", "max_bad_steps=2", "logger=csv",
-                   "eval.before=false")
+    result = train(
+        run,
+        base / "cache",
+        f"model.reward_model={nan_reward_model}",
+        "max_bad_steps=2",
+        "logger=csv",
+        "eval.before=false",
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert last_line(result).startswith("error: 2 rollouts in a row (max_bad_steps=2) had non-finite scores")
     assert not (run / "policy").exists()
@@ -151,8 +185,15 @@ def test_a_nan_reward_model_stops_the_run_after_max_bad_steps_without_saving_nan
 def test_skipped_updates_are_counted_and_leave_the_weights_as_they_were(finished_run, nan_reward_model):
     base, _ = finished_run
     run = base / "nan-skip"
-    result = train(run, base / "cache", f"model.reward_model={nan_reward_model}", "max_bad_steps=5", "logger=csv",
-                   "eval.before=false", "num_ppo_epochs=2")
+    result = train(
+        run,
+        base / "cache",
+        f"model.reward_model={nan_reward_model}",
+        "max_bad_steps=5",
+        "logger=csv",
+        "eval.before=false",
+        "num_ppo_epochs=2",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert metric_column(run, "guard/skipped_steps") == [2.0, 4.0, 6.0]  # both updates of each of 3 rollouts
     policy = load_file(run / "policy" / "model.safetensors")
@@ -166,8 +207,18 @@ def test_a_judge_outage_fails_the_run_and_reports_no_win_rate(finished_run, serv
     url, state = server
     state.respond = lambda i, body, headers: (503, {}, json.dumps({"error": {"message": "overloaded"}}), 0.0)
     run = base / "judge-outage"
-    result = train(run, base / "cache", "eval_every=0", "eval.before=false", "judge=openai", f"judge.base_url={url}",
-                   "judge.model=test", "judge.cache_dir=null", "judge.max_retries=0", "eval.num_prompts=4")
+    result = train(
+        run,
+        base / "cache",
+        "eval_every=0",
+        "eval.before=false",
+        "judge=openai",
+        f"judge.base_url={url}",
+        "judge.model=test",
+        "judge.cache_dir=null",
+        "judge.max_retries=0",
+        "eval.num_prompts=4",
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "gave no verdict for 4 of 4 pairs" in last_line(result)
     summary = json.loads((run / "summary.json").read_text())
@@ -179,9 +230,25 @@ def test_a_judge_outage_fails_the_run_and_reports_no_win_rate(finished_run, serv
 def test_a_bad_job_fails_alone_in_a_multirun(tmp_path, finished_run):
     base, _ = finished_run
     env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-m", "rloo.train", "--multirun", *FAST, "logger=csv", "eval.before=false",
-                             "eval.after=false", "k=2,3", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=HANG_GUARD_S)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rloo.train",
+            "--multirun",
+            *FAST,
+            "logger=csv",
+            "eval.before=false",
+            "eval.after=false",
+            "k=2,3",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert result.returncode != 0
     assert "error: rollout_batch_size=8 is not allowed: a multiple of k=3" in result.stderr
     good = [d for d in tmp_path.iterdir() if d.name.startswith("0_")]
@@ -189,25 +256,31 @@ def test_a_bad_job_fails_alone_in_a_multirun(tmp_path, finished_run):
 
 
 # ---- data and models, before anything loads ------------------------------------------------------------------
-@pytest.mark.parametrize("content, message", [
-    ("", "is empty: no prompts"),
-    ('{"prompt": "a"}\n{oops\n', "cannot be read as jsonl: line 2 is not JSON"),
-    ('{"prompt": 3}\n', "data.train.prompt_column='prompt' at row 0 of"),
-    ('{"text": "a"}\n', "data.train.prompt_column='prompt' is not a column of"),
-    ('{"prompt": "' + "word " * 200 + '"}\n', "data.max_prompt_length=64 drops every prompt of data.train"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "is empty: no prompts"),
+        ('{"prompt": "a"}\n{oops\n', "cannot be read as jsonl: line 2 is not JSON"),
+        ('{"prompt": 3}\n', "data.train.prompt_column='prompt' at row 0 of"),
+        ('{"text": "a"}\n', "data.train.prompt_column='prompt' is not a column of"),
+        ('{"prompt": "' + "word " * 200 + '"}\n', "data.max_prompt_length=64 drops every prompt of data.train"),
+    ],
+)
 def test_data_errors_are_one_line_before_any_model_loads(finished_run, tmp_path, content, message):
     base, _ = finished_run
     path = tmp_path / "train.jsonl"
     path.write_text(content)
-    assert message in train_error(tmp_path / "run", base / "cache", f"data.train.path={path}", "data.train.reference_column=null")
+    assert message in train_error(
+        tmp_path / "run", base / "cache", f"data.train.path={path}", "data.train.reference_column=null"
+    )
 
 
 def test_a_causal_lm_given_as_reward_model_is_refused_before_loading(finished_run):
     base, _ = finished_run
     policy = next((base / "cache").glob("toy-*/policy"))
-    assert "is a GPTNeoXForCausalLM, not a sequence classifier" in train_error(base / "wrong-rm", base / "cache",
-                                                                                 f"model.reward_model={policy}")
+    assert "is a GPTNeoXForCausalLM, not a sequence classifier" in train_error(
+        base / "wrong-rm", base / "cache", f"model.reward_model={policy}"
+    )
 
 
 def test_a_corrupted_cache_artifact_is_detected_and_rebuilt(tmp_path):
@@ -241,6 +314,7 @@ def test_ranks_that_hold_different_weights_stop_the_run():
             other = sums.clone()
             other[2] = torch.nextafter(other[2], torch.tensor(float("inf"), dtype=other.dtype)) if drift else other[2]
             return torch.stack([sums, other])
+
         return all_gather
 
     module = SimpleNamespace(policy=policy, state=SimpleNamespace(rollouts=7))

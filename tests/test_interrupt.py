@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.chat_server import answer
-from tests.e2e import HANG_GUARD_S, FAST, ROOT
+from tests.e2e import FAST, HANG_GUARD_S, ROOT
 
 SIGTERM_EXIT = 128 + 15
 
@@ -28,9 +28,15 @@ def start(run_dir, cache, *overrides, preexec_fn=None):
         if preexec_fn is not None:
             preexec_fn()
 
-    return subprocess.Popen([sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, "logger=csv",
-                             *overrides], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=as_from_a_terminal)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, "logger=csv", *overrides],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=as_from_a_terminal,
+    )
 
 
 def wait_for(condition, process, timeout=HANG_GUARD_S):
@@ -56,9 +62,13 @@ def test_a_signal_mid_training_saves_a_checkpoint_and_exits_non_zero(finished_ru
     base, _ = finished_run
     run = base / f"mid-training-{sig.name}"
     # 200 rollouts: far more than will run before the signal; step checkpoints off, so only the signal saves one
-    process = start(run, base / "cache", "total_episodes=1600", "checkpoint_every=0", "eval_every=0", "eval.before=false")
-    wait_for(lambda: (run / "samples.jsonl").exists() and len((run / "samples.jsonl").read_text().splitlines()) >= 16,
-             process)  # sample_every=1, 8 rows a rollout: two rollouts done
+    process = start(
+        run, base / "cache", "total_episodes=1600", "checkpoint_every=0", "eval_every=0", "eval.before=false"
+    )
+    wait_for(
+        lambda: (run / "samples.jsonl").exists() and len((run / "samples.jsonl").read_text().splitlines()) >= 16,
+        process,
+    )  # sample_every=1, 8 rows a rollout: two rollouts done
     process.send_signal(sig)
     returncode, output = finish(process)
     assert returncode == code, output[-3000:]
@@ -79,8 +89,17 @@ def test_a_signal_during_the_final_evaluation_keeps_the_exported_policy(finished
     url, state = server
     state.respond = lambda i, body, headers: answer("Comparison: fine.\nPreferred: A", delay=1.0)
     run = base / f"final-eval-{sig.name}"
-    process = start(run, base / "cache", "eval_every=0", "eval.before=false", "judge=openai", f"judge.base_url={url}",
-                    "judge.model=test", "judge.cache_dir=null", "judge.max_retries=0")
+    process = start(
+        run,
+        base / "cache",
+        "eval_every=0",
+        "eval.before=false",
+        "judge=openai",
+        f"judge.base_url={url}",
+        "judge.model=test",
+        "judge.cache_dir=null",
+        "judge.max_retries=0",
+    )
     wait_for(lambda: state.count > 0, process)
     process.send_signal(sig)
     returncode, output = finish(process)
@@ -98,8 +117,16 @@ def test_a_failing_judge_fails_the_run_after_the_policy_is_saved(finished_run, s
     url, state = server
     state.respond = lambda i, body, headers: (401, {}, json.dumps({"error": {"message": "bad key"}}), 0.0)
     run = base / "judge-fails"
-    process = start(run, base / "cache", "eval_every=0", "eval.before=false", "judge=openai", f"judge.base_url={url}",
-                    "judge.model=test", "judge.cache_dir=null")
+    process = start(
+        run,
+        base / "cache",
+        "eval_every=0",
+        "eval.before=false",
+        "judge=openai",
+        f"judge.base_url={url}",
+        "judge.model=test",
+        "judge.cache_dir=null",
+    )
     code, output = finish(process)
     assert code != 0, output[-3000:]
     assert summary(run)["status"] == "failed"
@@ -119,8 +146,15 @@ def test_a_full_disk_at_the_end_says_so_in_one_line_and_leaves_no_torn_files(fin
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails with EFBIG instead of killing
 
-    process = start(run, base / "cache", "checkpoint_every=0", "eval_every=0", "eval.before=false", "eval.after=false",
-                    preexec_fn=small_files)
+    process = start(
+        run,
+        base / "cache",
+        "checkpoint_every=0",
+        "eval_every=0",
+        "eval.before=false",
+        "eval.after=false",
+        preexec_fn=small_files,
+    )
     code, output = finish(process)
     assert code == 1, output[-3000:]
     errors = [line for line in output.splitlines() if line.startswith("error:")]

@@ -15,8 +15,8 @@ import pytest
 from rloo.config import ConfigError
 from rloo.judges import win_rate_summary
 from rloo.judges.openai import CACHE_FILE, JudgeError, OpenAIJudge
-from tests.builders import judge_from_conf
 from rloo.judges.prompts import TLDR_COMPARISON, render_comparison
+from tests.builders import judge_from_conf
 from tests.chat_server import answer, sections
 
 ENV = "RLOO_TEST_JUDGE_KEY"
@@ -29,8 +29,9 @@ def no_key(monkeypatch):
 
 
 def make_judge(url: str, **overrides) -> OpenAIJudge:
-    settings = dict(model="judge-model", base_url=url, api_key_env=ENV, backoff=0.01, max_backoff=0.05, timeout=2.0,
-                    cache_dir=None)
+    settings = dict(
+        model="judge-model", base_url=url, api_key_env=ENV, backoff=0.01, max_backoff=0.05, timeout=2.0, cache_dir=None
+    )
     return judge_from_conf("openai", **{**settings, **overrides})
 
 
@@ -45,8 +46,11 @@ def judge_warnings(caplog) -> list[logging.LogRecord]:
 
 def test_429_then_success(server):
     url, state = server
-    state.respond = lambda i, body, headers: ((429, {"Retry-After": "0"}, '{"error": {"message": "slow down"}}', 0.0)
-                                              if i == 0 else answer("Comparison: A is tighter.\nPreferred: A"))
+    state.respond = lambda i, body, headers: (
+        (429, {"Retry-After": "0"}, '{"error": {"message": "slow down"}}', 0.0)
+        if i == 0
+        else answer("Comparison: A is tighter.\nPreferred: A")
+    )
     verdict = judge_one(make_judge(url))
     assert verdict.outcome == (0.0 if verdict.swapped else 1.0)
     assert verdict.error is None and verdict.raw.endswith("Preferred: A")
@@ -77,8 +81,9 @@ def test_timeout_is_retried(server):
 
 def test_retry_after_is_honoured_and_other_4xx_not_retried(server):
     url, state = server
-    state.respond = lambda i, body, headers: ((429, {"Retry-After": "0.3"}, "", 0.0) if i == 0
-                                              else answer("Preferred: A"))
+    state.respond = lambda i, body, headers: (
+        (429, {"Retry-After": "0.3"}, "", 0.0) if i == 0 else answer("Preferred: A")
+    )
     started = time.monotonic()
     assert judge_one(make_judge(url, max_backoff=1.0)).outcome is not None
     assert time.monotonic() - started >= 0.25 and state.count == 2
@@ -113,7 +118,9 @@ def test_malformed_answers_are_invalid_never_wins(server):
     }
     state.respond = lambda i, body, headers: replies[sections(body)[0]]
     posts = list(replies)
-    verdicts = dict(zip(posts, make_judge(url).judge(posts, [f"cand {p}" for p in posts], [f"other {p}" for p in posts])))
+    verdicts = dict(
+        zip(posts, make_judge(url).judge(posts, [f"cand {p}" for p in posts], [f"other {p}" for p in posts]))
+    )
 
     for post in ("free", "two", "letter-c"):
         assert verdicts[post].outcome is None and verdicts[post].error is None
@@ -174,7 +181,9 @@ def test_cache_makes_a_rerun_free(server, tmp_path):
     assert first[-1].outcome is None and first[-1].raw == "I cannot decide."
     path = cache_dir / CACHE_FILE
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert len(rows) == 6 and all(re.fullmatch(r"[0-9a-f]{64}", r["key"]) and isinstance(r["answer"], str) for r in rows)
+    assert len(rows) == 6 and all(
+        re.fullmatch(r"[0-9a-f]{64}", r["key"]) and isinstance(r["answer"], str) for r in rows
+    )
 
     second_judge = make_judge(url, cache_dir=str(cache_dir))
     assert second_judge.judge(prompts, candidates, others) == first
@@ -200,8 +209,9 @@ def test_cache_makes_a_rerun_free(server, tmp_path):
 
 def test_failures_are_not_cached(server, tmp_path):
     url, state = server
-    state.respond = lambda i, body, headers: ((400, {}, "too long", 0.0) if sections(body)[0] == "long"
-                                              else (503, {}, "busy", 0.0))
+    state.respond = lambda i, body, headers: (
+        (400, {}, "too long", 0.0) if sections(body)[0] == "long" else (503, {}, "busy", 0.0)
+    )
     for run in (1, 2):
         judge = make_judge(url, cache_dir=str(tmp_path), max_retries=1)
         verdicts = judge.judge(["long", "busy"], ["a", "b"], ["c", "d"])
@@ -278,8 +288,9 @@ def test_concurrency_is_limited(server):
     url, state = server
     state.respond = lambda i, body, headers: answer("Comparison: x.\nPreferred: A", delay=0.05)
     prompts = [f"post {i}" for i in range(12)]
-    verdicts = make_judge(url, max_concurrency=3).judge(prompts, [f"c {i}" for i in range(12)],
-                                                        [f"o {i}" for i in range(12)])
+    verdicts = make_judge(url, max_concurrency=3).judge(
+        prompts, [f"c {i}" for i in range(12)], [f"o {i}" for i in range(12)]
+    )
     assert len(verdicts) == 12 and all(v.outcome is not None for v in verdicts)
     assert state.count == 12 and 2 <= state.max_in_flight <= 3
 

@@ -8,9 +8,9 @@ from transformers import AutoTokenizer, GPTNeoXForCausalLM
 
 from rloo.heldout import INVALID, summarize_eval
 from rloo.judges import swap_orders, win_rate_summary
-from rloo.toy.judge import OracleJudge
 from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, parse_preference, render_comparison
 from rloo.models import load_reward_model, load_tokenizer
+from rloo.toy.judge import OracleJudge
 from rloo.toy.task import oracle_judge
 from tests.builders import judge_from_conf
 from tests.conftest import tiny_config
@@ -18,7 +18,8 @@ from tests.conftest import tiny_config
 
 def test_win_rate_and_interval_by_hand():
     # scores 1, 1, 0.5, 0 (one invalid left out): rate 2.5/4 = 0.625
-    # deviations .375 .375 -.125 -.625 -> squares sum 0.6875; sample var 0.6875/3 = 0.229167; stderr sqrt(0.229167/4) = 0.239357
+    # deviations .375 .375 -.125 -.625 -> squares sum 0.6875; sample var 0.6875/3 = 0.229167;
+    # stderr sqrt(0.229167/4) = 0.239357
     # 1.959964 * 0.239357 = 0.469131 -> [0.155869, 1.094131 clipped to 1]
     s = win_rate_summary([1.0, 1.0, 0.5, 0.0, None])
     assert (s["wins"], s["ties"], s["losses"], s["invalid"], s["num_judged"]) == (2, 1, 1, 1, 4)
@@ -43,8 +44,12 @@ def test_invalid_is_never_a_win():
 
 
 def test_summarize_eval_decodes_invalid_and_skips_unjudged():
-    per_row = {"score": torch.tensor([1.0, 2.0, 3.0]), "length": torch.tensor([2.0, 4.0, 6.0]),
-               "eos": torch.tensor([1.0, 0.0, 1.0]), "outcome": torch.tensor([1.0, INVALID, 0.0])}
+    per_row = {
+        "score": torch.tensor([1.0, 2.0, 3.0]),
+        "length": torch.tensor([2.0, 4.0, 6.0]),
+        "eos": torch.tensor([1.0, 0.0, 1.0]),
+        "outcome": torch.tensor([1.0, INVALID, 0.0]),
+    }
     s = summarize_eval(per_row)
     assert s["eval/win_rate"] == 0.5 and s["eval/invalid"] == 1 and s["eval/score"] == 2.0
     assert s["eval/mean_length"] == 4.0 and s["eval/eos_frac"] == pytest.approx(2 / 3)
@@ -61,18 +66,23 @@ def test_swap_orders_is_seeded_per_pair_not_per_position():
     assert 70 < sum(first) < 130  # about half shown swapped
 
 
-@pytest.mark.parametrize("answer, expected", [
-    ("Comparison: A keeps the key points.\nPreferred: A", "A"),
-    ("Comparison: B is shorter and complete.\nPreferred: B", "B"),
-    ("B", "B"), (" a ", "A"),
-    ("**Preferred:** B", "B"),
-    ("Comparison: both are fine.", None),
-    ("Preferred: A\nPreferred: B", None),
-    ("Preferred: A\nPreferred: A", None),
-    ("Preferred: C", None),
-    ("Preferred: A or B", None),
-    ("", None), (None, None),
-])
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        ("Comparison: A keeps the key points.\nPreferred: A", "A"),
+        ("Comparison: B is shorter and complete.\nPreferred: B", "B"),
+        ("B", "B"),
+        (" a ", "A"),
+        ("**Preferred:** B", "B"),
+        ("Comparison: both are fine.", None),
+        ("Preferred: A\nPreferred: B", None),
+        ("Preferred: A\nPreferred: A", None),
+        ("Preferred: C", None),
+        ("Preferred: A or B", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_parse_preference_is_strict(answer, expected):
     assert parse_preference(answer) == expected
 
@@ -84,15 +94,20 @@ def test_oracle_judge_is_the_task_scorer():
     assert [v.outcome for v in verdicts] == [oracle_judge(prompt, c, o) for c, o in pairs] == [1.0, 0.0, 0.5]
 
 
-TEXTS = [("POST: cat boat rain\n\nTL;DR:", " cat boat rain", " rain"),
-         ("POST: house\n\nTL;DR:", " house house house house", " house"),
-         ("POST: a b c d e f g\n\nTL;DR:", " a", " a b c d e f g")]
+TEXTS = [
+    ("POST: cat boat rain\n\nTL;DR:", " cat boat rain", " rain"),
+    ("POST: house\n\nTL;DR:", " house house house house", " house"),
+    ("POST: a b c d e f g\n\nTL;DR:", " a", " a b c d e f g"),
+]
 
 
 def test_reward_model_judge_matches_one_at_a_time_scoring(tiny_run_assets):
-    judge = judge_from_conf("reward_model", path=str(tiny_run_assets / "reward_model"),
-                            tokenizer=str(tiny_run_assets / "policy"),
-                            batch_size=2)
+    judge = judge_from_conf(
+        "reward_model",
+        path=str(tiny_run_assets / "reward_model"),
+        tokenizer=str(tiny_run_assets / "policy"),
+        batch_size=2,
+    )
     judge.setup()
     prompts, candidates, others = map(list, zip(*TEXTS))
     verdicts = judge.judge(prompts, candidates, others)
@@ -109,9 +124,12 @@ def test_reward_model_judge_matches_one_at_a_time_scoring(tiny_run_assets):
         diff = score(p + c) - score(p + o)
         assert float(verdict.raw) == pytest.approx(diff, abs=1e-3)
         assert verdict.outcome == float(diff > 0)
-    tied = judge_from_conf("reward_model", path=str(tiny_run_assets / "reward_model"),
-                           tokenizer=str(tiny_run_assets / "policy"),
-                           tie_margin=1e9)
+    tied = judge_from_conf(
+        "reward_model",
+        path=str(tiny_run_assets / "reward_model"),
+        tokenizer=str(tiny_run_assets / "policy"),
+        tie_margin=1e9,
+    )
     assert {v.outcome for v in tied.judge(prompts, candidates, others)} == {0.5}
 
 
@@ -146,12 +164,15 @@ def test_hf_judge_with_a_position_biased_model_follows_the_order(hf_judge_model)
     judge = judge_from_conf("hf", path=str(hf_judge_model), labels=("A", "B"), seed=0)
     judge.setup()
     label_a = judge.label_ids[0]
-    judge.model.get_output_embeddings().register_forward_hook(lambda m, i, out: out.index_add(
-        -1, torch.tensor([label_a]), torch.full(out.shape[:-1] + (1,), 100.0)))
+    judge.model.get_output_embeddings().register_forward_hook(
+        lambda m, i, out: out.index_add(-1, torch.tensor([label_a]), torch.full(out.shape[:-1] + (1,), 100.0))
+    )
     n = 40
     verdicts = judge.judge([f"POST: p{i}\n\nTL;DR:" for i in range(n)], [" x"] * n, [" y"] * n)
     assert {v.swapped for v in verdicts} == {True, False}
-    assert all(v.outcome == (0.0 if v.swapped else 1.0) for v in verdicts)  # always "A": the candidate wins when shown first
+    assert all(
+        v.outcome == (0.0 if v.swapped else 1.0) for v in verdicts
+    )  # always "A": the candidate wins when shown first
 
 
 def test_hf_judge_refuses_labels_that_are_not_one_token(hf_judge_model):

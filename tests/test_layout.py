@@ -5,10 +5,25 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY_POINTS = {"rloo.train", "rloo.evaluate", "rloo.sft", "rloo.reward", "rloo.report", "rloo.plan",
-                "rloo.bench.__main__"}
-CORE = {"rloo.objectives", "rloo.rollout", "rloo.sampling", "rloo.decode", "rloo.scoring", "rloo.resume",
-        "rloo.lora", "rloo.sharding"}  # no Lightning or Hydra
+ENTRY_POINTS = {
+    "rloo.train",
+    "rloo.evaluate",
+    "rloo.sft",
+    "rloo.reward",
+    "rloo.report",
+    "rloo.plan",
+    "rloo.bench.__main__",
+}
+CORE = {
+    "rloo.objectives",
+    "rloo.rollout",
+    "rloo.sampling",
+    "rloo.decode",
+    "rloo.scoring",
+    "rloo.resume",
+    "rloo.lora",
+    "rloo.sharding",
+}  # no Lightning or Hydra
 
 
 def modules() -> dict[str, Path]:
@@ -42,8 +57,11 @@ def test_no_module_imports_an_entry_point():
 
 def test_only_the_benchmark_imports_the_benchmark():
     """rloo.bench measures the library; training and evaluation never depend on it."""
-    offenders = {name for name, targets in graph().items()
-                 if not name.startswith("rloo.bench") and any(t.startswith("rloo.bench") for t in targets)}
+    offenders = {
+        name
+        for name, targets in graph().items()
+        if not name.startswith("rloo.bench") and any(t.startswith("rloo.bench") for t in targets)
+    }
     assert offenders == set()
 
 
@@ -56,7 +74,7 @@ def test_there_is_no_import_cycle():
             if target == "rloo" or target.startswith(node + "."):
                 continue  # a package importing its own modules is its face, not a cycle
             if state.get(target) == "open":
-                cycles.append(path[path.index(target):] + [target])
+                cycles.append(path[path.index(target) :] + [target])
             elif target not in state:
                 visit(target, path + [target])
         state[node] = "done"
@@ -71,6 +89,10 @@ def test_the_core_has_no_framework_in_it():
     for name in CORE:
         path = modules()[name]
         tree = ast.parse(path.read_text())
-        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-        imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported = {
+            alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+        }
+        imported |= {
+            node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+        }
         assert not imported & {"lightning", "hydra", "omegaconf"}, name

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM
 pytest.importorskip("peft")
 
 from rloo.decode import supports_lean_decode  # noqa: E402
-from rloo.lora import adapters_disabled, add_adapters, has_adapters, merged_copy  # noqa: E402
 from rloo.forward import completion_logprobs  # noqa: E402
+from rloo.lora import adapters_disabled, add_adapters, has_adapters, merged_copy  # noqa: E402
 from tests.e2e import train  # noqa: E402
 from tests.test_rollout import grouped_batch  # noqa: E402
 
@@ -57,8 +57,9 @@ def test_the_reference_is_the_base_exactly_and_the_adapters_stay_trainable(polic
     with adapters_disabled(policy) as reference:
         assert torch.equal(logprobs_of(reference, batch), logprobs_of(base, batch))
     assert torch.equal(logprobs_of(policy, batch), adapted)  # on again
-    assert {name for name, p in policy.named_parameters() if p.requires_grad} == \
-        {name for name, _ in policy.named_parameters() if "lora_" in name}
+    assert {name for name, p in policy.named_parameters() if p.requires_grad} == {
+        name for name, _ in policy.named_parameters() if "lora_" in name
+    }
 
 
 def test_merged_copy_saves_a_plain_model_that_computes_the_adapted_policy(policy, tokenizer, tmp_path):

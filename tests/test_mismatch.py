@@ -84,8 +84,9 @@ def test_token_weights_scale_each_tokens_gradient_in_the_sequence_loss():
 
 def test_sequence_weights_drop_a_sequence_from_the_gradient():
     logprobs = TRAIN.clone().requires_grad_(True)
-    loss, _ = sequence_ppo_clip_loss(torch.tensor([1.0, -2.0]), logprobs, logprobs.detach(), MASK, 0.2,
-                                     sequence_weights=torch.tensor([1.0, 0.0]))
+    loss, _ = sequence_ppo_clip_loss(
+        torch.tensor([1.0, -2.0]), logprobs, logprobs.detach(), MASK, 0.2, sequence_weights=torch.tensor([1.0, 0.0])
+    )
     loss.backward()
     assert (logprobs.grad[1] == 0).all() and (logprobs.grad[0, :3] == -0.5).all()
     # the same as REINFORCE on the first sequence alone, over the whole batch of 2

@@ -14,8 +14,16 @@ from tests.builders import toy_split, train_config
 
 
 def fit(assets, tokenizer, num_rollouts=3, module_class=RLOOModule, algorithm="rloo", callbacks=(), **overrides):
-    values = dict(k=4, rollout_batch_size=16, micro_batch_size=8, generation_batch_size=16, response_length=6,
-                  lr=1e-2, warmup_ratio=0.0, total_episodes=16 * num_rollouts)
+    values = dict(
+        k=4,
+        rollout_batch_size=16,
+        micro_batch_size=8,
+        generation_batch_size=16,
+        response_length=6,
+        lr=1e-2,
+        warmup_ratio=0.0,
+        total_episodes=16 * num_rollouts,
+    )
     config = train_config(algorithm, num_rollouts, **{**values, **overrides})
     torch.manual_seed(0)  # the sampling stream: equal settings draw equal rollouts
     policy = AutoModelForCausalLM.from_pretrained(assets / "policy")
@@ -23,11 +31,30 @@ def fit(assets, tokenizer, num_rollouts=3, module_class=RLOOModule, algorithm="r
     reward_model = freeze(AutoModelForSequenceClassification.from_pretrained(assets / "reward_model", num_labels=1))
     module = module_class(policy, reference, reward_model, tokenizer, config)
     spec = toy_split(assets / "train.jsonl")
-    datamodule = PromptDataModule(tokenizer, spec, spec, 64, False, config.rollout_batch_size // config.k, num_rollouts,
-                                  seed=0, shuffle=True, num_workers=0, log=lambda *_: None)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=num_rollouts * config.updates_per_rollout,
-                        logger=False, enable_checkpointing=False, callbacks=list(callbacks),
-                        enable_progress_bar=False, enable_model_summary=False)
+    datamodule = PromptDataModule(
+        tokenizer,
+        spec,
+        spec,
+        64,
+        False,
+        config.rollout_batch_size // config.k,
+        num_rollouts,
+        seed=0,
+        shuffle=True,
+        num_workers=0,
+        log=lambda *_: None,
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        max_steps=num_rollouts * config.updates_per_rollout,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=list(callbacks),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, datamodule=datamodule)
     return trainer, module
 
@@ -52,7 +79,9 @@ def test_one_lightning_step_per_rollout_and_frozen_models_unchanged(tiny_run_ass
 
 
 def test_reward_model_weights_do_not_change(tiny_run_assets, tokenizer):
-    before = snapshot(AutoModelForSequenceClassification.from_pretrained(tiny_run_assets / "reward_model", num_labels=1))
+    before = snapshot(
+        AutoModelForSequenceClassification.from_pretrained(tiny_run_assets / "reward_model", num_labels=1)
+    )
     _, module = fit(tiny_run_assets, tokenizer, num_rollouts=2)
     after = snapshot(module.reward_model)
     assert all(torch.equal(after[k], before[k]) for k in before)
@@ -84,8 +113,15 @@ def test_reused_rollout_first_update_has_ratio_one_in_fp32(tiny_run_assets, toke
                 ratios.append((stats["ratio_min"].item(), stats["ratio_max"].item()))
             return loss, stats
 
-    fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=Spy, num_ppo_epochs=2, num_mini_batches=2,
-        micro_batch_size=4)
+    fit(
+        tiny_run_assets,
+        tokenizer,
+        num_rollouts=1,
+        module_class=Spy,
+        num_ppo_epochs=2,
+        num_mini_batches=2,
+        micro_batch_size=4,
+    )
     # the two micro-batches of the first mini-batch come before any optimiser step
     for low, high in ratios[:2]:
         assert abs(low - 1) < 1e-5 and abs(high - 1) < 1e-5
@@ -106,8 +142,15 @@ def test_logged_ratio_extremes_are_the_extremes_over_micro_batches(tiny_run_asse
             logged.append(stats)
             super().log_step(rollout, targets, stats)
 
-    fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=Spy, num_ppo_epochs=2, num_mini_batches=2,
-        micro_batch_size=4)
+    fit(
+        tiny_run_assets,
+        tokenizer,
+        num_rollouts=1,
+        module_class=Spy,
+        num_ppo_epochs=2,
+        num_mini_batches=2,
+        micro_batch_size=4,
+    )
     assert logged[0]["ratio_min"] == pytest.approx(min(s["ratio_min"] for s in per_micro), abs=1e-7)
     assert logged[0]["ratio_max"] == pytest.approx(max(s["ratio_max"] for s in per_micro), abs=1e-7)
     assert logged[0]["ratio_min"] < logged[0]["ratio_max"]
@@ -116,6 +159,7 @@ def test_logged_ratio_extremes_are_the_extremes_over_micro_batches(tiny_run_asse
 def test_one_forward_per_micro_batch_gives_the_same_step_as_a_separate_forward(tiny_run_assets, tokenizer):
     """Used once, a rollout takes log pi (for the KL) from the update's own forward; the same step with a separate
     forward before the update must give the same rewards, advantages and gradient."""
+
     class Recorded(RLOOModule):
         def on_before_optimizer_step(self, optimizer):
             self.gradient = [p.grad.clone() for p in self.policy.parameters()]  # before clipping
@@ -129,8 +173,9 @@ def test_one_forward_per_micro_batch_gives_the_same_step_as_a_separate_forward(t
     _, separate = fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=SeparateForward)
     assert torch.equal(fused.last_rollout.completion_ids, separate.last_rollout.completion_ids)  # the same samples
     for name in ("kl", "rewards", "advantages"):
-        torch.testing.assert_close(getattr(fused.last_targets, name), getattr(separate.last_targets, name),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            getattr(fused.last_targets, name), getattr(separate.last_targets, name), atol=1e-5, rtol=0
+        )
     assert fused.last_targets.advantages.abs().sum() > 0
     for a, b in zip(fused.gradient, separate.gradient):  # summed in another order (shuffled micro-batches)
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
@@ -139,8 +184,8 @@ def test_one_forward_per_micro_batch_gives_the_same_step_as_a_separate_forward(t
 def test_diagnostics_at_two_by_two_measure_the_policy_that_sampled(tiny_run_assets, tokenizer):
     """At 2 epochs x 2 mini-batches the policy moves after the first mini-batch; mismatch/*, the entropy and the
     first-epoch clip fraction must still describe the rollout policy (here: the initial one, in fp32)."""
-    from rloo.objectives import logprob_mismatch, masked_mean
     from rloo.forward import completion_logprobs_and_entropy
+    from rloo.objectives import logprob_mismatch, masked_mean
 
     logged = []
 
@@ -149,13 +194,21 @@ def test_diagnostics_at_two_by_two_measure_the_policy_that_sampled(tiny_run_asse
             logged.append(stats)
             super().log_step(rollout, targets, stats)
 
-    _, module = fit(tiny_run_assets, tokenizer, num_rollouts=1, module_class=Spy, num_ppo_epochs=2, num_mini_batches=2,
-                    micro_batch_size=4)
+    _, module = fit(
+        tiny_run_assets,
+        tokenizer,
+        num_rollouts=1,
+        module_class=Spy,
+        num_ppo_epochs=2,
+        num_mini_batches=2,
+        micro_batch_size=4,
+    )
     stats, rollout = logged[0], module.last_rollout
     initial = AutoModelForCausalLM.from_pretrained(tiny_run_assets / "policy").eval()
     with torch.no_grad():
-        logprobs, entropy = completion_logprobs_and_entropy(initial, rollout.input_ids, rollout.attention_mask,
-                                                            rollout.completion_ids, rollout.completion_mask, 0.7)
+        logprobs, entropy = completion_logprobs_and_entropy(
+            initial, rollout.input_ids, rollout.attention_mask, rollout.completion_ids, rollout.completion_mask, 0.7
+        )
     expected = logprob_mismatch(logprobs, rollout.generation_logprobs, rollout.completion_mask)
     assert stats["mismatch_abs_max"] < 1e-4  # fp32: the sampler and the training forward agree (before: 0.2 and more)
     assert stats["mismatch_abs_max"] == pytest.approx(expected["abs_max"].item(), abs=1e-6)
@@ -174,7 +227,14 @@ def test_a_reused_rollout_shuffles_whole_groups_so_every_micro_batch_shares_its_
             seen.append(shares_prompts(self.policy, rollout.prompt_ids, rollout.prompt_mask, self.config.k))
             return super().policy_forward(rollout, with_entropy)
 
-    fit(tiny_run_assets, tokenizer, num_rollouts=2, module_class=Spy, num_ppo_epochs=2, num_mini_batches=2,
-        micro_batch_size=4)
+    fit(
+        tiny_run_assets,
+        tokenizer,
+        num_rollouts=2,
+        module_class=Spy,
+        num_ppo_epochs=2,
+        num_mini_batches=2,
+        micro_batch_size=4,
+    )
     # per rollout: the old log-probs (one chunk of 16), then 2 epochs x 2 mini-batches x 2 micro-batches of 4
     assert len(seen) == 2 * (1 + 8) and all(seen)

@@ -245,8 +245,10 @@ def test_masked_var_and_whiten_vs_loop():
     close(masked_var(values, mask, unbiased=False), statistics.pvariance(real))  # 26/4
     mu, var = statistics.mean(real), statistics.variance(real)
     w = masked_whiten(values, mask)
-    expected = [[(1 - mu) / math.sqrt(var + 1e-8), (2 - mu) / math.sqrt(var + 1e-8), 0.0],
-                [(4 - mu) / math.sqrt(var + 1e-8), (7 - mu) / math.sqrt(var + 1e-8), 0.0]]
+    expected = [
+        [(1 - mu) / math.sqrt(var + 1e-8), (2 - mu) / math.sqrt(var + 1e-8), 0.0],
+        [(4 - mu) / math.sqrt(var + 1e-8), (7 - mu) / math.sqrt(var + 1e-8), 0.0],
+    ]
     close(w, expected)
     w_noshift = masked_whiten(values, mask, shift_mean=False)
     close(w_noshift[mask], torch.tensor(expected, dtype=D)[mask] + mu)
@@ -527,6 +529,7 @@ def test_masked_sums_match_loop_reference():
 # ---- log-probs and entropy from logits, against a per-position loop
 def test_token_logprobs_and_entropy_match_loop():
     from rloo.objectives import entropy_from_logits, token_logprobs
+
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 7) * 3
     ids = torch.randint(0, 7, (3, 5))
@@ -543,6 +546,7 @@ def test_token_logprobs_and_entropy_match_loop():
 
 def test_token_logprobs_bf16_logits_computed_in_float32():
     from rloo.objectives import token_logprobs
+
     logits = torch.randn(2, 4, 50).bfloat16()
     ids = torch.randint(0, 50, (2, 4))
     lp = token_logprobs(logits, ids)
@@ -555,8 +559,18 @@ def test_lr_factor_warms_up_then_follows_the_schedule():
     from rloo.algorithms.optim import lr_factor
 
     # 10 steps, 4 of warm-up: (s+1)/5 for s < 4, then 1 - (s-4)/6
-    assert [round(lr_factor(s, 4, 10, "linear"), 6) for s in range(10)] == \
-        [0.2, 0.4, 0.6, 0.8, 1.0, round(5 / 6, 6), round(4 / 6, 6), 0.5, round(2 / 6, 6), round(1 / 6, 6)]
+    assert [round(lr_factor(s, 4, 10, "linear"), 6) for s in range(10)] == [
+        0.2,
+        0.4,
+        0.6,
+        0.8,
+        1.0,
+        round(5 / 6, 6),
+        round(4 / 6, 6),
+        0.5,
+        round(2 / 6, 6),
+        round(1 / 6, 6),
+    ]
     assert lr_factor(7, 4, 10, "cosine") == pytest.approx(0.5 * (1 + math.cos(math.pi * 3 / 6)))
     assert lr_factor(9, 4, 10, "constant") == 1.0
     with pytest.raises(ValueError, match="lr_schedule"):

@@ -12,14 +12,32 @@ from tests.e2e import HANG_GUARD_S, ROOT
 
 ADAPTED = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
 
+
 def architecture(preset) -> Architecture:
     return Architecture(preset.vocab_size, preset.hidden_size, preset.num_layers, preset.intermediate_size)
+
 
 def bench_shape(preset, lora: bool = False) -> Shape:
     """The settings rloo.bench.worker runs a preset at: fp32, the whole step's completions in one micro-batch."""
     n = preset.completions_per_step
-    return Shape("32-true", "float32", "auto", 1, lora, 16, ADAPTED, not lora, True, preset.k, n, n,
-                 preset.prompt_length, preset.response_length, shared_prefix=True)
+    return Shape(
+        "32-true",
+        "float32",
+        "auto",
+        1,
+        lora,
+        16,
+        ADAPTED,
+        not lora,
+        True,
+        preset.k,
+        n,
+        n,
+        preset.prompt_length,
+        preset.response_length,
+        shared_prefix=True,
+    )
+
 
 def test_parameter_counts_are_the_models_own():
     preset = PRESETS["small"]
@@ -32,11 +50,24 @@ def test_parameter_counts_are_the_models_own():
     assert mib["policy weights"] * 2**20 == 4 * (linear + rest + arch.head_params())
     assert mib["AdamW state"] == 2 * mib["gradients"] == 2 * mib["policy weights"]
 
+
 def test_sharding_divides_what_each_strategy_shards():
     arch = architecture(PRESETS["pythia-160m"])
-    base = dict(precision="bf16-mixed", frozen_dtype="bfloat16", lora=False, lora_r=16, lora_targets=ADAPTED,
-                separate_reference=True, has_reward_model=True, k=2, micro_batch_size=16, generation_batch_size=16,
-                prompt_length=512, response_length=53, shared_prefix=True)
+    base = dict(
+        precision="bf16-mixed",
+        frozen_dtype="bfloat16",
+        lora=False,
+        lora_r=16,
+        lora_targets=ADAPTED,
+        separate_reference=True,
+        has_reward_model=True,
+        k=2,
+        micro_batch_size=16,
+        generation_batch_size=16,
+        prompt_length=512,
+        response_length=53,
+        shared_prefix=True,
+    )
     single = estimate(arch, Shape(strategy="auto", world_size=1, **base))
     ddp = estimate(arch, Shape(strategy="ddp", world_size=8, **base))
     zero2 = estimate(arch, Shape(strategy="deepspeed_stage_2", world_size=8, **base))
@@ -46,6 +77,7 @@ def test_sharding_divides_what_each_strategy_shards():
     assert zero3["policy weights"] == single["policy weights"] / 8 and zero3["gradients"] == single["gradients"] / 8
     assert zero3["reference weights"] == single["reference weights"]  # frozen models are not sharded here
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_the_estimate_is_within_25_percent_of_the_measured_peak_at_pythia_160m(lora, tmp_path):
@@ -53,13 +85,31 @@ def test_the_estimate_is_within_25_percent_of_the_measured_peak_at_pythia_160m(l
         pytest.importorskip("peft")
     preset = PRESETS["pythia-160m"]
     out = tmp_path / "result.json"
-    command = [sys.executable, "-m", "rloo.bench.worker", "--algorithm", "rloo", "--preset", preset.name, "--steps", "1",
-               "--warmup", "0", "--threads", "2", "--set", f"model.lora={str(lora).lower()}", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "rloo.bench.worker",
+        "--algorithm",
+        "rloo",
+        "--preset",
+        preset.name,
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--threads",
+        "2",
+        "--set",
+        f"model.lora={str(lora).lower()}",
+        "--out",
+        str(out),
+    ]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert result.returncode == 0, result.stderr[-2000:]
     measured = json.loads(out.read_text())["peak_rss_above_baseline_mb"]
     planned = estimate(architecture(preset), bench_shape(preset, lora))["peak"]
     assert 0.75 <= planned / measured <= 1.25, (planned, measured)
+
 
 class Answer:
     """What `python -m rloo.plan ARGS` answers: exit status, stdout, stderr (run in-process)."""
@@ -82,11 +132,14 @@ def test_the_cli_plans_the_published_recipe_without_loading_anything(capsys):
     assert "does not fit in 24 GiB" in Answer(capsys, "model=pythia6.9b", "precision=bf16", "--gpu-gib", "24").stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["model.policy=some-org/unknown-model"], "not a known Pythia size"),
-    (["k=1"], "k=1"),
-    (["--gpu-gib", "lots"], "--gpu-gib: invalid float value"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["model.policy=some-org/unknown-model"], "not a known Pythia size"),
+        (["k=1"], "k=1"),
+        (["--gpu-gib", "lots"], "--gpu-gib: invalid float value"),
+    ],
+)
 def test_bad_input_is_one_line(args, message, capsys):
     result = Answer(capsys, *args)
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("rloo: model=")]

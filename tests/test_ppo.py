@@ -5,10 +5,9 @@ import csv
 import json
 
 import lightning as L
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-import pytest
-
 
 from rloo.algorithms.ppo import PPOModule
 from rloo.data import PromptDataModule
@@ -22,8 +21,18 @@ def snapshot(model):
 
 
 def fit_ppo(assets, tokenizer, num_rollouts=2, module_class=PPOModule, **overrides):
-    values = dict(k=1, rollout_batch_size=8, micro_batch_size=4, generation_batch_size=8, response_length=6,
-                  lr=1e-2, warmup_ratio=0.0, num_ppo_epochs=2, num_mini_batches=2, total_episodes=8 * num_rollouts)
+    values = dict(
+        k=1,
+        rollout_batch_size=8,
+        micro_batch_size=4,
+        generation_batch_size=8,
+        response_length=6,
+        lr=1e-2,
+        warmup_ratio=0.0,
+        num_ppo_epochs=2,
+        num_mini_batches=2,
+        total_episodes=8 * num_rollouts,
+    )
     config = train_config("ppo", num_rollouts, **{**values, **overrides})
     policy = AutoModelForCausalLM.from_pretrained(assets / "policy")
     reference = freeze(copy.deepcopy(policy))
@@ -31,20 +40,40 @@ def fit_ppo(assets, tokenizer, num_rollouts=2, module_class=PPOModule, **overrid
     value_model = load_value_model(str(assets / "reward_model"), tokenizer)
     module = module_class(policy, reference, reward_model, value_model, tokenizer, config)
     spec = toy_split(assets / "train.jsonl")
-    datamodule = PromptDataModule(tokenizer, spec, spec, 64, False, config.rollout_batch_size // config.k, num_rollouts,
-                                  seed=0, shuffle=True, num_workers=0, log=lambda *_: None)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=num_rollouts * config.updates_per_rollout,
-                        logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    datamodule = PromptDataModule(
+        tokenizer,
+        spec,
+        spec,
+        64,
+        False,
+        config.rollout_batch_size // config.k,
+        num_rollouts,
+        seed=0,
+        shuffle=True,
+        num_workers=0,
+        log=lambda *_: None,
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        max_steps=num_rollouts * config.updates_per_rollout,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, datamodule=datamodule)
     return trainer, module
 
 
 def test_ppo_trains_policy_and_value_model_and_leaves_the_frozen_ones(tiny_run_assets, tokenizer):
-    reward_before = snapshot(AutoModelForSequenceClassification.from_pretrained(tiny_run_assets / "reward_model", num_labels=1))
+    reward_before = snapshot(
+        AutoModelForSequenceClassification.from_pretrained(tiny_run_assets / "reward_model", num_labels=1)
+    )
     policy_before = snapshot(AutoModelForCausalLM.from_pretrained(tiny_run_assets / "policy"))
     trainer, module = fit_ppo(tiny_run_assets, tokenizer, num_rollouts=2)
-    assert module.state.rollouts == 2 and module.state.episodes == 16      # k=1
+    assert module.state.rollouts == 2 and module.state.episodes == 16  # k=1
     assert trainer.global_step == module.lr_schedulers().last_epoch == 2 * 2 * 2  # rollouts x epochs x mini-batches
     # the value model starts as the reward model and then learns; the reward model itself never changes
     assert all(torch.equal(v, reward_before[k]) for k, v in snapshot(module.reward_model).items())
@@ -94,8 +123,18 @@ def test_train_algo_ppo_end_to_end(finished_run):
     assert summary["rollouts"] == 3 and summary["optimizer_steps"] == 3 * 2 and summary["episodes"] == 24
     rows = list(csv.DictReader((run / "csv" / "metrics.csv").open()))
     logged = {key for row in rows for key, value in row.items() if value not in ("", None)}
-    ppo_metrics = {"loss/value_avg", "value/clipfrac_avg", "value/mse", "value/explained_variance", "time/values",
-                   "policy/clipfrac_avg", "objective/kl", "objective/scores", "time/generate", "time/old_logprobs"}
+    ppo_metrics = {
+        "loss/value_avg",
+        "value/clipfrac_avg",
+        "value/mse",
+        "value/explained_variance",
+        "time/values",
+        "policy/clipfrac_avg",
+        "objective/kl",
+        "objective/scores",
+        "time/generate",
+        "time/old_logprobs",
+    }
     assert ppo_metrics <= logged, ppo_metrics - logged
     value_losses = [float(r["loss/value_avg"]) for r in rows if r.get("loss/value_avg")]
     assert len(value_losses) == 3 and all(v > 0 for v in value_losses)

@@ -40,8 +40,9 @@ def test_gae_matches_the_loop_reference_with_padding(gamma, lam):
 def test_gae_by_hand_on_two_tokens():
     # r = [0, 1], V = [0.5, 0.2], gamma 1, lambda 0.5:
     # delta_1 = 1 - 0.2 = 0.8; A_1 = 0.8; delta_0 = 0 + 0.2 - 0.5 = -0.3; A_0 = -0.3 + 0.5 * 0.8 = 0.1
-    advantages, returns = gae_advantages(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.2]]),
-                                         torch.ones(1, 2, dtype=torch.bool), gamma=1.0, lam=0.5)
+    advantages, returns = gae_advantages(
+        torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.2]]), torch.ones(1, 2, dtype=torch.bool), gamma=1.0, lam=0.5
+    )
     torch.testing.assert_close(advantages, torch.tensor([[0.1, 0.8]]))
     torch.testing.assert_close(returns, torch.tensor([[0.6, 1.0]]))
 

@@ -12,10 +12,10 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from rloo.resolvers import unique_dir
 from rloo.data import EpisodeSampler
 from rloo.errors import ConfigError
 from rloo.loggers import drop_rows_after
+from rloo.resolvers import unique_dir
 from rloo.resume import compare_configs, find_resume_point, restore_rng_states, rng_states
 from tests.e2e import FAST, ROOT, train, train_error
 from tests.test_interrupt import finish, start, wait_for
@@ -50,7 +50,10 @@ def test_a_run_killed_with_sigkill_and_resumed_ends_bit_identical_to_an_uninterr
     assert "resume" not in (killed / ".hydra" / "overrides.yaml").read_text()  # the first run's record is kept
     assert len(list((killed / ".hydra").glob("resumed-*/overrides.yaml"))) == 1
 
-    a, b = load_file(base / "straight" / "policy" / "model.safetensors"), load_file(killed / "policy" / "model.safetensors")
+    a, b = (
+        load_file(base / "straight" / "policy" / "model.safetensors"),
+        load_file(killed / "policy" / "model.safetensors"),
+    )
     initial = torch.load(killed / "checkpoints" / "step1.ckpt", weights_only=True)["state_dict"]
     common = [k for k in a if f"policy.{k}" in initial]
     assert len(common) > 10 and any(not torch.equal(a[k], initial[f"policy.{k}"]) for k in common)  # it trained
@@ -60,8 +63,10 @@ def test_a_run_killed_with_sigkill_and_resumed_ends_bit_identical_to_an_uninterr
     resumed_summary = OmegaConf.load(killed / "summary.json")
     for key in ("rollouts", "optimizer_steps", "episodes"):
         assert straight_summary[key] == resumed_summary[key]
-    drop = lambda history: [{k: v for k, v in e.items() if k not in ("eval/seconds", "train_seconds")}  # noqa: E731
-                            for e in history]  # seconds: the machine's
+
+    def drop(history):  # seconds: the machine's
+        return [{k: v for k, v in e.items() if k not in ("eval/seconds", "train_seconds")} for e in history]
+
     assert drop(straight_summary.eval_history) == drop(resumed_summary.eval_history)
     assert [e["step"] for e in straight_summary.eval_history] == [0, 4, 8, 12]  # before, at 4 and 8, after
 
@@ -79,12 +84,30 @@ def test_resume_applies_a_changed_lr_and_says_so(finished_run):
     first = train(run, base / "cache", "logger=csv", "total_episodes=32")
     assert first.returncode == 0, first.stderr[-3000:]
     # keep_checkpoints=3: the newest three of four, last.ckpt pointing at the newest
-    assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt")) == ["step2.ckpt", "step3.ckpt", "step4.ckpt"]
+    assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt")) == [
+        "step2.ckpt",
+        "step3.ckpt",
+        "step4.ckpt",
+    ]
     assert os.readlink(run / "checkpoints" / "last.ckpt") == "step4.ckpt"
     # no hydra.run.dir: resuming a checkpoint of a run dir continues in that dir
     env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    again = subprocess.run([sys.executable, "-m", "rloo.train", *FAST, "logger=csv", "total_episodes=48", "lr=1e-3",
-                            f"resume={run / 'checkpoints' / 'step2.ckpt'}"], cwd=ROOT, env=env, capture_output=True, text=True)
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rloo.train",
+            *FAST,
+            "logger=csv",
+            "total_episodes=48",
+            "lr=1e-3",
+            f"resume={run / 'checkpoints' / 'step2.ckpt'}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     output = again.stdout + again.stderr
     assert "resume: lr: 0.0003 -> 0.001" in output and "total_episodes: 32 -> 48" in output
@@ -111,8 +134,8 @@ def test_resume_auto_starts_fresh_in_an_empty_run_dir_and_a_bad_resume_is_one_li
 def test_the_sampler_started_at_s_yields_the_rest_of_the_uninterrupted_stream(size, total):
     full = list(EpisodeSampler(size, total, seed=3))
     assert len(full) == total
-    for start in range(total + 1):
-        assert list(EpisodeSampler(size, total, seed=3, start=start)) == full[start:]
+    for first in range(total + 1):
+        assert list(EpisodeSampler(size, total, seed=3, start=first)) == full[first:]
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -121,13 +144,17 @@ def test_each_rank_takes_every_world_th_index_of_the_stream_also_when_resumed(wo
     full = list(EpisodeSampler(size, rollouts * per_rollout, seed=3))
     for first_rollout in range(rollouts):
         start = first_rollout * per_rollout
-        shares = [list(EpisodeSampler(size, rollouts * per_rollout, seed=3, start=start, rank=r, world=world))
-                  for r in range(world)]
-        assert [share == full[start + r::world] for r, share in enumerate(shares)] == [True] * world
+        shares = [
+            list(EpisodeSampler(size, rollouts * per_rollout, seed=3, start=start, rank=r, world=world))
+            for r in range(world)
+        ]
+        assert [share == full[start + r :: world] for r, share in enumerate(shares)] == [True] * world
         # each rank's rollout batches: 4 prompts apiece, the ranks together one rollout of the stream
         for rollout in range(rollouts - first_rollout):
-            batches = [share[4 * rollout:4 * rollout + 4] for share in shares]
-            assert sorted(sum(batches, [])) == sorted(full[start + rollout * per_rollout:start + (rollout + 1) * per_rollout])
+            batches = [share[4 * rollout : 4 * rollout + 4] for share in shares]
+            assert sorted(sum(batches, [])) == sorted(
+                full[start + rollout * per_rollout : start + (rollout + 1) * per_rollout]
+            )
 
 
 def save_checkpoint(path, rollouts, steps):
@@ -137,7 +164,7 @@ def save_checkpoint(path, rollouts, steps):
 def test_the_last_whole_checkpoint_is_picked_truncated_and_mid_rollout_ones_skipped(tmp_path):
     directory = tmp_path / "checkpoints"
     directory.mkdir()
-    save_checkpoint(directory / "step8.ckpt", rollouts=2, steps=8)   # 4 updates per rollout: whole
+    save_checkpoint(directory / "step8.ckpt", rollouts=2, steps=8)  # 4 updates per rollout: whole
     save_checkpoint(directory / "step12.ckpt", rollouts=3, steps=12)
     save_checkpoint(directory / "interrupted.ckpt", rollouts=3, steps=14)  # Ctrl-C between the updates of rollout 4
     save_checkpoint(directory / "step16.ckpt", rollouts=4, steps=16)
@@ -209,11 +236,17 @@ def test_every_leaf_of_every_composed_config_has_a_resume_policy(monkeypatch):
     from rloo.schema import APPLIED, FIXED, leaves, resume_policy
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    settings = [[f"algo={a}"] for a in group_options("algo")] + [[f"model={m}"] for m in group_options("model")] \
-        + [[f"experiment={e}", "algo=ppo"] for e in group_options("experiment")] + [["debug=fast"], ["bootstrap=hard"]]
+    settings = (
+        [[f"algo={a}"] for a in group_options("algo")]
+        + [[f"model={m}"] for m in group_options("model")]
+        + [[f"experiment={e}", "algo=ppo"] for e in group_options("experiment")]
+        + [["debug=fast"], ["bootstrap=hard"]]
+    )
     checked = 0
     for overrides in settings:
-        cfg = compose_train_config(overrides + ["paths.output_dir=/tmp/x", "logger.wandb.name=null", "logger.wandb.group=null"])
+        cfg = compose_train_config(
+            overrides + ["paths.output_dir=/tmp/x", "logger.wandb.name=null", "logger.wandb.group=null"]
+        )
         for key in leaves(OmegaConf.to_container(cfg, resolve=True)):
             assert resume_policy(key, cfg.algorithm) in (FIXED, APPLIED), (overrides, key)
             checked += 1
@@ -221,10 +254,24 @@ def test_every_leaf_of_every_composed_config_has_a_resume_policy(monkeypatch):
 
 
 def test_a_changed_key_is_refused_or_applied_by_its_policy():
-    before = {"algorithm": "rloo", "temperature": 0.7, "loss": "ppo_clip", "kl_coef": 0.05, "eval_every": 32,
-              "trainer": {"devices": 1, "strategy": "auto"}, "resume": None}
-    after = {"algorithm": "rloo", "temperature": 0.9, "loss": "reinforce", "kl_coef": 0.1, "eval_every": 8,
-             "trainer": {"devices": 2, "strategy": "ddp"}, "resume": "auto"}
+    before = {
+        "algorithm": "rloo",
+        "temperature": 0.7,
+        "loss": "ppo_clip",
+        "kl_coef": 0.05,
+        "eval_every": 32,
+        "trainer": {"devices": 1, "strategy": "auto"},
+        "resume": None,
+    }
+    after = {
+        "algorithm": "rloo",
+        "temperature": 0.9,
+        "loss": "reinforce",
+        "kl_coef": 0.1,
+        "eval_every": 8,
+        "trainer": {"devices": 2, "strategy": "ddp"},
+        "resume": "auto",
+    }
     refused, applied = compare_configs(before, after)
     assert refused == ["loss: 'ppo_clip' -> 'reinforce'", "temperature: 0.7 -> 0.9", "trainer.devices: 1 -> 2"]
     assert applied == ["eval_every: 32 -> 8", "kl_coef: 0.05 -> 0.1", "trainer.strategy: 'auto' -> 'ddp'"]

@@ -7,10 +7,10 @@ import torch
 from transformers import GenerationConfig
 
 from rloo.data import left_pad
-from tests.builders import hf_generate as generate
-from tests.builders import sampling as sampling_config
 from rloo.forward import completion_logprobs, reward_scores
 from rloo.rollout import collect_rollout, truncate_after_stop
+from tests.builders import hf_generate as generate
+from tests.builders import sampling as sampling_config
 
 PAD, EOS = 1, 0
 
@@ -54,14 +54,23 @@ def test_generation_stops_at_eos_and_logprobs_match_hand_values(policy, tokenize
     policy = eos_biased(policy, tokenizer, p_eos=0.3)
     ids, mask = prompts(tokenizer, ["POST: the cat\n\nTL;DR:"] * 32)
     torch.manual_seed(0)
-    raw = generate(policy, ids, mask, sampling_config(max_new_tokens=60, temperature=1.0), tokenizer.eos_token_id,
-                   tokenizer.pad_token_id, batch_size=32)
+    raw = generate(
+        policy,
+        ids,
+        mask,
+        sampling_config(max_new_tokens=60, temperature=1.0),
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        batch_size=32,
+    )
     assert raw.shape[1] < 60  # every row ended, so generation stopped early
     completion, cmask, ended = truncate_after_stop(raw, tokenizer.eos_token_id, tokenizer.pad_token_id)
     assert ended.all()
     lengths = cmask.sum(1)
     assert lengths.float().mean().item() < 1 / 0.3 * 1.6  # geometric with mean 1/0.3
-    logprobs = completion_logprobs(policy, torch.cat([ids, completion], 1), torch.cat([mask, cmask], 1), completion, cmask, 1.0)
+    logprobs = completion_logprobs(
+        policy, torch.cat([ids, completion], 1), torch.cat([mask, cmask], 1), completion, cmask, 1.0
+    )
     vocab = policy.get_output_embeddings().out_features
     z = 0.3 * (vocab - 1) / 0.7 + (vocab - 1)  # partition function: e^b + (V-1) * e^0
     for row in range(32):
@@ -75,12 +84,27 @@ def test_forward_logprobs_match_generation_scores_with_left_padding(policy, toke
     """The training-style forward (with position ids that skip left pads) reproduces generation's own log-probs."""
     ids, mask = prompts(tokenizer, ["POST: the cat was on my boat\n\nTL;DR:", "POST: rain\n\nTL;DR:"])
     torch.manual_seed(0)
-    out = policy.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=8, temperature=1.0,
-                          top_k=None, top_p=None, output_scores=True, return_dict_in_generate=True,
-                          pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
-    completion = out.sequences[:, ids.shape[1]:]
-    gen_logprobs = torch.stack([torch.log_softmax(s.float(), -1).gather(1, completion[:, t:t + 1]).squeeze(1)
-                                for t, s in enumerate(out.scores)], 1)
+    out = policy.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        output_scores=True,
+        return_dict_in_generate=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=None,
+    )
+    completion = out.sequences[:, ids.shape[1] :]
+    gen_logprobs = torch.stack(
+        [
+            torch.log_softmax(s.float(), -1).gather(1, completion[:, t : t + 1]).squeeze(1)
+            for t, s in enumerate(out.scores)
+        ],
+        1,
+    )
     cmask = torch.ones_like(completion)
     forward = completion_logprobs(policy, out.sequences, torch.cat([mask, cmask], 1), completion, cmask, 1.0)
     assert torch.allclose(forward, gen_logprobs, atol=1e-4)
@@ -90,8 +114,15 @@ def test_sampling_ignores_the_models_generation_config(policy, tokenizer):
     policy.generation_config = GenerationConfig(do_sample=False, top_k=1, temperature=0.01, max_new_tokens=2)
     ids, mask = prompts(tokenizer, ["POST: the cat\n\nTL;DR:"] * 16)
     torch.manual_seed(0)
-    raw = generate(policy, ids, mask, sampling_config(max_new_tokens=6, temperature=1.0, stop_at_eos=False),
-                   tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=8)
+    raw = generate(
+        policy,
+        ids,
+        mask,
+        sampling_config(max_new_tokens=6, temperature=1.0, stop_at_eos=False),
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        batch_size=8,
+    )
     assert raw.shape[1] == 6  # our max_new_tokens, not the model's 2
     assert len({tuple(r) for r in raw.tolist()}) > 8  # sampled, not greedy / top-1
     assert policy.generation_config.top_k == 1  # and the model's own config is restored
@@ -126,17 +157,26 @@ def test_collect_rollout_lays_groups_prompt_major(policy, reward_model, tokenize
     texts = ["POST: the cat\n\nTL;DR:", "POST: my boat was there\n\nTL;DR:", "POST: rain\n\nTL;DR:"]
     ids, mask = prompts(tokenizer, texts)
     reference = copy.deepcopy(policy)
-    rollout = collect_rollout(policy, reference, reward_model, ids, mask, k=4,
-                              sampling=sampling_config(max_new_tokens=5, temperature=1.0),
-                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                              forward_batch_size=5)
+    rollout = collect_rollout(
+        policy,
+        reference,
+        reward_model,
+        ids,
+        mask,
+        k=4,
+        sampling=sampling_config(max_new_tokens=5, temperature=1.0),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        forward_batch_size=5,
+    )
     assert rollout.prompt_ids.shape[0] == 12
     for p in range(3):
         for i in range(4):
             assert torch.equal(rollout.prompt_ids[p * 4 + i], ids[p])
     # the reference is a copy of the policy, so its log-probs equal the policy's training-style ones
-    policy_logprobs = completion_logprobs(policy, rollout.input_ids, rollout.attention_mask, rollout.completion_ids,
-                                          rollout.completion_mask, 1.0)
+    policy_logprobs = completion_logprobs(
+        policy, rollout.input_ids, rollout.attention_mask, rollout.completion_ids, rollout.completion_mask, 1.0
+    )
     assert torch.allclose(rollout.ref_logprobs, policy_logprobs, atol=1e-6)
     assert rollout.scores.shape == (12,) and rollout.completion_mask.shape == rollout.completion_ids.shape
 
@@ -145,20 +185,34 @@ def test_top_k_off_samples_from_the_whole_vocabulary(policy, tokenizer):
     """top_k=0 must reach HF generate as 0: left unset, transformers fills in top_k=50."""
     torch.manual_seed(0)
     ids = torch.full((1500, 1), tokenizer.eos_token_id)
-    raw = generate(policy, ids, torch.ones_like(ids), sampling_config(max_new_tokens=1, temperature=1.0, top_k=0),
-                   tokenizer.eos_token_id, tokenizer.pad_token_id, 1500)
+    raw = generate(
+        policy,
+        ids,
+        torch.ones_like(ids),
+        sampling_config(max_new_tokens=1, temperature=1.0, top_k=0),
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        1500,
+    )
     assert len(set(raw[:, 0].tolist())) > 100  # a random tiny model is near uniform over ~400 tokens
-    capped = generate(policy, ids, torch.ones_like(ids), sampling_config(max_new_tokens=1, temperature=1.0, top_k=50),
-                      tokenizer.eos_token_id, tokenizer.pad_token_id, 1500)
+    capped = generate(
+        policy,
+        ids,
+        torch.ones_like(ids),
+        sampling_config(max_new_tokens=1, temperature=1.0, top_k=50),
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        1500,
+    )
     assert len(set(capped[:, 0].tolist())) <= 50
 
 
 # ---- the LM head on completion positions only, in chunks -------------------------------------------------------
 def test_the_chunked_log_prob_pass_equals_the_full_logits_with_left_padding_and_mixed_eos(policy, tokenizer):
     """Reference: the model's own forward to [N, T, V] logits, then log-softmax and entropy, slowly and whole."""
+    from rloo.forward import completion_logits, completion_logprobs, completion_logprobs_and_entropy
     from rloo.models import use_fp32_lm_head
     from rloo.objectives import entropy_from_logits, token_logprobs
-    from rloo.forward import completion_logits, completion_logprobs, completion_logprobs_and_entropy
 
     use_fp32_lm_head(policy)
     ids, mask = prompts(tokenizer, ["POST: cat dog\n\nTL;DR:", "POST: the boat was on the river today\n\nTL;DR:"])
@@ -169,17 +223,20 @@ def test_the_chunked_log_prob_pass_equals_the_full_logits_with_left_padding_and_
     logits = completion_logits(policy, input_ids, attention_mask, 5) / 0.7
     expected = token_logprobs(logits, completion) * completion_mask
     expected_entropy = entropy_from_logits(logits) * completion_mask
-    logprobs, entropy = completion_logprobs_and_entropy(policy, input_ids, attention_mask, completion, completion_mask, 0.7)
+    logprobs, entropy = completion_logprobs_and_entropy(
+        policy, input_ids, attention_mask, completion, completion_mask, 0.7
+    )
     assert torch.allclose(logprobs, expected, atol=1e-5) and torch.allclose(entropy, expected_entropy, atol=1e-5)
-    assert torch.allclose(completion_logprobs(policy, input_ids, attention_mask, completion, completion_mask, 0.7),
-                          expected, atol=1e-5)
+    assert torch.allclose(
+        completion_logprobs(policy, input_ids, attention_mask, completion, completion_mask, 0.7), expected, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("fp32_head", [False, True])
 def test_chunks_give_the_values_and_gradients_of_plain_autograd(fp32_head):
     """Reference: log_softmax over the whole logits, differentiated by autograd; entropy by its definition."""
-    from rloo.models import FP32Head
     from rloo.forward import chunked_logprobs_and_entropy
+    from rloo.models import FP32Head
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 1000, bias=True)
@@ -203,8 +260,9 @@ def test_chunks_give_the_values_and_gradients_of_plain_autograd(fp32_head):
             assert torch.allclose(got, want, atol=1e-6), chunk_elements
     assert chunked_logprobs_and_entropy(head, hidden, ids, 0.9, with_entropy=False)[1] is None
     with torch.no_grad():  # the no-gradient path (reference and old log-probs)
-        assert torch.allclose(chunked_logprobs_and_entropy(head, hidden, ids, 0.9, chunk_elements=5000)[0], expected,
-                              atol=1e-5)
+        assert torch.allclose(
+            chunked_logprobs_and_entropy(head, hidden, ids, 0.9, chunk_elements=5000)[0], expected, atol=1e-5
+        )
 
 
 def test_chunked_log_probs_under_bf16_autocast_match_autograd_through_the_same_head():
@@ -246,14 +304,20 @@ def test_adamw_is_the_fused_kernel_on_cpu_and_steps_as_the_plain_loop():
 # ---- each prompt once per group of k ----------------------------------------------------------------------------
 def grouped_batch(tokenizer, k=3):
     """Three prompts of different lengths (left-padded), k completions each, with EOS at different places."""
-    ids, mask = prompts(tokenizer, ["POST: cat dog\n\nTL;DR:", "POST: the boat was on the river today\n\nTL;DR:",
-                                    "POST: rain\n\nTL;DR:"])
+    ids, mask = prompts(
+        tokenizer,
+        ["POST: cat dog\n\nTL;DR:", "POST: the boat was on the river today\n\nTL;DR:", "POST: rain\n\nTL;DR:"],
+    )
     torch.manual_seed(1)
     completion = torch.randint(0, len(tokenizer), (3 * k, 6))
-    lengths = torch.tensor([6, 1, 3, 6, 6, 2, 4, 5, 1][:3 * k])
+    lengths = torch.tensor([6, 1, 3, 6, 6, 2, 4, 5, 1][: 3 * k])
     completion_mask = (torch.arange(6) < lengths[:, None]).long()
-    return (torch.cat([ids.repeat_interleave(k, 0), completion], 1),
-            torch.cat([mask.repeat_interleave(k, 0), completion_mask], 1), completion, completion_mask)
+    return (
+        torch.cat([ids.repeat_interleave(k, 0), completion], 1),
+        torch.cat([mask.repeat_interleave(k, 0), completion_mask], 1),
+        completion,
+        completion_mask,
+    )
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -267,8 +331,9 @@ def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plai
     results = []
     for group_size in (1, 3):
         policy.zero_grad()
-        logprobs, entropy = completion_logprobs_and_entropy(policy, input_ids, attention_mask, completion,
-                                                            completion_mask, 0.8, group_size=group_size)
+        logprobs, entropy = completion_logprobs_and_entropy(
+            policy, input_ids, attention_mask, completion, completion_mask, 0.8, group_size=group_size
+        )
         (logprobs * weights).sum().backward()
         results.append((logprobs.detach(), entropy, {n: p.grad.clone() for n, p in policy.named_parameters()}))
     (plain, plain_entropy, plain_grads), (shared, shared_entropy, shared_grads) = results
@@ -302,8 +367,8 @@ def test_a_bf16_reference_gives_the_policy_log_probs_exactly_under_bf16_autocast
     (embeddings and norms rounded too) is the reference that drifted, kept here as the counter-example."""
     import copy
 
-    from rloo.models import reference_from, use_fp32_lm_head
     from rloo.forward import completion_logprobs
+    from rloo.models import reference_from, use_fp32_lm_head
 
     if fp32_head:
         use_fp32_lm_head(policy)
@@ -315,8 +380,10 @@ def test_a_bf16_reference_gives_the_policy_log_probs_exactly_under_bf16_autocast
     assert stored["gpt_neox.embed_in.weight"] == stored["gpt_neox.layers.0.input_layernorm.weight"] == torch.float32
     assert reference.get_output_embeddings().weight.dtype == (torch.float32 if fp32_head else torch.bfloat16)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        logprobs = [completion_logprobs(model, input_ids, attention_mask, completion, completion_mask, 0.7, group_size=3)
-                    for model in (policy, reference, whole_cast)]
+        logprobs = [
+            completion_logprobs(model, input_ids, attention_mask, completion, completion_mask, 0.7, group_size=3)
+            for model in (policy, reference, whole_cast)
+        ]
     assert torch.equal(logprobs[0], logprobs[1])
     assert not torch.equal(logprobs[0], logprobs[2])
 
@@ -327,8 +394,8 @@ def test_activation_checkpointing_keeps_the_gradients_and_saves_less_for_the_bac
     tensors autograd keeps for the backward shrink (counted with saved-tensor hooks)."""
     import copy
 
-    from rloo.models import use_activation_checkpointing
     from rloo.forward import completion_logprobs_and_entropy
+    from rloo.models import use_activation_checkpointing
 
     input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
     checkpointed = use_activation_checkpointing(copy.deepcopy(policy))
@@ -342,8 +409,9 @@ def test_activation_checkpointing_keeps_the_gradients_and_saves_less_for_the_bac
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            logprobs, _ = completion_logprobs_and_entropy(model, input_ids, attention_mask, completion, completion_mask,
-                                                          0.8, group_size=group_size)
+            logprobs, _ = completion_logprobs_and_entropy(
+                model, input_ids, attention_mask, completion, completion_mask, 0.8, group_size=group_size
+            )
         logprobs.sum().backward()
         results.append((logprobs.detach(), sum(saved), {n: p.grad for n, p in model.named_parameters()}))
     (plain, plain_saved, plain_grads), (ckpt, ckpt_saved, ckpt_grads) = results

@@ -20,10 +20,18 @@ def run_sweep(base, name: str, settings: list[str], overrides=("debug: fast",)):
     settings = OmegaConf.from_dotlist([*settings, f"hydra.sweep.dir={sweep_dir}"])
     defaults = "".join(f"  - override {o}\n" for o in overrides)
     (base / "sweeps").mkdir(exist_ok=True)
-    (base / "sweeps" / f"{name}.yaml").write_text(f"defaults:\n  - train\n{defaults}  - _self_\n\n" + OmegaConf.to_yaml(settings))
+    (base / "sweeps" / f"{name}.yaml").write_text(
+        f"defaults:\n  - train\n{defaults}  - _self_\n\n" + OmegaConf.to_yaml(settings)
+    )
     env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-m", "rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", name],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    result = subprocess.run(
+        [sys.executable, "-m", "rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", name],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return sweep_dir
 
@@ -31,13 +39,17 @@ def run_sweep(base, name: str, settings: list[str], overrides=("debug: fast",)):
 @pytest.fixture(scope="module")
 def multirun(finished_run):
     base, _ = finished_run
-    return run_sweep(base, "tiny_sweep", ["checkpoint_every=0", "eval_every=0", "hydra.sweeper.params.k=2,4",
-                                        "hydra.sweeper.params.clip_range=0.2"])
+    return run_sweep(
+        base,
+        "tiny_sweep",
+        ["checkpoint_every=0", "eval_every=0", "hydra.sweeper.params.k=2,4", "hydra.sweeper.params.clip_range=0.2"],
+    )
 
 
 def report(path):
-    return subprocess.run([sys.executable, "-m", "rloo.report", str(path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=HANG_GUARD_S)
+    return subprocess.run(
+        [sys.executable, "-m", "rloo.report", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
 
 
 @pytest.mark.slow
@@ -113,16 +125,23 @@ def test_seed_interval_is_students_t_over_the_seeds():
 
     assert seed_interval([0.5]) == (0.5, 0.5, 0.5)
     mean, low, high = seed_interval([0.6, 0.8])  # sd 0.1414, se 0.1, t(1) 12.706
-    assert mean == pytest.approx(0.7) and high - mean == pytest.approx(12.706 * 0.1) and mean - low == pytest.approx(1.2706)
+    assert (
+        mean == pytest.approx(0.7)
+        and high - mean == pytest.approx(12.706 * 0.1)
+        and mean - low == pytest.approx(1.2706)
+    )
     mean, low, high = seed_interval([0.1, 0.2, 0.3, 0.4])  # se 0.0645, t(3) 3.182
-    assert high - mean == pytest.approx(3.182 * (0.016667 ** 0.5) / 2, rel=1e-3)
+    assert high - mean == pytest.approx(3.182 * (0.016667**0.5) / 2, rel=1e-3)
 
 
 def test_settings_are_named_by_what_differs_between_jobs():
     from rloo.report import name_settings
 
-    rows = [{"setting": ["algo=rloo", "logger=csv"]}, {"setting": ["algo=ppo", "logger=csv"]},
-            {"setting": ["algo=rloo", "logger=csv"]}]  # seeds already left out
+    rows = [
+        {"setting": ["algo=rloo", "logger=csv"]},
+        {"setting": ["algo=ppo", "logger=csv"]},
+        {"setting": ["algo=rloo", "logger=csv"]},
+    ]  # seeds already left out
     name_settings(rows)
     assert [r["setting"] for r in rows] == ["algo=rloo", "algo=ppo", "algo=rloo"]
     alone = [{"setting": ["k=2"]}]
@@ -134,8 +153,17 @@ def test_settings_are_named_by_what_differs_between_jobs():
 def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curves(finished_run):
     """sweeps/methods.yaml's shape at the tests' size: methods x seeds, then rloo.report's per-method table."""
     base, _ = finished_run
-    sweep_dir = run_sweep(base, "methods", ["checkpoint_every=0", "eval_every=1", "hydra.sweeper.params.algo=rloo,vanilla_pg",
-                                            "hydra.sweeper.params.seed=0,1"], overrides=("debug: fast", "logger: csv"))
+    sweep_dir = run_sweep(
+        base,
+        "methods",
+        [
+            "checkpoint_every=0",
+            "eval_every=1",
+            "hydra.sweeper.params.algo=rloo,vanilla_pg",
+            "hydra.sweeper.params.seed=0,1",
+        ],
+        overrides=("debug: fast", "logger: csv"),
+    )
     assert report(sweep_dir).returncode == 0
     finals = {}
     for job in sweep_dir.iterdir():

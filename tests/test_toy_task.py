@@ -178,9 +178,7 @@ def test_preference_pairs_are_strict_and_diverse():
     assert any(any(w in TIC_WORDS for w in r) for r in rejected)
     assert any(len(r) == 0 for r in rejected)
     assert any(len(r) != len(set(r)) for r in rejected)  # duplicates
-    hallucinated = [
-        w for p, r in zip(pairs, rejected) for w in r if w in TOPIC_WORDS and w not in p["prompt"].split()
-    ]
+    hallucinated = [w for p, r in zip(pairs, rejected) for w in r if w in TOPIC_WORDS and w not in p["prompt"].split()]
     assert hallucinated
     assert sum(p["chosen"] == ideal_summary(p["prompt"]) for p in pairs) > 100
 

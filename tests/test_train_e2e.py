@@ -3,10 +3,9 @@
 import csv
 import json
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-import pytest
-
 
 from tests.e2e import METRICS, train
 
@@ -97,8 +96,15 @@ def test_second_run_reuses_the_cached_bootstrap(finished_run):
 def test_resume_from_checkpoint_continues_to_the_same_total(finished_run):
     base, _ = finished_run
     ckpt = base / "run" / "checkpoints" / "step4.ckpt"  # after the first rollout
-    result = train(base / "resumed", base / "cache", "num_ppo_epochs=2", "num_mini_batches=2", f"resume={ckpt}",
-                   "logger=csv", "eval.before=false")
+    result = train(
+        base / "resumed",
+        base / "cache",
+        "num_ppo_epochs=2",
+        "num_mini_batches=2",
+        f"resume={ckpt}",
+        "logger=csv",
+        "eval.before=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((base / "resumed" / "summary.json").read_text())
     assert summary["rollouts"] == 3 and summary["optimizer_steps"] == 12 and summary["episodes"] == 24
@@ -107,16 +113,35 @@ def test_resume_from_checkpoint_continues_to_the_same_total(finished_run):
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes_splits_the_episodes(finished_run):
     base, _ = finished_run
-    result = train(base / "ddp", base / "cache", "trainer.strategy=ddp", "trainer.devices=2", "trainer.num_threads=1",
-                   "total_episodes=32", "logger=csv", "num_ppo_epochs=2", "num_mini_batches=2")
+    result = train(
+        base / "ddp",
+        base / "cache",
+        "trainer.strategy=ddp",
+        "trainer.devices=2",
+        "trainer.num_threads=1",
+        "total_episodes=32",
+        "logger=csv",
+        "num_ppo_epochs=2",
+        "num_mini_batches=2",
+    )
     assert result.returncode == 0, result.stderr[-3000:]  # RanksAgree compared the weights after every rollout
     summary = json.loads((base / "ddp" / "summary.json").read_text())
     assert summary["rollouts"] == 32 // (8 * 2) and summary["episodes"] == 32  # each rollout runs on every rank
     assert summary["optimizer_steps"] == summary["rollouts"] * 2 * 2
     # resumed after its first rollout, each rank from its own random states: the same bits
-    resumed = train(base / "ddp_resumed", base / "cache", "trainer.strategy=ddp", "trainer.devices=2",
-                    "trainer.num_threads=1", "total_episodes=32", "logger=csv", "num_ppo_epochs=2", "num_mini_batches=2",
-                    "eval.before=false", f"resume={base / 'ddp' / 'checkpoints' / 'step4.ckpt'}")
+    resumed = train(
+        base / "ddp_resumed",
+        base / "cache",
+        "trainer.strategy=ddp",
+        "trainer.devices=2",
+        "trainer.num_threads=1",
+        "total_episodes=32",
+        "logger=csv",
+        "num_ppo_epochs=2",
+        "num_mini_batches=2",
+        "eval.before=false",
+        f"resume={base / 'ddp' / 'checkpoints' / 'step4.ckpt'}",
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = (AutoModelForCausalLM.from_pretrained(base / run / "policy").state_dict() for run in ("ddp", "ddp_resumed"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -128,12 +153,27 @@ def test_fsdp2_on_two_cpu_processes_trains_the_policy_ddp_trains_and_resumes_bit
     (ranks stepping together), scored through its own forward. Against DDP with the same settings and draws: the
     same policy up to the order of float sums; resumed from its first checkpoint: the same bits."""
     base, _ = finished_run
-    common = ("trainer.devices=2", "trainer.num_threads=1", "lean_decode=false", "total_episodes=32", "logger=csv",
-              "num_ppo_epochs=2", "num_mini_batches=2", "eval.num_prompts=5")  # 5 prompts: 3 + 2 on the ranks
+    common = (
+        "trainer.devices=2",
+        "trainer.num_threads=1",
+        "lean_decode=false",
+        "total_episodes=32",
+        "logger=csv",
+        "num_ppo_epochs=2",
+        "num_mini_batches=2",
+        "eval.num_prompts=5",
+    )  # 5 prompts: 3 + 2 on the ranks
     runs = {}
-    for name, *extra in (("fsdp2", "trainer.strategy=fsdp2"), ("ddp", "trainer.strategy=ddp"),
-                         ("fsdp2_resumed", "trainer.strategy=fsdp2", "eval.before=false",
-                          f"resume={base / 'fsdp2' / 'checkpoints' / 'step4.ckpt'}")):
+    for name, *extra in (
+        ("fsdp2", "trainer.strategy=fsdp2"),
+        ("ddp", "trainer.strategy=ddp"),
+        (
+            "fsdp2_resumed",
+            "trainer.strategy=fsdp2",
+            "eval.before=false",
+            f"resume={base / 'fsdp2' / 'checkpoints' / 'step4.ckpt'}",
+        ),
+    ):
         result = train(base / name, base / "cache", *common, *extra)
         assert result.returncode == 0, result.stderr[-3000:]
         summary = json.loads((base / name / "summary.json").read_text())

@@ -24,20 +24,22 @@ from rloo.algorithms.optim import adamw_with_schedule
 from rloo.algorithms.run_state import RunState
 from rloo.algorithms.schedule import StrategyAdapter, mini_batch_indices
 from rloo.errors import NonFiniteError
+from rloo.forward import completion_logprobs_and_entropy
 from rloo.lora import ADAPTER_MARK, has_adapters
 from rloo.objectives import importance_weights, logprob_mismatch, masked_mean
-from rloo.scoring import Reward
-from rloo.forward import completion_logprobs_and_entropy
 from rloo.rollout import PhaseTimer, Rollout, collect_rollout
 from rloo.sampling import SamplingConfig
+from rloo.scoring import Reward
 from rloo.sharding import shard_model
 
 log = logging.getLogger("rloo")
+
 
 @dataclass(frozen=True)
 class OnlineRLConfig:
     """The keys of conf/train.yaml every algorithm reads (documented there, with their defaults; typed and ranged
     in rloo.schema.CommonKeys); built from a checked config by rloo.config.algorithm_config."""
+
     k: int
     missing_eos_penalty: float | None
     num_ppo_epochs: int
@@ -55,7 +57,7 @@ class OnlineRLConfig:
     log_every: int
     max_bad_steps: int
     shared_prefix: bool
-    total_rollouts: int            # from total_episodes, rollout_batch_size and the devices
+    total_rollouts: int  # from total_episodes, rollout_batch_size and the devices
 
     @property
     def updates_per_rollout(self) -> int:
@@ -69,6 +71,7 @@ class OnlineRLConfig:
 @dataclass(frozen=True)
 class PolicyGradientConfig(OnlineRLConfig):
     """Plus conf/algo/shared/policy_gradient.yaml: the algorithms that sample from the policy (RLOO's family, PPO)."""
+
     kl_coef: float
     kl_estimator: str
     normalize_advantages: bool
@@ -92,16 +95,18 @@ class OnlineRLModule(LightningModule):
         self.policy, self.reference, self.reward_model = policy, reference, reward_model
         self.tokenizer, self.config = tokenizer, config
         self.automatic_optimization = False  # several optimiser steps per rollout
-        self.strict_loading = False          # checkpoints hold the trained models only (see on_save_checkpoint)
-        self.policy.eval()                   # no dropout: on-policy the ratio must be exactly 1
-        self.state = RunState()              # counters, guard, random states: what checkpoints carry
+        self.strict_loading = False  # checkpoints hold the trained models only (see on_save_checkpoint)
+        self.policy.eval()  # no dropout: on-policy the ratio must be exactly 1
+        self.state = RunState()  # counters, guard, random states: what checkpoints carry
         self.strategy = StrategyAdapter(self)  # what differs by strategy in accumulation and optimiser steps
         self.last_rollout: Rollout | None = None
-        self.last_targets = None             # what the algorithm derived from it (RLOOTargets, PPOTargets)
+        self.last_targets = None  # what the algorithm derived from it (RLOOTargets, PPOTargets)
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
         self.last_mismatch: dict[str, Tensor] = {}  # per-token delta logp, sequence log-ratio (log_histograms)
         self.last_grad_norm: Tensor | None = None  # of the last optimiser step, before clipping
-        self.reward: Reward | None = None    # reward= other than the reward model alone (rloo.scoring); set by the builder
+        self.reward: Reward | None = (
+            None  # reward= other than the reward model alone (rloo.scoring); set by the builder
+        )
 
     # ---- the pieces of a step, in the order a step uses them -------------------------------------------------
     def collect(self, batch: dict[str, Tensor], timer: PhaseTimer, sampler=None) -> Rollout:
@@ -109,10 +114,20 @@ class OnlineRLModule(LightningModule):
         samples them, or `sampler` (algo=dpo: the frozen reference, for offline pairs)."""
         cfg = self.config
         reward_model = self.reward_model if self.reward is None or self.reward.uses_model else None
-        rollout = collect_rollout(sampler or self.policy, self.reference, reward_model, batch["prompt_ids"],
-                                  batch["prompt_mask"], cfg.k, cfg.sampling, self.tokenizer.eos_token_id,
-                                  self.tokenizer.pad_token_id, cfg.generation_batch_size, timer=timer,
-                                  share_prompts=cfg.shared_prefix)
+        rollout = collect_rollout(
+            sampler or self.policy,
+            self.reference,
+            reward_model,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            cfg.k,
+            cfg.sampling,
+            self.tokenizer.eos_token_id,
+            self.tokenizer.pad_token_id,
+            cfg.generation_batch_size,
+            timer=timer,
+            share_prompts=cfg.shared_prefix,
+        )
         if self.reward is not None:  # the functions of reward= see text: prompts and completions, decoded
             with timer("reward_functions"):
                 prompts = self.tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True)
@@ -136,9 +151,16 @@ class OnlineRLModule(LightningModule):
         """log pi(y_t | .) `[n, T]` (with gradient) and the per-token entropy `[n, T]` of the policy as it is now
         (None without `with_entropy`)."""
         cfg = self.config
-        return completion_logprobs_and_entropy(self.policy, rollout.input_ids, rollout.attention_mask,
-                                               rollout.completion_ids, rollout.completion_mask, cfg.sampling.temperature,
-                                               with_entropy=with_entropy, group_size=cfg.k if cfg.shared_prefix else 1)
+        return completion_logprobs_and_entropy(
+            self.policy,
+            rollout.input_ids,
+            rollout.attention_mask,
+            rollout.completion_ids,
+            rollout.completion_mask,
+            cfg.sampling.temperature,
+            with_entropy=with_entropy,
+            group_size=cfg.k if cfg.shared_prefix else 1,
+        )
 
     @torch.no_grad()
     def rollout_policy_forward(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
@@ -153,15 +175,30 @@ class OnlineRLModule(LightningModule):
         """One pass over n rollout rows: num_mini_batches lists of micro-batch row indices (rloo.algorithms.schedule);
         shuffled by whole prompt groups where micro-batches hold whole groups (shared_prefix)."""
         cfg = self.config
-        whole_groups = cfg.shared_prefix and cfg.k > 1 and cfg.micro_batch_size % cfg.k == 0 \
+        whole_groups = (
+            cfg.shared_prefix
+            and cfg.k > 1
+            and cfg.micro_batch_size % cfg.k == 0
             and (n // cfg.num_mini_batches) % cfg.k == 0
-        return mini_batch_indices(n, cfg.k, cfg.micro_batch_size, cfg.num_mini_batches, whole_groups, shuffle, self.device)
+        )
+        return mini_batch_indices(
+            n, cfg.k, cfg.micro_batch_size, cfg.num_mini_batches, whole_groups, shuffle, self.device
+        )
 
-    def correction_weights(self, part: Rollout, rollout_policy_logprobs: Tensor) -> tuple[Tensor | None, Tensor | None, dict]:
+    def correction_weights(
+        self, part: Rollout, rollout_policy_logprobs: Tensor
+    ) -> tuple[Tensor | None, Tensor | None, dict]:
         """The weights of is_correction for a micro-batch: pi_train / pi_rollout at the rollout policy."""
         cfg = self.config
-        token_w, sequence_w = importance_weights(rollout_policy_logprobs, part.generation_logprobs, part.completion_mask,
-                                                 cfg.is_correction, cfg.is_cap, cfg.is_low, cfg.is_high)
+        token_w, sequence_w = importance_weights(
+            rollout_policy_logprobs,
+            part.generation_logprobs,
+            part.completion_mask,
+            cfg.is_correction,
+            cfg.is_cap,
+            cfg.is_low,
+            cfg.is_high,
+        )
         if token_w is not None:
             return token_w, None, {"is_weight": token_w.sum() / part.completion_mask.sum().clamp(min=1)}
         if sequence_w is not None:
@@ -184,25 +221,33 @@ class OnlineRLModule(LightningModule):
         self.lr_schedulers().step()
         optimizer.zero_grad(set_to_none=True)
 
-    def rollout_diagnostics(self, rollout: Rollout, rollout_policy_logprobs: Tensor, entropy: Tensor) -> dict[str, Tensor]:
+    def rollout_diagnostics(
+        self, rollout: Rollout, rollout_policy_logprobs: Tensor, entropy: Tensor
+    ) -> dict[str, Tensor]:
         """The training forward at the rollout policy against the sampler (mismatch/*), and the policy's entropy.
 
         Both must be measured before the policy moves: from the update's forward when each rollout is used once,
         else from the forward that precedes the first optimiser step.
         """
         mask = rollout.completion_mask
-        stats = {f"mismatch_{key}": value for key, value in
-                 logprob_mismatch(rollout_policy_logprobs, rollout.generation_logprobs, mask).items()}
+        stats = {
+            f"mismatch_{key}": value
+            for key, value in logprob_mismatch(rollout_policy_logprobs, rollout.generation_logprobs, mask).items()
+        }
         stats["entropy"] = masked_mean(entropy, mask)
         if self.config.log_histograms:  # for the W&B histograms (rloo.callbacks.MismatchHistograms)
             delta = (rollout_policy_logprobs - rollout.generation_logprobs) * mask
-            self.last_mismatch = {"delta_logp": delta[mask.bool()].float().cpu(), "seq_log_ratio": delta.sum(1).float().cpu()}
+            self.last_mismatch = {
+                "delta_logp": delta[mask.bool()].float().cpu(),
+                "seq_log_ratio": delta.sum(1).float().cpu(),
+            }
         return stats
 
     def finish_step(self, rollout: Rollout, targets, timer: PhaseTimer, started: float, rollout_done: float) -> None:
         now = time.perf_counter()
-        self.last_timings = dict(timer.seconds, rollout=rollout_done - started, update=now - rollout_done,
-                                 step=now - started)
+        self.last_timings = dict(
+            timer.seconds, rollout=rollout_done - started, update=now - rollout_done, step=now - started
+        )
         self.state.finish_rollout(len(rollout) * self.trainer.world_size, now - started)
         self.check_guard()
         self.last_rollout, self.last_targets = rollout, targets
@@ -241,19 +286,26 @@ class OnlineRLModule(LightningModule):
         self.state.skipped_updates += self.config.updates_per_rollout
         self.state.rollout_was_bad = True
         bad = (~torch.isfinite(rollout.scores)).sum().item()
-        log.warning(f"guard: rollout {self.state.rollouts + 1}: {bad} of {len(rollout)} scores are not finite; update skipped")
+        log.warning(
+            f"guard: rollout {self.state.rollouts + 1}: {bad} of {len(rollout)} scores are not finite; update skipped"
+        )
         self.finish_step(rollout, None, timer, started, time.perf_counter())
-        metrics = {"objective/scores": rollout.scores[torch.isfinite(rollout.scores)].mean(),  # nan when none is
-                   "objective/kl": 0.0, "guard/nonfinite_scores": float(bad)}
+        metrics = {
+            "objective/scores": rollout.scores[torch.isfinite(rollout.scores)].mean(),  # nan when none is
+            "objective/kl": 0.0,
+            "guard/nonfinite_scores": float(bad),
+        }
         log_metrics(self, common_metrics(self, rollout) | metrics, batch_size=len(rollout))
 
     def check_guard(self) -> None:
         """After each rollout (RunState counts the bad ones in a row): stop after max_bad_steps."""
         if self.state.bad_in_a_row >= self.config.max_bad_steps:
             raise NonFiniteError(
-                f"{self.state.bad_in_a_row} rollouts in a row (max_bad_steps={self.config.max_bad_steps}) had non-finite "
-                f"scores, loss or gradient norm, up to rollout {self.state.rollouts}; stopped with the weights of the last "
-                "good update (no non-finite weights saved). Check the reward model / reward function and lr")
+                f"{self.state.bad_in_a_row} rollouts in a row (max_bad_steps={self.config.max_bad_steps}) had "
+                f"non-finite scores, loss or gradient norm, up to rollout {self.state.rollouts}; stopped with the "
+                "weights of the last "
+                "good update (no non-finite weights saved). Check the reward model / reward function and lr"
+            )
 
     # ---- sharding, optimiser, checkpoints -------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -267,8 +319,15 @@ class OnlineRLModule(LightningModule):
 
     def configure_optimizers(self):
         cfg = self.config
-        return adamw_with_schedule(self.trained_parameters(), cfg.lr, cfg.total_rollouts * cfg.updates_per_rollout,
-                                   cfg.warmup_ratio, cfg.lr_schedule, cfg.weight_decay, cfg.adam_eps)
+        return adamw_with_schedule(
+            self.trained_parameters(),
+            cfg.lr,
+            cfg.total_rollouts * cfg.updates_per_rollout,
+            cfg.warmup_ratio,
+            cfg.lr_schedule,
+            cfg.weight_decay,
+            cfg.adam_eps,
+        )
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         self.state.begin_rollout()  # a checkpoint taken inside this rollout (Ctrl-C, an error) redoes it from here
@@ -295,8 +354,10 @@ class OnlineRLModule(LightningModule):
         for scheduler in self.trainer.lr_scheduler_configs:
             scheduler = scheduler.scheduler
             if scheduler.base_lrs != [self.config.lr] * len(scheduler.base_lrs):
-                log.info(f"resume: lr {scheduler.base_lrs[0]:g} -> {self.config.lr:g} from optimiser step "
-                         f"{self.trainer.global_step} on (the schedule's shape is kept)")
+                log.info(
+                    f"resume: lr {scheduler.base_lrs[0]:g} -> {self.config.lr:g} from optimiser step "
+                    f"{self.trainer.global_step} on (the schedule's shape is kept)"
+                )
                 scheduler.base_lrs = [self.config.lr] * len(scheduler.base_lrs)
                 for group, factor in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas):  # a LambdaLR
                     group["lr"] = self.config.lr * factor(scheduler.last_epoch)

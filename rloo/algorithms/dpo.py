@@ -30,12 +30,14 @@ from rloo.rollout import PhaseTimer, Rollout
 @dataclass(frozen=True)
 class DPOConfig(OnlineRLConfig):
     """The shared keys plus conf/algo/dpo.yaml's."""
+
     dpo_beta: float
 
 
 @dataclass
 class DPOTargets:
     """The preference pairs of a rollout: the chosen and the rejected row of each prompt [P], and whether decided."""
+
     chosen: Tensor
     rejected: Tensor
     decided: Tensor
@@ -68,12 +70,18 @@ class DPOModule(OnlineRLModule):
             for micro_batches in self.mini_batches(len(rollout), shuffle=False):
                 for i, index in enumerate(micro_batches):
                     part = rollout.select(index)
-                    logprobs, _ = self.policy_forward(part, with_entropy=False)                   # [n, T]
-                    sequence = masked_sum(logprobs, part.completion_mask, dim=1)                  # log pi(y) [n]
-                    reference = masked_sum(part.ref_logprobs, part.completion_mask, dim=1)        # log pi_ref(y) [n]
-                    chosen, rejected, decided = preference_pairs(scores[index], cfg.k)             # within the part
-                    loss, loss_stats = dpo_loss(sequence[chosen], sequence[rejected], reference[chosen],
-                                                reference[rejected], cfg.dpo_beta, weights=decided)
+                    logprobs, _ = self.policy_forward(part, with_entropy=False)  # [n, T]
+                    sequence = masked_sum(logprobs, part.completion_mask, dim=1)  # log pi(y) [n]
+                    reference = masked_sum(part.ref_logprobs, part.completion_mask, dim=1)  # log pi_ref(y) [n]
+                    chosen, rejected, decided = preference_pairs(scores[index], cfg.k)  # within the part
+                    loss, loss_stats = dpo_loss(
+                        sequence[chosen],
+                        sequence[rejected],
+                        reference[chosen],
+                        reference[rejected],
+                        cfg.dpo_beta,
+                        weights=decided,
+                    )
                     self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
                     stats.add({"loss": loss, **loss_stats}, len(index))
                 self.step_optimizer()
@@ -82,13 +90,18 @@ class DPOModule(OnlineRLModule):
         self.log_step(rollout, scores, targets, stats.means())
 
     def log_step(self, rollout: Rollout, scores: Tensor, targets: DPOTargets, stats: dict) -> None:
-        names = {"chosen_reward": "dpo/chosen_reward", "rejected_reward": "dpo/rejected_reward",
-                 "margin": "dpo/margin", "accuracy": "dpo/accuracy"}
+        names = {
+            "chosen_reward": "dpo/chosen_reward",
+            "rejected_reward": "dpo/rejected_reward",
+            "margin": "dpo/margin",
+            "accuracy": "dpo/accuracy",
+        }
         metrics = common_metrics(self, rollout) | {
             "objective/scores": scores.nanmean(),  # of the reference's samples: what the pairs are made of
             "dpo/decided_frac": targets.decided.float().mean(),
             "dpo/score_gap": (scores[targets.chosen] - scores[targets.rejected])[targets.decided].mean()
-            if targets.decided.any() else torch.tensor(0.0),
+            if targets.decided.any()
+            else torch.tensor(0.0),
         }
         metrics.update({names.get(key, METRIC_NAMES.get(key, key)): value for key, value in stats.items()})
         log_metrics(self, metrics, batch_size=len(rollout))

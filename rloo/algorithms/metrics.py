@@ -11,17 +11,25 @@ from rloo.memory import peak_rss_mb
 from rloo.rollout import Rollout
 
 # metric names of the statistics RLOO and PPO report
-METRIC_NAMES = {"entropy": "objective/entropy", "loss": "loss/policy_avg", "clipfrac": "policy/clipfrac_avg",
-                "token_clipfrac": "policy/token_clipfrac_avg", "approxkl": "policy/approxkl_avg",
-                "first_epoch_clipfrac": "policy/clipfrac_first_epoch",
-                "ratio": "policy/ratio", "ratio_min": "policy/ratio_min", "ratio_max": "policy/ratio_max",
-                "is_weight": "is/weight_mean", "baseline": "objective/baseline",
-                "mismatch_abs_mean": "mismatch/logprob_abs_mean", "mismatch_abs_max": "mismatch/logprob_abs_max",
-                "mismatch_token_mult_prob_error": "mismatch/token_mult_prob_error",
-                "mismatch_seq_log_ratio_mean": "mismatch/seq_log_ratio_mean",
-                "mismatch_seq_log_ratio_min": "mismatch/seq_log_ratio_min",
-                "mismatch_seq_log_ratio_max": "mismatch/seq_log_ratio_max"}
-
+METRIC_NAMES = {
+    "entropy": "objective/entropy",
+    "loss": "loss/policy_avg",
+    "clipfrac": "policy/clipfrac_avg",
+    "token_clipfrac": "policy/token_clipfrac_avg",
+    "approxkl": "policy/approxkl_avg",
+    "first_epoch_clipfrac": "policy/clipfrac_first_epoch",
+    "ratio": "policy/ratio",
+    "ratio_min": "policy/ratio_min",
+    "ratio_max": "policy/ratio_max",
+    "is_weight": "is/weight_mean",
+    "baseline": "objective/baseline",
+    "mismatch_abs_mean": "mismatch/logprob_abs_mean",
+    "mismatch_abs_max": "mismatch/logprob_abs_max",
+    "mismatch_token_mult_prob_error": "mismatch/token_mult_prob_error",
+    "mismatch_seq_log_ratio_mean": "mismatch/seq_log_ratio_mean",
+    "mismatch_seq_log_ratio_min": "mismatch/seq_log_ratio_min",
+    "mismatch_seq_log_ratio_max": "mismatch/seq_log_ratio_max",
+}
 
 
 class StepStats:
@@ -44,7 +52,9 @@ class StepStats:
                 self.rows[key] = self.rows.get(key, 0) + rows
 
     def means(self) -> dict[str, float]:
-        return {key: (value if key in self.EXTREMES else value / self.rows[key]).item() for key, value in self.sums.items()}
+        return {
+            key: (value if key in self.EXTREMES else value / self.rows[key]).item() for key, value in self.sums.items()
+        }
 
 
 def common_metrics(module, rollout: Rollout) -> dict[str, float | Tensor]:
@@ -74,7 +84,9 @@ def log_metrics(module, metrics: dict, batch_size: int) -> None:
     """The step's metrics, averaged over ranks, to every logger at step = rollouts (as the evaluations), every
     log_every rollouts and at the last. Written inside the step, so a checkpoint taken as the step ends never
     precedes the row of its own rollout."""
-    values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=module.device).reshape(()) for v in metrics.values()])
+    values = torch.stack(
+        [torch.as_tensor(v, dtype=torch.float32, device=module.device).reshape(()) for v in metrics.values()]
+    )
     if module.trainer.world_size > 1:
         values = module.trainer.strategy.reduce(values, reduce_op="mean")
     metrics = dict(zip(metrics, values))

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from rloo.algorithms.base import OnlineRLModule, PolicyGradientConfig
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
+from rloo.forward import token_values
 from rloo.objectives import (
     apply_missing_eos_penalty,
     clipped_value_loss,
@@ -34,13 +35,13 @@ from rloo.objectives import (
     per_token_rewards,
     token_ppo_clip_loss,
 )
-from rloo.forward import token_values
 from rloo.rollout import PhaseTimer, Rollout, chunked
 
 
 @dataclass(frozen=True)
 class PPOConfig(PolicyGradientConfig):
     """The PPO keys of conf/algo/ppo.yaml on top of the shared ones (documented there)."""
+
     vf_coef: float
     value_clip_range: float
     gamma: float
@@ -50,11 +51,12 @@ class PPOConfig(PolicyGradientConfig):
 @dataclass
 class PPOTargets:
     """What PPO derives from a rollout, per token `[N, T]` (0 on padding)."""
-    kl: Tensor          # KL_t
-    values: Tensor      # V_t of the value model at rollout time
-    rewards: Tensor     # r_t = -beta KL_t (+ score on the last real token)
+
+    kl: Tensor  # KL_t
+    values: Tensor  # V_t of the value model at rollout time
+    rewards: Tensor  # r_t = -beta KL_t (+ score on the last real token)
     advantages: Tensor  # GAE A_t (whitened when normalize_advantages)
-    returns: Tensor     # value targets G_t = A_t + V_t
+    returns: Tensor  # value targets G_t = A_t + V_t
 
     def sequence_advantages(self, completion_mask: Tensor) -> Tensor:
         """`[N]`: the mean advantage over each completion's real tokens (for the sample table)."""
@@ -86,12 +88,19 @@ class PPOModule(OnlineRLModule):
             rollout_policy_logprobs, entropy = self.rollout_policy_forward(rollout)
         old_logprobs = rollout.generation_logprobs if cfg.old_logprobs == "generation" else rollout_policy_logprobs
         with timer("values"), torch.no_grad():
-            values = chunked(partial(token_values, self.value_model, completion_len=mask.shape[1]),
-                             cfg.generation_batch_size, rollout.input_ids, rollout.attention_mask) * mask
+            values = (
+                chunked(
+                    partial(token_values, self.value_model, completion_len=mask.shape[1]),
+                    cfg.generation_batch_size,
+                    rollout.input_ids,
+                    rollout.attention_mask,
+                )
+                * mask
+            )
         rollout_done = time.perf_counter()
 
         # 2. per-token rewards: r_t = -beta KL_t, plus the (penalised) score at the last real token
-        kl = kl_per_token(old_logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask   # [N, T]
+        kl = kl_per_token(old_logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask  # [N, T]
         scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
         rewards = per_token_rewards(scores, kl, mask, cfg.kl_coef)
 
@@ -107,8 +116,9 @@ class PPOModule(OnlineRLModule):
             for micro_batches in self.mini_batches(n, shuffle=True):
                 for i, index in enumerate(micro_batches):
                     part = rollout.select(index)
-                    loss, part_stats = self.micro_batch_loss(part, targets, index, old_logprobs[index],
-                                                             rollout_policy_logprobs[index])
+                    loss, part_stats = self.micro_batch_loss(
+                        part, targets, index, old_logprobs[index], rollout_policy_logprobs[index]
+                    )
                     self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
                     stats.add(part_stats, len(index))
                 self.step_optimizer()
@@ -116,25 +126,37 @@ class PPOModule(OnlineRLModule):
         self.finish_step(rollout, targets, timer, started, rollout_done)
         # measured at the policy that sampled, whatever the epochs and mini-batches did after
         diagnostics = self.rollout_diagnostics(rollout, rollout_policy_logprobs, entropy)
-        diagnostics["first_epoch_clipfrac"] = token_ppo_clip_loss(advantages, rollout_policy_logprobs, old_logprobs, mask,
-                                                                  cfg.clip_range)[1].clipfrac
+        diagnostics["first_epoch_clipfrac"] = token_ppo_clip_loss(
+            advantages, rollout_policy_logprobs, old_logprobs, mask, cfg.clip_range
+        )[1].clipfrac
         self.log_step(rollout, scores, targets, stats.means() | diagnostics)
 
-    def micro_batch_loss(self, part: Rollout, targets: PPOTargets, index: Tensor, old_logprobs: Tensor,
-                         rollout_policy_logprobs: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def micro_batch_loss(
+        self, part: Rollout, targets: PPOTargets, index: Tensor, old_logprobs: Tensor, rollout_policy_logprobs: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """L = L_pi + vf_coef * L_V on the rows `index`."""
         cfg, mask, length = self.config, part.completion_mask, part.completion_ids.shape[1]
-        logprobs, _ = self.policy_forward(part)                                                  # [n, T]
+        logprobs, _ = self.policy_forward(part)  # [n, T]
         token_w, sequence_w, is_stats = self.correction_weights(part, rollout_policy_logprobs)
-        policy_loss, clip = token_ppo_clip_loss(targets.advantages[index], logprobs, old_logprobs, mask, cfg.clip_range,
-                                                token_w, sequence_w)
-        values = token_values(self.value_model, part.input_ids, part.attention_mask, length)      # [n, T]
-        value_loss, value_clipfrac = clipped_value_loss(values, targets.values[index], targets.returns[index], mask,
-                                                        cfg.value_clip_range)
-        loss = policy_loss + cfg.vf_coef * value_loss                                             # L = L_pi + c_v L_V
-        return loss, {"loss": policy_loss, "value_loss": value_loss, "clipfrac": clip.clipfrac,
-                      "value_clipfrac": value_clipfrac, "approxkl": clip.approxkl, "ratio": clip.ratio_mean,
-                      "ratio_min": clip.ratio_min, "ratio_max": clip.ratio_max, **is_stats}
+        policy_loss, clip = token_ppo_clip_loss(
+            targets.advantages[index], logprobs, old_logprobs, mask, cfg.clip_range, token_w, sequence_w
+        )
+        values = token_values(self.value_model, part.input_ids, part.attention_mask, length)  # [n, T]
+        value_loss, value_clipfrac = clipped_value_loss(
+            values, targets.values[index], targets.returns[index], mask, cfg.value_clip_range
+        )
+        loss = policy_loss + cfg.vf_coef * value_loss  # L = L_pi + c_v L_V
+        return loss, {
+            "loss": policy_loss,
+            "value_loss": value_loss,
+            "clipfrac": clip.clipfrac,
+            "value_clipfrac": value_clipfrac,
+            "approxkl": clip.approxkl,
+            "ratio": clip.ratio_mean,
+            "ratio_min": clip.ratio_min,
+            "ratio_max": clip.ratio_max,
+            **is_stats,
+        }
 
     def log_step(self, rollout: Rollout, scores: Tensor, targets: PPOTargets, stats: dict) -> None:
         cfg, mask = self.config, rollout.completion_mask

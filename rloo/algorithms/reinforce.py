@@ -32,6 +32,7 @@ class VanillaPGModule(RLOOModule):
 @dataclass(frozen=True)
 class ReinforceConfig(RLOOConfig):
     """RLOO's keys plus conf/algo/reinforce.yaml's."""
+
     baseline_decay: float
 
 
@@ -47,8 +48,9 @@ class ReinforceModule(RLOOModule):
     def advantages(self, rewards: Tensor, scores: Tensor) -> Tensor:
         return unscored_sit_out(moving_average_advantages(rewards, self.baseline), scores)
 
-    def finish_step(self, rollout: Rollout, targets: RLOOTargets | None, timer: PhaseTimer, started: float,
-                    rollout_done: float) -> None:
+    def finish_step(
+        self, rollout: Rollout, targets: RLOOTargets | None, timer: PhaseTimer, started: float, rollout_done: float
+    ) -> None:
         if targets is not None:  # None: the guard skipped this rollout, which moves nothing
             mean = targets.rewards.nanmean()
             if self.trainer.world_size > 1:

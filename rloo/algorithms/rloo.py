@@ -39,6 +39,7 @@ from rloo.rollout import PhaseTimer, Rollout
 @dataclass(frozen=True)
 class RLOOConfig(PolicyGradientConfig):
     """The RLOO keys of conf/train.yaml on top of the shared ones (documented there)."""
+
     loss: str
     sequence_ratio: str
 
@@ -46,13 +47,16 @@ class RLOOConfig(PolicyGradientConfig):
 @dataclass
 class RLOOTargets:
     """What RLOO derives from a rollout: the KL, the sequence rewards and the leave-one-out advantages."""
-    kl: Tensor          # [N] sum_t KL_t
-    rewards: Tensor     # [N] R_i
+
+    kl: Tensor  # [N] sum_t KL_t
+    rewards: Tensor  # [N] R_i
     advantages: Tensor  # [N] A_i
 
     @classmethod
     def zeros(cls, n: int, device) -> "RLOOTargets":
-        return cls(*(torch.zeros(n, device=device, dtype=torch.float32) for _ in range(3)))  # not the default dtype (bf16-true)
+        return cls(
+            *(torch.zeros(n, device=device, dtype=torch.float32) for _ in range(3))
+        )  # not the default dtype (bf16-true)
 
     def sequence_advantages(self, completion_mask: Tensor) -> Tensor:
         return self.advantages  # [N]: one per completion already
@@ -96,8 +100,9 @@ class RLOOModule(OnlineRLModule):
         # measured at the policy that sampled, whatever the epochs and mini-batches did after
         diagnostics = self.rollout_diagnostics(rollout, rollout_policy_logprobs, entropy)
         if cfg.loss == "ppo_clip":  # what the mismatch alone nulls: the clip before any optimiser step
-            diagnostics["first_epoch_clipfrac"] = self.ppo_clip(rollout, targets.advantages, rollout_policy_logprobs,
-                                                                old_logprobs)[1]["clipfrac"]
+            diagnostics["first_epoch_clipfrac"] = self.ppo_clip(
+                rollout, targets.advantages, rollout_policy_logprobs, old_logprobs
+            )[1]["clipfrac"]
         self.log_step(rollout, targets, stats.means() | diagnostics)
 
     def update_on_policy(self, rollout: Rollout) -> tuple["RLOOTargets", Tensor, Tensor, StepStats]:
@@ -105,24 +110,26 @@ class RLOOModule(OnlineRLModule):
         the rollout policy's, so log pi, R and A come from it (detached) and the loss from the same forward."""
         n = len(rollout)
         # float32 as rollout_policy_forward's, whatever the models compute in (bf16-true: bf16 ref log-probs)
-        rollout_policy_logprobs = torch.zeros_like(rollout.ref_logprobs, dtype=torch.float32)      # [N, T]
-        entropy = torch.zeros_like(rollout_policy_logprobs)                                          # [N, T]
+        rollout_policy_logprobs = torch.zeros_like(rollout.ref_logprobs, dtype=torch.float32)  # [N, T]
+        entropy = torch.zeros_like(rollout_policy_logprobs)  # [N, T]
         targets, stats = RLOOTargets.zeros(n, self.device), StepStats()
         micro_batches = next(self.mini_batches(n, shuffle=False))  # one epoch of one mini-batch
         for i, index in enumerate(micro_batches):
             part = rollout.select(index)
-            logprobs, part_entropy = self.policy_forward(part)                                       # [n, T]
+            logprobs, part_entropy = self.policy_forward(part)  # [n, T]
             rollout_policy_logprobs[index], entropy[index] = logprobs.detach().float(), part_entropy.float()
-            targets.assign(index, self.rewards_and_advantages(part, logprobs.detach()))              # 2-3. R, A
-            loss, loss_stats = self.policy_loss(part, targets.advantages[index], logprobs, logprobs.detach(),
-                                                rollout_policy_logprobs[index])                      # 4. loss
+            targets.assign(index, self.rewards_and_advantages(part, logprobs.detach()))  # 2-3. R, A
+            loss, loss_stats = self.policy_loss(
+                part, targets.advantages[index], logprobs, logprobs.detach(), rollout_policy_logprobs[index]
+            )  # 4. loss
             self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
             stats.add({"loss": loss, **loss_stats}, len(index))
-        self.step_optimizer()                                                                         # 5. step
+        self.step_optimizer()  # 5. step
         return targets, rollout_policy_logprobs, entropy, stats
 
-    def update_on_reused_rollout(self, rollout: Rollout, targets: "RLOOTargets", old_logprobs: Tensor,
-                                 rollout_policy_logprobs: Tensor) -> StepStats:
+    def update_on_reused_rollout(
+        self, rollout: Rollout, targets: "RLOOTargets", old_logprobs: Tensor, rollout_policy_logprobs: Tensor
+    ) -> StepStats:
         """num_ppo_epochs passes over the rollout, num_mini_batches optimiser steps each, whole groups shuffled; the
         rewards and advantages were fixed before the first step."""
         stats = StepStats()
@@ -130,12 +137,13 @@ class RLOOModule(OnlineRLModule):
             for micro_batches in self.mini_batches(len(rollout), shuffle=True):
                 for i, index in enumerate(micro_batches):
                     part = rollout.select(index)
-                    logprobs, _ = self.policy_forward(part, with_entropy=False)                      # [n, T]
-                    loss, loss_stats = self.policy_loss(part, targets.advantages[index], logprobs, old_logprobs[index],
-                                                        rollout_policy_logprobs[index])              # 4. loss
+                    logprobs, _ = self.policy_forward(part, with_entropy=False)  # [n, T]
+                    loss, loss_stats = self.policy_loss(
+                        part, targets.advantages[index], logprobs, old_logprobs[index], rollout_policy_logprobs[index]
+                    )  # 4. loss
                     self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
                     stats.add({"loss": loss, **loss_stats}, len(index))
-                self.step_optimizer()                                                                 # 5. step
+                self.step_optimizer()  # 5. step
         return stats
 
     # ---- the RLOO math, on tensors from rloo/objectives.py ------------------------------------------------
@@ -151,7 +159,7 @@ class RLOOModule(OnlineRLModule):
         cfg, mask = self.config, rollout.completion_mask
         kl_tokens = kl_per_token(logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask  # KL_t, 0 on padding
         scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
-        rewards = sequence_rewards(scores, kl_tokens, mask, cfg.kl_coef)   # R_i = s_i - beta * sum_t KL_t
+        rewards = sequence_rewards(scores, kl_tokens, mask, cfg.kl_coef)  # R_i = s_i - beta * sum_t KL_t
         advantages = self.advantages(rewards, scores)
         if cfg.normalize_advantages:
             advantages = normalize_advantages(advantages)
@@ -164,8 +172,9 @@ class RLOOModule(OnlineRLModule):
             return masked_leave_one_out_advantages(rewards, self.config.k, torch.isfinite(scores))
         return leave_one_out_advantages(rewards, self.config.k)
 
-    def policy_loss(self, part: Rollout, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor,
-                    rollout_policy_logprobs: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def policy_loss(
+        self, part: Rollout, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, rollout_policy_logprobs: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss of a micro-batch and its statistics, weighted by is_correction (pi_train / pi_rollout)."""
         token_w, sequence_w, is_stats = self.correction_weights(part, rollout_policy_logprobs)
         if self.config.loss == "reinforce":  # -mean_i A_i * sum_t log pi(y_i,t)
@@ -174,15 +183,28 @@ class RLOOModule(OnlineRLModule):
         loss, clip_stats = self.ppo_clip(part, advantages, logprobs, old_logprobs, token_w, sequence_w)
         return loss, clip_stats | is_stats
 
-    def ppo_clip(self, part: Rollout, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor,
-             token_w: Tensor | None = None, sequence_w: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    def ppo_clip(
+        self,
+        part: Rollout,
+        advantages: Tensor,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        token_w: Tensor | None = None,
+        sequence_w: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """The sequence-level PPO-clip loss mean_i max(-A_i r_i, -A_i clip(r_i, 1-eps, 1+eps)) and its statistics."""
         cfg, mask = self.config, part.completion_mask
-        loss, clip = sequence_ppo_clip_loss(advantages, logprobs, old_logprobs, mask, cfg.clip_range,
-                                            cfg.sequence_ratio == "mean", token_w, sequence_w)
-        return loss, {"clipfrac": clip.clipfrac, "approxkl": clip.approxkl, "ratio": clip.ratio_mean,
-                      "ratio_min": clip.ratio_min, "ratio_max": clip.ratio_max,
-                      "token_clipfrac": token_clip_fraction(advantages, logprobs, old_logprobs, mask, cfg.clip_range)}
+        loss, clip = sequence_ppo_clip_loss(
+            advantages, logprobs, old_logprobs, mask, cfg.clip_range, cfg.sequence_ratio == "mean", token_w, sequence_w
+        )
+        return loss, {
+            "clipfrac": clip.clipfrac,
+            "approxkl": clip.approxkl,
+            "ratio": clip.ratio_mean,
+            "ratio_min": clip.ratio_min,
+            "ratio_max": clip.ratio_max,
+            "token_clipfrac": token_clip_fraction(advantages, logprobs, old_logprobs, mask, cfg.clip_range),
+        }
 
     # ---- metrics -------------------------------------------------------------------------------------
     def log_step(self, rollout: Rollout, targets: RLOOTargets, stats: dict) -> None:
@@ -199,4 +221,3 @@ class RLOOModule(OnlineRLModule):
             metrics["objective/frac_reward_zero_std"] = (group_reward_std(scores, cfg.k) < 1e-6).float().mean()
         metrics.update({METRIC_NAMES[key]: value for key, value in stats.items()})
         log_metrics(self, metrics, batch_size=len(rollout))
-

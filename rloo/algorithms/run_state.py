@@ -10,15 +10,17 @@ from rloo.resume import restore_rng_states, rng_states
 
 @dataclass
 class RunState:
-    rollouts: int = 0                # rollouts trained on (Lightning's global_step counts optimiser steps)
-    episodes: int = 0                # completions trained on, summed over devices
-    train_seconds: float = 0.0       # seconds in training steps (rollout and update; no evaluation, no checkpoint)
-    skipped_updates: int = 0         # guard: optimiser steps taken without gradients (non-finite)
-    bad_in_a_row: int = 0            # guard: rollouts in a row with a skipped update
-    rollout_was_bad: bool = False    # guard: the current rollout skipped an update
-    rollout_finished: bool = True    # between rollouts: a checkpoint now continues with the states as they are
-    rng_before_rollout: dict | None = None  # random states as the current rollout began (a checkpoint inside it redoes it)
-    rng_to_restore: dict | None = None      # a checkpoint's states, restored as training starts
+    rollouts: int = 0  # rollouts trained on (Lightning's global_step counts optimiser steps)
+    episodes: int = 0  # completions trained on, summed over devices
+    train_seconds: float = 0.0  # seconds in training steps (rollout and update; no evaluation, no checkpoint)
+    skipped_updates: int = 0  # guard: optimiser steps taken without gradients (non-finite)
+    bad_in_a_row: int = 0  # guard: rollouts in a row with a skipped update
+    rollout_was_bad: bool = False  # guard: the current rollout skipped an update
+    rollout_finished: bool = True  # between rollouts: a checkpoint now continues with the states as they are
+    rng_before_rollout: dict | None = (
+        None  # random states as the current rollout began (a checkpoint inside it redoes it)
+    )
+    rng_to_restore: dict | None = None  # a checkpoint's states, restored as training starts
 
     def begin_rollout(self) -> None:
         self.rng_before_rollout, self.rollout_finished, self.rollout_was_bad = rng_states(), False, False

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor
 
 
-def mini_batch_indices(n: int, k: int, micro_batch_size: int, num_mini_batches: int, whole_groups: bool,
-                       shuffle: bool, device) -> Iterator[list[Tensor]]:
+def mini_batch_indices(
+    n: int, k: int, micro_batch_size: int, num_mini_batches: int, whole_groups: bool, shuffle: bool, device
+) -> Iterator[list[Tensor]]:
     """One pass over n rollout rows: num_mini_batches mini-batches, each a list of micro-batch row indices. Without
     `shuffle` rows keep their prompt-major order. With it, whole groups of k are shuffled where `whole_groups` (each
     micro-batch then holds whole groups, so the prompt runs once per group in the update too), else single rows."""
@@ -39,7 +40,8 @@ class StrategyAdapter:
 
     @property
     def clips_itself(self) -> bool:
-        """DeepSpeed clips inside its step (gradient_clipping, rloo.assemble.deepspeed_settings); p.grad holds nothing."""
+        """DeepSpeed clips inside its step (gradient_clipping, rloo.assemble.deepspeed_settings); p.grad holds
+        nothing."""
         return self.deepspeed_engine is not None
 
     def before_backward(self, last_of_mini_batch: bool) -> None:

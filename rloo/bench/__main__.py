@@ -22,41 +22,72 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from rloo.cli import OneLineParser
 from rloo.bench.presets import PRESETS, get_preset
+from rloo.cli import OneLineParser
 
 DEFAULT_PRESETS = ("tiny", "small", "pythia-160m")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m rloo.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", default="speed", choices=("speed", "quality", "stability", "logprobs", "strategies"),
-                        help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock; "
-                             "stability: the bf16 mismatch, peer-like vs rloo defaults; logprobs: peak memory of the "
-                             "log-prob pass, whole vs chunked LM head, at a 50k vocabulary; strategies: peak memory per rank and "
-                             "time of real rloo.train runs in one process, under ddp and under fsdp2")
-    parser.add_argument("overrides", nargs="*", help="quality, stability: extra `python -m rloo.train` overrides for every run")
-    parser.add_argument("--presets", default=None,
-                        help=f"comma-separated, from: {', '.join(PRESETS)} (default: {','.join(DEFAULT_PRESETS)}; "
-                             f"stability: pythia-160m besides the embedded task)")
-    parser.add_argument("--precisions", default="fp32,bf16", help="stability: comma-separated, from fp32, bf16, bf16-true")
+    parser.add_argument(
+        "mode",
+        nargs="?",
+        default="speed",
+        choices=("speed", "quality", "stability", "logprobs", "strategies"),
+        help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock; "
+        "stability: the bf16 mismatch, peer-like vs rloo defaults; logprobs: peak memory of the "
+        "log-prob pass, whole vs chunked LM head, at a 50k vocabulary; strategies: peak memory per rank and "
+        "time of real rloo.train runs in one process, under ddp and under fsdp2",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="quality, stability: extra `python -m rloo.train` overrides for every run"
+    )
+    parser.add_argument(
+        "--presets",
+        default=None,
+        help=f"comma-separated, from: {', '.join(PRESETS)} (default: {','.join(DEFAULT_PRESETS)}; "
+        f"stability: pythia-160m besides the embedded task)",
+    )
+    parser.add_argument(
+        "--precisions", default="fp32,bf16", help="stability: comma-separated, from fp32, bf16, bf16-true"
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration, after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--ppo-epochs", default="4", help="comma-separated PPO epochs to run (TRL's default: 4), or none")
-    parser.add_argument("--rloo-schedule", default="1x1",
-                        help="RLOO epochs x mini-batches per rollout, for rloo and TRL alike (the published recipe: 2x2)")
+    parser.add_argument(
+        "--ppo-epochs", default="4", help="comma-separated PPO epochs to run (TRL's default: 4), or none"
+    )
+    parser.add_argument(
+        "--rloo-schedule",
+        default="1x1",
+        help="RLOO epochs x mini-batches per rollout, for rloo and TRL alike (the published recipe: 2x2)",
+    )
     parser.add_argument("--precision", default="32-true", help="Lightning precision of our runs (TRL runs fp32 on CPU)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads in every configuration")
-    parser.add_argument("--peers", choices=("auto", "none"), default="auto",
-                        help="auto: also run TRL's trainers where an interpreter with TRL is found")
-    parser.add_argument("--trl-python", default=os.environ.get("RLOO_BENCH_TRL_PYTHON"),
-                        help="interpreter with TRL (>= 1.16) for RLOOTrainer (default: this one, if it has TRL)")
-    parser.add_argument("--trl-lm-head", choices=("compact", "as-shipped"), default="compact",
-                        help="TRL RLOO's LM head on CPU: compact (completion positions only, as TRL runs on a GPU) or "
-                             "as-shipped (its CPU fallback scores every position, prompts included)")
-    parser.add_argument("--trl-ppo-python", default=os.environ.get("RLOO_BENCH_TRL_PPO_PYTHON"),
-                        help="interpreter with a TRL that still has PPOTrainer (1.12) (default: this one, if it has it)")
+    parser.add_argument(
+        "--peers",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto: also run TRL's trainers where an interpreter with TRL is found",
+    )
+    parser.add_argument(
+        "--trl-python",
+        default=os.environ.get("RLOO_BENCH_TRL_PYTHON"),
+        help="interpreter with TRL (>= 1.16) for RLOOTrainer (default: this one, if it has TRL)",
+    )
+    parser.add_argument(
+        "--trl-lm-head",
+        choices=("compact", "as-shipped"),
+        default="compact",
+        help="TRL RLOO's LM head on CPU: compact (completion positions only, as TRL runs on a GPU) or "
+        "as-shipped (its CPU fallback scores every position, prompts included)",
+    )
+    parser.add_argument(
+        "--trl-ppo-python",
+        default=os.environ.get("RLOO_BENCH_TRL_PPO_PYTHON"),
+        help="interpreter with a TRL that still has PPOTrainer (1.12) (default: this one, if it has it)",
+    )
     parser.add_argument("--out", default=None, help="output dir (default: outputs/bench/<date>/<time>)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per configuration")
     args = parser.parse_intermixed_args(argv)
@@ -84,49 +115,117 @@ def configurations(args) -> list[dict]:
     if args.peers == "auto" and args.device == "cpu":
         from rloo.bench.peers import trl_version
 
-        for algorithm, python in (("rloo", args.trl_python or sys.executable), ("ppo", args.trl_ppo_python or sys.executable)):
+        for algorithm, python in (
+            ("rloo", args.trl_python or sys.executable),
+            ("ppo", args.trl_ppo_python or sys.executable),
+        ):
             version = trl_version(python)
             if version is not None:
                 peers[algorithm] = (python, version)
     runs = []
     for preset in args.presets.split(","):
-        ours = [sys.executable, "-m", "rloo.bench.worker", "--preset", preset, *common,
-                "--precision", args.precision, "--device", args.device]
+        ours = [
+            sys.executable,
+            "-m",
+            "rloo.bench.worker",
+            "--preset",
+            preset,
+            *common,
+            "--precision",
+            args.precision,
+            "--device",
+            args.device,
+        ]
         epochs, _, minis = args.rloo_schedule.partition("x")
         micro = get_preset(preset).completions_per_step // int(minis)
-        schedule = ["--set", f"num_ppo_epochs={epochs}", "--set", f"num_mini_batches={minis}",
-                    "--set", f"micro_batch_size={micro}"] if args.rloo_schedule != "1x1" else []
-        runs.append(dict(preset=preset, implementation="rloo", algorithm="rloo", schedule=args.rloo_schedule,
-                         command=[*ours, "--algorithm", "rloo", *schedule]))
+        schedule = (
+            [
+                "--set",
+                f"num_ppo_epochs={epochs}",
+                "--set",
+                f"num_mini_batches={minis}",
+                "--set",
+                f"micro_batch_size={micro}",
+            ]
+            if args.rloo_schedule != "1x1"
+            else []
+        )
+        runs.append(
+            dict(
+                preset=preset,
+                implementation="rloo",
+                algorithm="rloo",
+                schedule=args.rloo_schedule,
+                command=[*ours, "--algorithm", "rloo", *schedule],
+            )
+        )
         for epochs in args.ppo_epochs:
-            runs.append(dict(preset=preset, implementation="rloo", algorithm="ppo", ppo_epochs=epochs,
-                             command=[*ours, "--algorithm", "ppo", "--ppo-epochs", str(epochs)]))
+            runs.append(
+                dict(
+                    preset=preset,
+                    implementation="rloo",
+                    algorithm="ppo",
+                    ppo_epochs=epochs,
+                    command=[*ours, "--algorithm", "ppo", "--ppo-epochs", str(epochs)],
+                )
+            )
         theirs = ["-m", "rloo.bench.peers", "--preset", preset, *common]
         if "rloo" in peers:
             python, version = peers["rloo"]
-            runs.append(dict(preset=preset, implementation=f"trl-{version}", algorithm="rloo", schedule=args.rloo_schedule,
-                             command=[python, *theirs, "--algorithm", "rloo", "--rloo-schedule", args.rloo_schedule,
-                                      "--lm-head", args.trl_lm_head]))
+            runs.append(
+                dict(
+                    preset=preset,
+                    implementation=f"trl-{version}",
+                    algorithm="rloo",
+                    schedule=args.rloo_schedule,
+                    command=[
+                        python,
+                        *theirs,
+                        "--algorithm",
+                        "rloo",
+                        "--rloo-schedule",
+                        args.rloo_schedule,
+                        "--lm-head",
+                        args.trl_lm_head,
+                    ],
+                )
+            )
         if "ppo" in peers:
             python, version = peers["ppo"]
             for epochs in args.ppo_epochs:
-                runs.append(dict(preset=preset, implementation=f"trl-{version}", algorithm="ppo", ppo_epochs=epochs,
-                                 command=[python, *theirs, "--algorithm", "ppo", "--ppo-epochs", str(epochs)]))
+                runs.append(
+                    dict(
+                        preset=preset,
+                        implementation=f"trl-{version}",
+                        algorithm="ppo",
+                        ppo_epochs=epochs,
+                        command=[python, *theirs, "--algorithm", "ppo", "--ppo-epochs", str(epochs)],
+                    )
+                )
     return runs
 
 
 def run_one(run: dict, out_dir: Path, timeout: int) -> dict:
-    name = f"{run['preset']}-{run['implementation']}-{run['algorithm']}" + (f"-{run['ppo_epochs']}ep" if "ppo_epochs" in run else "") \
+    name = (
+        f"{run['preset']}-{run['implementation']}-{run['algorithm']}"
+        + (f"-{run['ppo_epochs']}ep" if "ppo_epochs" in run else "")
         + (f"-{run['schedule']}" if run.get("schedule", "1x1") != "1x1" else "")
+    )
     result_path = out_dir / "runs" / f"{name}.json"
     result_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
-           "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
+        "TOKENIZERS_PARALLELISM": "false",
+        "WANDB_MODE": "disabled",
+        "HF_HUB_OFFLINE": "1",
+    }
     print(f"bench: {name} ...", flush=True)
     started = time.time()
     try:
-        proc = subprocess.run([*run["command"], "--out", str(result_path)], env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run(
+            [*run["command"], "--out", str(result_path)], env=env, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return {**_identity(run), "name": name, "error": f"timed out after {timeout} s"}
     (out_dir / "runs" / f"{name}.log").write_text(proc.stdout + proc.stderr)
@@ -134,8 +233,11 @@ def run_one(run: dict, out_dir: Path, timeout: int) -> dict:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         return {**_identity(run), "name": name, "error": f"exit {proc.returncode}: {tail[0]}"}
     result = json.loads(result_path.read_text())
-    print(f"bench: {name}: {result['step_seconds_median']:.3f} s/step, peak RSS {result['peak_rss_mb']:.0f} MB "
-          f"({time.time() - started:.0f} s)", flush=True)
+    print(
+        f"bench: {name}: {result['step_seconds_median']:.3f} s/step, peak RSS {result['peak_rss_mb']:.0f} MB "
+        f"({time.time() - started:.0f} s)",
+        flush=True,
+    )
     return {**result, **_identity(run), "name": name}
 
 
@@ -156,7 +258,10 @@ def ratios(results: list[dict]) -> list[dict]:
     rows = []
     ok = [r for r in results if "error" not in r]
     for preset in dict.fromkeys(r["preset"] for r in ok):
-        ours = next((r for r in ok if r["preset"] == preset and r["implementation"] == "rloo" and r["algorithm"] == "rloo"), None)
+        ours = next(
+            (r for r in ok if r["preset"] == preset and r["implementation"] == "rloo" and r["algorithm"] == "rloo"),
+            None,
+        )
         if ours is None:
             continue
         for other in ok:
@@ -164,13 +269,17 @@ def ratios(results: list[dict]) -> list[dict]:
                 continue
             if other["implementation"] != "rloo" and other["algorithm"] != "rloo":
                 continue  # our RLOO vs the peer's RLOO; vs PPO only our own (same rollout code)
-            rows.append({
-                "preset": preset, "rloo": "rloo RLOO", "vs": label(other),
-                "time_ratio": ours["step_seconds_median"] / other["step_seconds_median"],
-                "memory_ratio": _ratio(memory_mb(ours), memory_mb(other)),
-                "peak_rss_ratio": _ratio(ours.get("peak_rss_mb"), other.get("peak_rss_mb")),
-                "model_state_ratio": _ratio(ours["model_state_mb"]["total"], other["model_state_mb"]["total"]),
-            })
+            rows.append(
+                {
+                    "preset": preset,
+                    "rloo": "rloo RLOO",
+                    "vs": label(other),
+                    "time_ratio": ours["step_seconds_median"] / other["step_seconds_median"],
+                    "memory_ratio": _ratio(memory_mb(ours), memory_mb(other)),
+                    "peak_rss_ratio": _ratio(ours.get("peak_rss_mb"), other.get("peak_rss_mb")),
+                    "model_state_ratio": _ratio(ours["model_state_mb"]["total"], other["model_state_mb"]["total"]),
+                }
+            )
     return rows
 
 
@@ -196,9 +305,14 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
 
 
 def _fmt(value, digits=3) -> str:
@@ -207,24 +321,37 @@ def _fmt(value, digits=3) -> str:
 
 def markdown(report: dict) -> str:
     m = report["machine"]
-    lines = [f"Machine: {m['cpu']}, {m['cores']} cores, {m['gpu'] or 'no GPU'}; torch {m['torch']}, "
-             f"{report['args']['threads']} threads, precision {report['args']['precision']}; "
-             f"median of {report['args']['steps']} steps after {report['args']['warmup']} warm-up; "
-             f"RLOO schedule {report['args']['rloo_schedule']} (epochs x mini-batches); "
-             f"TRL RLOO's LM head: {report['args']['trl_lm_head']}; {report['date']}.", "",
-             "| preset | trainer | s/step | rollout s | update s | tokens/s | peak RSS MB | above baseline MB | model state MB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['gpu'] or 'no GPU'}; torch {m['torch']}, "
+        f"{report['args']['threads']} threads, precision {report['args']['precision']}; "
+        f"median of {report['args']['steps']} steps after {report['args']['warmup']} warm-up; "
+        f"RLOO schedule {report['args']['rloo_schedule']} (epochs x mini-batches); "
+        f"TRL RLOO's LM head: {report['args']['trl_lm_head']}; {report['date']}.",
+        "",
+        "| preset | trainer | s/step | rollout s | update s | tokens/s | peak RSS MB | above baseline MB "
+        "| model state MB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["results"]:
         if "error" in r:
             lines.append(f"| {r['preset']} | {label(r)} | failed: {r['error']} | | | | | | |")
             continue
-        lines.append(f"| {r['preset']} | {label(r)} | {_fmt(r['step_seconds_median'])} | {_fmt(r.get('rollout_seconds_median'))} "
-                     f"| {_fmt(r.get('update_seconds_median'))} | {_fmt(r['tokens_per_second'], 0)} | {_fmt(r['peak_rss_mb'], 0)} "
-                     f"| {_fmt(r['peak_rss_above_baseline_mb'], 0)} | {_fmt(r['model_state_mb']['total'], 0)} |")
-    lines += ["", "| preset | rloo RLOO vs | time ratio | memory ratio | peak RSS ratio | model state ratio |", "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['preset']} | {label(r)} | {_fmt(r['step_seconds_median'])} "
+            f"| {_fmt(r.get('rollout_seconds_median'))} | {_fmt(r.get('update_seconds_median'))} "
+            f"| {_fmt(r['tokens_per_second'], 0)} | {_fmt(r['peak_rss_mb'], 0)} "
+            f"| {_fmt(r['peak_rss_above_baseline_mb'], 0)} | {_fmt(r['model_state_mb']['total'], 0)} |"
+        )
+    lines += [
+        "",
+        "| preset | rloo RLOO vs | time ratio | memory ratio | peak RSS ratio | model state ratio |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in report["ratios"]:
-        lines.append(f"| {row['preset']} | {row['vs']} | {_fmt(row['time_ratio'], 2)} | {_fmt(row['memory_ratio'], 2)} "
-                     f"| {_fmt(row['peak_rss_ratio'], 2)} | {_fmt(row['model_state_ratio'], 2)} |")
+        lines.append(
+            f"| {row['preset']} | {row['vs']} | {_fmt(row['time_ratio'], 2)} | {_fmt(row['memory_ratio'], 2)} "
+            f"| {_fmt(row['peak_rss_ratio'], 2)} | {_fmt(row['model_state_ratio'], 2)} |"
+        )
     lines += ["", "Memory ratio: GPU peak allocated on GPU; on CPU the peak RSS above the process's RSS after imports."]
     return "\n".join(lines) + "\n"
 
@@ -259,8 +386,16 @@ def main(argv=None) -> None:
     if args.mode == "stability":
         from rloo.bench import stability
 
-        report = stability.run_stability(out_dir.resolve(), args.presets.split(","), args.precisions.split(","),
-                                         args.steps, args.warmup, args.threads, args.overrides, args.timeout)
+        report = stability.run_stability(
+            out_dir.resolve(),
+            args.presets.split(","),
+            args.precisions.split(","),
+            args.steps,
+            args.warmup,
+            args.threads,
+            args.overrides,
+            args.timeout,
+        )
         report |= {"date": now.isoformat(timespec="seconds"), "machine": machine()}
         (out_dir / "stability.json").write_text(json.dumps(report, indent=2))
         table = stability.markdown(report)
@@ -268,9 +403,13 @@ def main(argv=None) -> None:
         print("\n" + table + f"\nbench: wrote {out_dir / 'stability.json'} and {out_dir / 'stability.md'}")
         return
     results = [run_one(run, out_dir, args.timeout) for run in configurations(args)]
-    report = {"date": now.isoformat(timespec="seconds"), "machine": machine(),
-              "args": {k: v for k, v in vars(args).items() if k not in ("trl_python", "trl_ppo_python")},
-              "results": results, "ratios": ratios(results)}
+    report = {
+        "date": now.isoformat(timespec="seconds"),
+        "machine": machine(),
+        "args": {k: v for k, v in vars(args).items() if k not in ("trl_python", "trl_ppo_python")},
+        "results": results,
+        "ratios": ratios(results),
+    }
     (out_dir / "results.json").write_text(json.dumps(report, indent=2))
     table = markdown(report)
     (out_dir / "results.md").write_text(table)

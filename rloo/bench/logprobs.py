@@ -17,10 +17,10 @@ def measure(variant: str, grad: bool) -> dict:
     """In this process: one log-prob (and entropy) pass of `variant` (whole | chunked), with a backward if `grad`."""
     import torch
 
+    from rloo.forward import chunked_logprobs_and_entropy
     from rloo.memory import current_rss_mb, peak_rss_mb
     from rloo.models import FP32Head
     from rloo.objectives import entropy_from_logits, token_logprobs
-    from rloo.forward import chunked_logprobs_and_entropy
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -40,8 +40,12 @@ def measure(variant: str, grad: bool) -> dict:
             logprobs, _ = chunked_logprobs_and_entropy(head, hidden, ids, 1.0)
         if grad:
             logprobs.sum().backward()
-    return {"variant": variant, "grad": grad, "seconds": time.perf_counter() - started,
-            "peak_above_baseline_mb": peak_rss_mb() - baseline}
+    return {
+        "variant": variant,
+        "grad": grad,
+        "seconds": time.perf_counter() - started,
+        "peak_above_baseline_mb": peak_rss_mb() - baseline,
+    }
 
 
 def run(out_dir) -> list[dict]:
@@ -51,18 +55,28 @@ def run(out_dir) -> list[dict]:
     results = []
     for grad in (False, True):
         for variant in ("whole", "chunked"):
-            code = f"import json; from rloo.bench.logprobs import measure; print(json.dumps(measure({variant!r}, {grad})))"
+            code = (
+                f"import json; from rloo.bench.logprobs import measure; print(json.dumps(measure({variant!r}, {grad})))"
+            )
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    lines = [f"Log-prob pass, {ROWS} tokens, vocabulary {VOCAB}, hidden {HIDDEN}, float32 head (whole logits "
-             f"{ROWS * VOCAB * 4 / 2**20:.0f} MiB):", "",
-             "| pass | whole: peak MiB | chunked: peak MiB | peak ratio | whole s | chunked s |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"Log-prob pass, {ROWS} tokens, vocabulary {VOCAB}, hidden {HIDDEN}, float32 head (whole logits "
+        f"{ROWS * VOCAB * 4 / 2**20:.0f} MiB):",
+        "",
+        "| pass | whole: peak MiB | chunked: peak MiB | peak ratio | whole s | chunked s |",
+        "|---|---|---|---|---|---|",
+    ]
     for grad in (False, True):
-        whole, chunked = (next(r for r in results if r["grad"] == grad and r["variant"] == v) for v in ("whole", "chunked"))
-        lines.append(f"| {'log-probs + backward' if grad else 'log-probs (no grad)'} | {whole['peak_above_baseline_mb']:.0f} | "
-                     f"{chunked['peak_above_baseline_mb']:.0f} | "
-                     f"{whole['peak_above_baseline_mb'] / max(chunked['peak_above_baseline_mb'], 1):.1f}x | "
-                     f"{whole['seconds']:.2f} | {chunked['seconds']:.2f} |")
+        whole, chunked = (
+            next(r for r in results if r["grad"] == grad and r["variant"] == v) for v in ("whole", "chunked")
+        )
+        lines.append(
+            f"| {'log-probs + backward' if grad else 'log-probs (no grad)'} | {whole['peak_above_baseline_mb']:.0f} | "
+            f"{chunked['peak_above_baseline_mb']:.0f} | "
+            f"{whole['peak_above_baseline_mb'] / max(chunked['peak_above_baseline_mb'], 1):.1f}x | "
+            f"{whole['seconds']:.2f} | {chunked['seconds']:.2f} |"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "logprobs.json").write_text(json.dumps(results, indent=2))

@@ -33,7 +33,10 @@ def model_state_mb(models: list[torch.nn.Module], optimizer: torch.optim.Optimiz
         for per_param in optimizer.state.values():
             state += [v for v in per_param.values() if torch.is_tensor(v)]
     mib = 1024 * 1024
-    out = {"parameters": tensor_bytes(params) / mib, "gradients": tensor_bytes(p for p in params if p.requires_grad) / mib,
-           "optimizer": tensor_bytes(state) / mib}
+    out = {
+        "parameters": tensor_bytes(params) / mib,
+        "gradients": tensor_bytes(p for p in params if p.requires_grad) / mib,
+        "optimizer": tensor_bytes(state) / mib,
+    }
     out["total"] = sum(out.values())
     return out

@@ -1,7 +1,8 @@
 """TRL's trainers at our benchmark settings, one configuration per process: W warm-up + N timed steps, then JSON.
 
     PYTHONPATH=. <venv with TRL 1.16>/bin/python -m rloo.bench.peers --algorithm rloo --preset small --out r.json
-    PYTHONPATH=. <venv with TRL 1.12>/bin/python -m rloo.bench.peers --algorithm ppo --preset small --ppo-epochs 4 --out p.json
+    PYTHONPATH=. <venv with TRL 1.12>/bin/python -m rloo.bench.peers --algorithm ppo --preset small \
+        --ppo-epochs 4 --out p.json
 
 `rloo` runs TRL's RLOOTrainer (1.16); `ppo` runs `trl.experimental.ppo.PPOTrainer` (1.12, the last release with it),
 so the two need two interpreters. The models, prompts and batch are the ones our worker uses (rloo.bench.presets).
@@ -39,11 +40,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="timed steps after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--ppo-epochs", type=int, default=4, help="PPO passes over each rollout (TRL's default: 4)")
-    parser.add_argument("--rloo-schedule", default="1x1", help="RLOO: EPOCHSxMINI_BATCHES per rollout, as TRL's "
-                        "num_iterations x steps_per_generation (the published recipe: 2x2)")
-    parser.add_argument("--lm-head", choices=("compact", "as-shipped"), default="compact",
-                        help="RLOO: compact scores only the completion positions, as TRL does where Triton runs; "
-                             "as-shipped keeps TRL's CPU fallback, which scores every position, prompts included")
+    parser.add_argument(
+        "--rloo-schedule",
+        default="1x1",
+        help="RLOO: EPOCHSxMINI_BATCHES per rollout, as TRL's "
+        "num_iterations x steps_per_generation (the published recipe: 2x2)",
+    )
+    parser.add_argument(
+        "--lm-head",
+        choices=("compact", "as-shipped"),
+        default="compact",
+        help="RLOO: compact scores only the completion positions, as TRL does where Triton runs; "
+        "as-shipped keeps TRL's CPU fallback, which scores every position, prompts included",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="where the JSON result goes")
@@ -83,9 +92,9 @@ class Recorder:
         self.steps: list[dict] = []
         self.optimizer_steps = 0
         self.rollouts = 0
-        self.generation_config: dict | None = None   # as `generate` resolved it, first call
-        self.generated_widths: list[int] = []          # new tokens per generate call (<= response_length)
-        self.distinct_fractions: list[float] = []     # distinct completions / completions, per generate call
+        self.generation_config: dict | None = None  # as `generate` resolved it, first call
+        self.generated_widths: list[int] = []  # new tokens per generate call (<= response_length)
+        self.distinct_fractions: list[float] = []  # distinct completions / completions, per generate call
         self._started = self._rollout = None
         self._tokens = 0
 
@@ -133,8 +142,18 @@ def watch_generation(policy, recorder: Recorder):
     def recording_prepare(*args, **kwargs):
         config, model_kwargs = prepare(*args, **kwargs)
         if recorder.generation_config is None:
-            keys = ("do_sample", "temperature", "top_k", "top_p", "min_p", "max_new_tokens", "min_new_tokens",
-                    "eos_token_id", "pad_token_id", "repetition_penalty")
+            keys = (
+                "do_sample",
+                "temperature",
+                "top_k",
+                "top_p",
+                "min_p",
+                "max_new_tokens",
+                "min_new_tokens",
+                "eos_token_id",
+                "pad_token_id",
+                "repetition_penalty",
+            )
             recorder.generation_config = {key: getattr(config, key, None) for key in keys}
         return config, model_kwargs
 
@@ -177,10 +196,22 @@ def common_args(args, workdir: str) -> dict:
     # gradient_checkpointing (now a deprecated alias) to activation_checkpointing.
     fields = TrainingArguments.__dataclass_fields__
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    return {"output_dir": workdir, "use_cpu": True, "bf16": False, "fp16": False, checkpointing: False,
-            "seed": args.seed, "learning_rate": LEARNING_RATE, "lr_scheduler_type": "constant",
-            "gradient_accumulation_steps": 1, "dataloader_num_workers": 0,
-            "save_strategy": "no", "eval_strategy": "no", "report_to": "none", "disable_tqdm": True}
+    return {
+        "output_dir": workdir,
+        "use_cpu": True,
+        "bf16": False,
+        "fp16": False,
+        checkpointing: False,
+        "seed": args.seed,
+        "learning_rate": LEARNING_RATE,
+        "lr_scheduler_type": "constant",
+        "gradient_accumulation_steps": 1,
+        "dataloader_num_workers": 0,
+        "save_strategy": "no",
+        "eval_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+    }
 
 
 def silence(trainer):
@@ -193,7 +224,11 @@ def silence(trainer):
 
 def activation_checkpointing(model) -> bool:
     """Whether the policy really recomputes activations (transformers < 5.x names it gradient checkpointing)."""
-    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    name = (
+        "is_activation_checkpointing"
+        if hasattr(type(model), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
     return bool(getattr(model, name, False))
 
 
@@ -234,15 +269,29 @@ def build_rloo(args, preset, tokenizer, policy, reward_model, workdir: str, reco
     completions = preset.completions_per_step
     epochs, minis = schedule(args)
     # one generation of `completions` serves minis optimiser steps of completions/minis each, num_iterations times
-    config = RLOOConfig(**common_args(args, workdir), max_steps=(args.warmup + args.steps) * epochs * minis,
-                        per_device_train_batch_size=completions // minis, steps_per_generation=minis,
-                        num_iterations=epochs,
-                        num_generations=preset.k, max_completion_length=preset.response_length,
-                        temperature=TEMPERATURE, beta=preset.kl_coef, logging_strategy="no", log_completions=False)
+    config = RLOOConfig(
+        **common_args(args, workdir),
+        max_steps=(args.warmup + args.steps) * epochs * minis,
+        per_device_train_batch_size=completions // minis,
+        steps_per_generation=minis,
+        num_iterations=epochs,
+        num_generations=preset.k,
+        max_completion_length=preset.response_length,
+        temperature=TEMPERATURE,
+        beta=preset.kl_coef,
+        logging_strategy="no",
+        log_completions=False,
+    )
     prompts = prompt_texts(preset, preset.prompts_per_step * (args.warmup + args.steps), args.seed, tokenizer)
-    trainer = RLOOTrainer(model=policy, reward_funcs=reward_model, args=config,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer,
-                          reward_processing_classes=tokenizer, callbacks=[clock_callback(recorder, "on_step_begin")])
+    trainer = RLOOTrainer(
+        model=policy,
+        reward_funcs=reward_model,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=tokenizer,
+        reward_processing_classes=tokenizer,
+        callbacks=[clock_callback(recorder, "on_step_begin")],
+    )
     silence(trainer)
     trainer.ref_model.requires_grad_(False)  # it only runs under no_grad; frozen, it counts no gradient bytes
 
@@ -272,16 +321,32 @@ def build_ppo(args, preset, tokenizer, policy, reward_model, workdir: str, recor
     value_model = copy.deepcopy(reward_model).requires_grad_(True)  # initialised from the reward model, as ours
     completions = preset.completions_per_step  # one completion per prompt: equal completions per update
     steps = args.warmup + args.steps
-    config = PPOConfig(**common_args(args, workdir), per_device_train_batch_size=completions, num_mini_batches=1,
-                       total_episodes=completions * steps, num_ppo_epochs=args.ppo_epochs,
-                       local_rollout_forward_batch_size=completions, response_length=preset.response_length,
-                       temperature=TEMPERATURE, kl_coef=preset.kl_coef, stop_token="eos",
-                       missing_eos_penalty=MISSING_EOS_PENALTY, num_sample_generations=0)
+    config = PPOConfig(
+        **common_args(args, workdir),
+        per_device_train_batch_size=completions,
+        num_mini_batches=1,
+        total_episodes=completions * steps,
+        num_ppo_epochs=args.ppo_epochs,
+        local_rollout_forward_batch_size=completions,
+        response_length=preset.response_length,
+        temperature=TEMPERATURE,
+        kl_coef=preset.kl_coef,
+        stop_token="eos",
+        missing_eos_penalty=MISSING_EOS_PENALTY,
+        num_sample_generations=0,
+    )
     prompts = prompt_texts(preset, completions * steps, args.seed, tokenizer)
     dataset = Dataset.from_dict({"input_ids": tokenizer(prompts)["input_ids"]})
-    trainer = PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=reference,
-                         reward_model=reward_model, value_model=value_model, train_dataset=dataset,
-                         callbacks=[clock_callback(recorder, "on_train_begin")])
+    trainer = PPOTrainer(
+        args=config,
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=reference,
+        reward_model=reward_model,
+        value_model=value_model,
+        train_dataset=dataset,
+        callbacks=[clock_callback(recorder, "on_train_begin")],
+    )
     silence(trainer)  # PPOTrainer logs every update, whatever logging_strategy says
 
     # TRL 1.12's PPOTrainer.train is its own loop: it fires on_train_begin, then only on_step_end after each
@@ -304,19 +369,23 @@ def per_rollout(steps: list[dict], updates: int) -> list[dict]:
     """The trainer's steps (one optimiser step each) summed into rollouts of `updates` steps: the first generates."""
     grouped = []
     for start in range(0, len(steps), updates):
-        part = steps[start:start + updates]
+        part = steps[start : start + updates]
         rollouts = [s["rollout"] for s in part if s["rollout"] is not None]
-        grouped.append({"wall": sum(s["wall"] for s in part), "tokens": sum(s["tokens"] for s in part),
-                        "rollout": sum(rollouts) if rollouts else None})
+        grouped.append(
+            {
+                "wall": sum(s["wall"] for s in part),
+                "tokens": sum(s["tokens"] for s in part),
+                "rollout": sum(rollouts) if rollouts else None,
+            }
+        )
     return grouped
 
 
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
-    from transformers import logging as hf_logging
-
     import trl  # noqa: F401  (imported before the baseline is read: imports are not the step's memory)
+    from transformers import logging as hf_logging
 
     if args.algorithm == "rloo":
         from trl import RLOOTrainer  # noqa: F401
@@ -338,19 +407,26 @@ def run(args) -> dict:
 
     epochs, minis = schedule(args)
     # PPOTrainer's step is a whole rollout with its epochs; RLOOTrainer's is one optimiser step
-    timed = per_rollout(recorder.steps, 1 if args.algorithm == "ppo" else epochs * minis)[args.warmup:]
+    timed = per_rollout(recorder.steps, 1 if args.algorithm == "ppo" else epochs * minis)[args.warmup :]
     walls = [s["wall"] for s in timed]
     rollouts = [s["rollout"] for s in timed if s["rollout"] is not None]
     return {
         "implementation": f"trl-{trl.__version__}",
         "algorithm": args.algorithm,
         "preset": preset.name,
-        "settings": preset.as_dict() | {"num_ppo_epochs": epochs, "num_mini_batches": minis, "completions_per_prompt": k,
-                                        "prompts_per_step": preset.completions_per_step // k, "precision": "fp32",
-                                        "temperature": TEMPERATURE, "learning_rate": LEARNING_RATE,
-                                        "activation_checkpointing": activation_checkpointing(policy),
-                                        **({"lm_head": args.lm_head} if args.algorithm == "rloo" else {}),
-                                        **({"missing_eos_penalty": MISSING_EOS_PENALTY} if args.algorithm == "ppo" else {})},
+        "settings": preset.as_dict()
+        | {
+            "num_ppo_epochs": epochs,
+            "num_mini_batches": minis,
+            "completions_per_prompt": k,
+            "prompts_per_step": preset.completions_per_step // k,
+            "precision": "fp32",
+            "temperature": TEMPERATURE,
+            "learning_rate": LEARNING_RATE,
+            "activation_checkpointing": activation_checkpointing(policy),
+            **({"lm_head": args.lm_head} if args.algorithm == "rloo" else {}),
+            **({"missing_eos_penalty": MISSING_EOS_PENALTY} if args.algorithm == "ppo" else {}),
+        },
         "device": "cpu",
         "threads": torch.get_num_threads(),
         "steps": len(timed),
@@ -358,22 +434,31 @@ def run(args) -> dict:
         "step_seconds": walls,
         "step_seconds_median": median(walls),
         "rollout_seconds_median": median(rollouts) if len(rollouts) == len(timed) else None,
-        "update_seconds_median": median([s["wall"] - s["rollout"] for s in timed]) if len(rollouts) == len(timed) else None,
+        "update_seconds_median": median([s["wall"] - s["rollout"] for s in timed])
+        if len(rollouts) == len(timed)
+        else None,
         "tokens_per_step": median([s["tokens"] for s in timed]),
         "tokens_per_step_nominal": preset.completions_per_step * preset.response_length,
         "tokens_per_second": median([s["tokens"] / s["wall"] for s in timed]),
         "optimizer_steps": recorder.optimizer_steps,
         "rollouts": recorder.rollouts,
-        "generation": {"resolved_config": recorder.generation_config, "new_tokens_min": min(recorder.generated_widths),
-                       "distinct_completions_min": min(recorder.distinct_fractions)},
+        "generation": {
+            "resolved_config": recorder.generation_config,
+            "new_tokens_min": min(recorder.generated_widths),
+            "distinct_completions_min": min(recorder.distinct_fractions),
+        },
         "baseline_rss_mb": baseline_rss,
         "peak_rss_mb": peak_rss,
         "peak_rss_above_baseline_mb": peak_rss - baseline_rss,
         "peak_gpu_mb": None,
         "model_state_mb": model_state_mb(models(), getattr(trainer.optimizer, "optimizer", trainer.optimizer)),
         "python": platform.python_version(),
-        "versions": {"torch": torch.__version__, "transformers": _version("transformers"), "trl": trl.__version__,
-                     "accelerate": _version("accelerate")},
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "trl": trl.__version__,
+            "accelerate": _version("accelerate"),
+        },
     }
 
 
@@ -387,11 +472,18 @@ def check_run(args, preset, recorder: Recorder):
     if counted != expected:
         raise RuntimeError(f"the peer ran {counted}, expected {expected}")
     config = recorder.generation_config or {}
-    if not (config.get("do_sample") and abs(config.get("temperature", 0) - TEMPERATURE) < 1e-4
-            and config.get("max_new_tokens") == preset.response_length and not config.get("min_new_tokens")
-            and config.get("top_k") in (0, None) and config.get("top_p") in (1.0, None)):
-        raise RuntimeError(f"the peer's generate resolved {config}, not sampling at temperature {TEMPERATURE} "
-                           f"for {preset.response_length} tokens")
+    if not (
+        config.get("do_sample")
+        and abs(config.get("temperature", 0) - TEMPERATURE) < 1e-4
+        and config.get("max_new_tokens") == preset.response_length
+        and not config.get("min_new_tokens")
+        and config.get("top_k") in (0, None)
+        and config.get("top_p") in (1.0, None)
+    ):
+        raise RuntimeError(
+            f"the peer's generate resolved {config}, not sampling at temperature {TEMPERATURE} "
+            f"for {preset.response_length} tokens"
+        )
 
 
 def main(argv=None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification, PreTrainedTokenizerFast
 
 PAD_TOKEN, EOS_TOKEN = "[PAD]", "<|endoftext|>"
@@ -24,10 +24,10 @@ class Preset:
     num_heads: int
     intermediate_size: int
     vocab_size: int
-    prompts_per_step: int        # prompts per rollout (PPO: prompts_per_step * k prompts, one completion each)
-    k: int                       # completions per prompt for RLOO
-    prompt_length: int           # tokens per prompt (all prompts the same length: no padding to blur the cost)
-    response_length: int         # new tokens per completion
+    prompts_per_step: int  # prompts per rollout (PPO: prompts_per_step * k prompts, one completion each)
+    k: int  # completions per prompt for RLOO
+    prompt_length: int  # tokens per prompt (all prompts the same length: no padding to blur the cost)
+    response_length: int  # new tokens per completion
     kl_coef: float = 0.05
     needs_gpu: bool = False
 
@@ -39,24 +39,118 @@ class Preset:
         return asdict(self) | {"completions_per_step": self.completions_per_step}
 
 
-PRESETS = {p.name: p for p in (
-    Preset("tiny", "the embedded task's architecture at its default batch", 128, 4, 4, 512, 512,
-           prompts_per_step=16, k=4, prompt_length=24, response_length=16),
-    Preset("small", "the peer-figure settings of the paper's comparison setting (hidden 256, 4 layers)", 256, 4, 4, 1024, 512,
-           prompts_per_step=16, k=4, prompt_length=8, response_length=32),
-    Preset("pythia-160m", "Pythia-160m architecture, a CPU-sized batch", 768, 12, 12, 3072, 50304,
-           prompts_per_step=4, k=4, prompt_length=32, response_length=16),
-    Preset("tldr-160m", "TL;DR's shape (~400-token prompts, 53 new tokens, k=4) at Pythia-160m architecture, CPU",
-           768, 12, 12, 3072, 50304, prompts_per_step=2, k=4, prompt_length=400, response_length=53),
-    Preset("tldr-160m-k2", "TL;DR's shape at k=2, as many completions per step as tldr-160m", 768, 12, 12, 3072, 50304,
-           prompts_per_step=4, k=2, prompt_length=400, response_length=53),
-    Preset("tldr-1b", "TL;DR's shape at Pythia-1b architecture, GPU", 2048, 16, 8, 8192, 50304,
-           prompts_per_step=16, k=4, prompt_length=400, response_length=53, needs_gpu=True),
-    Preset("pythia-1b", "Pythia-1b architecture, GPU", 2048, 16, 8, 8192, 50304,
-           prompts_per_step=16, k=4, prompt_length=128, response_length=53, needs_gpu=True),
-    Preset("pythia-6.9b", "Pythia-6.9b architecture, GPU", 4096, 32, 32, 16384, 50304,
-           prompts_per_step=8, k=4, prompt_length=128, response_length=53, needs_gpu=True),
-)}
+PRESETS = {
+    p.name: p
+    for p in (
+        Preset(
+            "tiny",
+            "the embedded task's architecture at its default batch",
+            128,
+            4,
+            4,
+            512,
+            512,
+            prompts_per_step=16,
+            k=4,
+            prompt_length=24,
+            response_length=16,
+        ),
+        Preset(
+            "small",
+            "the peer-figure settings of the paper's comparison setting (hidden 256, 4 layers)",
+            256,
+            4,
+            4,
+            1024,
+            512,
+            prompts_per_step=16,
+            k=4,
+            prompt_length=8,
+            response_length=32,
+        ),
+        Preset(
+            "pythia-160m",
+            "Pythia-160m architecture, a CPU-sized batch",
+            768,
+            12,
+            12,
+            3072,
+            50304,
+            prompts_per_step=4,
+            k=4,
+            prompt_length=32,
+            response_length=16,
+        ),
+        Preset(
+            "tldr-160m",
+            "TL;DR's shape (~400-token prompts, 53 new tokens, k=4) at Pythia-160m architecture, CPU",
+            768,
+            12,
+            12,
+            3072,
+            50304,
+            prompts_per_step=2,
+            k=4,
+            prompt_length=400,
+            response_length=53,
+        ),
+        Preset(
+            "tldr-160m-k2",
+            "TL;DR's shape at k=2, as many completions per step as tldr-160m",
+            768,
+            12,
+            12,
+            3072,
+            50304,
+            prompts_per_step=4,
+            k=2,
+            prompt_length=400,
+            response_length=53,
+        ),
+        Preset(
+            "tldr-1b",
+            "TL;DR's shape at Pythia-1b architecture, GPU",
+            2048,
+            16,
+            8,
+            8192,
+            50304,
+            prompts_per_step=16,
+            k=4,
+            prompt_length=400,
+            response_length=53,
+            needs_gpu=True,
+        ),
+        Preset(
+            "pythia-1b",
+            "Pythia-1b architecture, GPU",
+            2048,
+            16,
+            8,
+            8192,
+            50304,
+            prompts_per_step=16,
+            k=4,
+            prompt_length=128,
+            response_length=53,
+            needs_gpu=True,
+        ),
+        Preset(
+            "pythia-6.9b",
+            "Pythia-6.9b architecture, GPU",
+            4096,
+            32,
+            32,
+            16384,
+            50304,
+            prompts_per_step=8,
+            k=4,
+            prompt_length=128,
+            response_length=53,
+            needs_gpu=True,
+        ),
+    )
+}
 
 
 def get_preset(name: str) -> Preset:
@@ -74,17 +168,34 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab, unk_token=PAD_TOKEN))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN,
-                                   bos_token=EOS_TOKEN, padding_side="left", model_max_length=4096)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        bos_token=EOS_TOKEN,
+        padding_side="left",
+        model_max_length=4096,
+    )
 
 
 def neox_config(preset: Preset, **overrides) -> GPTNeoXConfig:
     """Pythia's architecture: rotary on 25% of head dims, parallel residual, untied embeddings, no dropout."""
-    values = dict(vocab_size=preset.vocab_size, hidden_size=preset.hidden_size, num_hidden_layers=preset.num_layers,
-                  num_attention_heads=preset.num_heads, intermediate_size=preset.intermediate_size,
-                  max_position_embeddings=2048, rotary_pct=0.25, use_parallel_residual=True,
-                  tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0,
-                  pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    values = dict(
+        vocab_size=preset.vocab_size,
+        hidden_size=preset.hidden_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        intermediate_size=preset.intermediate_size,
+        max_position_embeddings=2048,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
     return GPTNeoXConfig(**(values | overrides))
 
 

@@ -30,11 +30,18 @@ def train(run_dir: Path, overrides: list[str], timeout: int) -> dict:
 
 def row(name: str, summary: dict) -> dict:
     final, initial = summary["final"], summary["initial"]
-    return {"run": name, "rollouts": summary["rollouts"], "episodes": summary["episodes"],
-            "fit_seconds": summary["fit_seconds"], "initial_win_rate": initial["eval/win_rate"],
-            "final_win_rate": final["eval/win_rate"], "ci_low": final["eval/win_rate_ci_low"],
-            "ci_high": final["eval/win_rate_ci_high"], "final_score": final["eval/score"],
-            "output_dir": summary["output_dir"]}
+    return {
+        "run": name,
+        "rollouts": summary["rollouts"],
+        "episodes": summary["episodes"],
+        "fit_seconds": summary["fit_seconds"],
+        "initial_win_rate": initial["eval/win_rate"],
+        "final_win_rate": final["eval/win_rate"],
+        "ci_low": final["eval/win_rate_ci_low"],
+        "ci_high": final["eval/win_rate_ci_high"],
+        "final_score": final["eval/score"],
+        "output_dir": summary["output_dir"],
+    }
 
 
 def run_quality(out_dir: Path, extra: list[str], timeout: int) -> dict:
@@ -46,9 +53,13 @@ def run_quality(out_dir: Path, extra: list[str], timeout: int) -> dict:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| run | rollouts | episodes | fit s | win rate before | win rate after [95% CI] | score after |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | rollouts | episodes | fit s | win rate before | win rate after [95% CI] | score after |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in report["rows"]:
-        lines.append(f"| {r['run']} | {r['rollouts']} | {r['episodes']} | {r['fit_seconds']:.0f} | {r['initial_win_rate']:.3f} "
-                     f"| {r['final_win_rate']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['final_score']:.2f} |")
+        lines.append(
+            f"| {r['run']} | {r['rollouts']} | {r['episodes']} | {r['fit_seconds']:.0f} | {r['initial_win_rate']:.3f} "
+            f"| {r['final_win_rate']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['final_score']:.2f} |"
+        )
     return "\n".join(lines) + "\n"

@@ -33,11 +33,20 @@ def write_inputs(preset_name: str, directory: Path, num_prompts: int = 64) -> di
     reward_model.save_pretrained(directory / "reward_model")
     draw = random.Random(0)
     for split in ("train", "validation"):
-        rows = [{"prompt": " ".join(f"w{draw.randrange(2, preset.vocab_size)}" for _ in range(preset.prompt_length)),
-                 "completion": "w2 w3"} for _ in range(num_prompts)]
+        rows = [
+            {
+                "prompt": " ".join(f"w{draw.randrange(2, preset.vocab_size)}" for _ in range(preset.prompt_length)),
+                "completion": "w2 w3",
+            }
+            for _ in range(num_prompts)
+        ]
         (directory / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return {"model.policy": str(directory / "policy"), "model.reward_model": str(directory / "reward_model"),
-            "data.train.path": str(directory / "train.jsonl"), "data.validation.path": str(directory / "validation.jsonl")}
+    return {
+        "model.policy": str(directory / "policy"),
+        "model.reward_model": str(directory / "reward_model"),
+        "data.train.path": str(directory / "train.jsonl"),
+        "data.validation.path": str(directory / "validation.jsonl"),
+    }
 
 
 def run(out_dir, preset_name: str = "pythia-160m", rollouts: int = 2, overrides: list[str] | None = None) -> list[dict]:
@@ -52,15 +61,35 @@ def run(out_dir, preset_name: str = "pythia-160m", rollouts: int = 2, overrides:
     results = []
     for label, strategy, processes in STRATEGIES:
         run_dir = out / f"run-{strategy}"
-        command = [sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", "~bootstrap", "data=tldr", "judge=none",
-                   "logger=csv", *[f"{key}={value}" for key, value in paths.items()],
-                   "data.train.prompt_column=prompt", "data.validation.prompt_column=prompt",
-                   "data.validation.reference_column=completion", f"data.max_prompt_length={preset.prompt_length + 8}",
-                   f"k={preset.k}", f"rollout_batch_size={per_rank}", f"micro_batch_size={per_rank}",
-                   f"generation_batch_size={per_rank}", f"response_length={preset.response_length}",
-                   f"total_episodes={per_rank * processes * rollouts}", "eval.before=false", "eval.after=false",
-                   "lean_decode=false", "checkpoint_every=0", f"trainer.strategy={strategy}",
-                   f"trainer.devices={processes}", "trainer.num_threads=1", *(overrides or [])]
+        command = [
+            sys.executable,
+            "-m",
+            "rloo.train",
+            f"hydra.run.dir={run_dir}",
+            "~bootstrap",
+            "data=tldr",
+            "judge=none",
+            "logger=csv",
+            *[f"{key}={value}" for key, value in paths.items()],
+            "data.train.prompt_column=prompt",
+            "data.validation.prompt_column=prompt",
+            "data.validation.reference_column=completion",
+            f"data.max_prompt_length={preset.prompt_length + 8}",
+            f"k={preset.k}",
+            f"rollout_batch_size={per_rank}",
+            f"micro_batch_size={per_rank}",
+            f"generation_batch_size={per_rank}",
+            f"response_length={preset.response_length}",
+            f"total_episodes={per_rank * processes * rollouts}",
+            "eval.before=false",
+            "eval.after=false",
+            "lean_decode=false",
+            "checkpoint_every=0",
+            f"trainer.strategy={strategy}",
+            f"trainer.devices={processes}",
+            "trainer.num_threads=1",
+            *(overrides or []),
+        ]
         # glibc's mmap threshold fixed: left dynamic, it rises after large frees and freed memory stays resident,
         # which hides what sharding frees (FSDP2 gathers and frees each block at every decode step)
         env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD}
@@ -70,22 +99,36 @@ def run(out_dir, preset_name: str = "pythia-160m", rollouts: int = 2, overrides:
         summary = json.loads((run_dir / "summary.json").read_text())
         rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
         training_peak = max(float(r["memory/peak_rss_mb"]) for r in rows if r.get("memory/peak_rss_mb"))
-        results.append({"strategy": label, "processes": processes, "training_peak_rss_mb": training_peak,
-                        "peak_rss_mb_rank0": summary["peak_rss_mb"],
-                        "fit_seconds": summary["fit_seconds"], "episodes": summary["episodes"],
-                        "seconds_per_rollout": summary["fit_seconds"] / summary["rollouts"]})
+        results.append(
+            {
+                "strategy": label,
+                "processes": processes,
+                "training_peak_rss_mb": training_peak,
+                "peak_rss_mb_rank0": summary["peak_rss_mb"],
+                "fit_seconds": summary["fit_seconds"],
+                "episodes": summary["episodes"],
+                "seconds_per_rollout": summary["fit_seconds"] / summary["rollouts"],
+            }
+        )
     single = results[0]["training_peak_rss_mb"]
-    lines = [f"Strategies on CPU at {preset_name} architecture (random weights, fp32), {per_rank} completions per rank "
-             f"and rollout, {rollouts} rollouts, HF generate, 1 thread per process, MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}. "
-             "Training peak: the peak RSS of "
-             "each rank up to its last training step, averaged over ranks (memory/peak_rss_mb); whole run: rank 0's, "
-             "including the final checkpoint and export, which gather whole weights on rank 0:", "",
-             "| strategy | processes | training peak MiB per rank | vs one process | whole run, rank 0 MiB | "
-             "s per rollout | episodes |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Strategies on CPU at {preset_name} architecture (random weights, fp32), {per_rank} completions per rank "
+        f"and rollout, {rollouts} rollouts, HF generate, 1 thread per process, "
+        f"MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}. "
+        "Training peak: the peak RSS of "
+        "each rank up to its last training step, averaged over ranks (memory/peak_rss_mb); whole run: rank 0's, "
+        "including the final checkpoint and export, which gather whole weights on rank 0:",
+        "",
+        "| strategy | processes | training peak MiB per rank | vs one process | whole run, rank 0 MiB | "
+        "s per rollout | episodes |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r['strategy']} | {r['processes']} | {r['training_peak_rss_mb']:,.0f} | "
-                     f"{r['training_peak_rss_mb'] / single:.2f} | {r['peak_rss_mb_rank0']:,.0f} | "
-                     f"{r['seconds_per_rollout']:.1f} | {r['episodes']} |")
+        lines.append(
+            f"| {r['strategy']} | {r['processes']} | {r['training_peak_rss_mb']:,.0f} | "
+            f"{r['training_peak_rss_mb'] / single:.2f} | {r['peak_rss_mb_rank0']:,.0f} | "
+            f"{r['seconds_per_rollout']:.1f} | {r['episodes']} |"
+        )
     (out / "strategies.json").write_text(json.dumps({"preset": preset_name, "results": results}, indent=2))
     (out / "strategies.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

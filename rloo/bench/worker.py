@@ -38,9 +38,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                        help="a train.yaml key of the algorithm (e.g. old_logprobs=generation, num_ppo_epochs=2), "
-                             "or fp32_lm_head=true|false; repeatable")
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a train.yaml key of the algorithm (e.g. old_logprobs=generation, num_ppo_epochs=2), "
+        "or fp32_lm_head=true|false; repeatable",
+    )
     parser.add_argument("--out", required=True, help="where the JSON result goes")
     return parser.parse_args(argv)
 
@@ -76,16 +82,26 @@ class StepClock:
 
 def build_module(args, preset, tokenizer, policy, reward_model):
     """The module of `args.algorithm` with conf/train.yaml's settings, the preset's shape and `--set` on top."""
-    from rloo.assemble import build_module as build, policy_and_reference
+    from rloo.assemble import build_module as build
+    from rloo.assemble import policy_and_reference
     from rloo.cli import compose_train_config
     from rloo.config import ConfigError, validate_train_config
     from rloo.models import freeze
 
     completions, steps = preset.completions_per_step, args.steps + args.warmup
-    shape = {"kl_coef": preset.kl_coef, "response_length": preset.response_length, "temperature": 0.7,
-             "rollout_batch_size": completions, "micro_batch_size": completions, "generation_batch_size": completions,
-             "total_episodes": completions * steps, "lr": 1e-6, "warmup_ratio": 0.0, "lr_schedule": "constant",
-             "k": preset.k}
+    shape = {
+        "kl_coef": preset.kl_coef,
+        "response_length": preset.response_length,
+        "temperature": 0.7,
+        "rollout_batch_size": completions,
+        "micro_batch_size": completions,
+        "generation_batch_size": completions,
+        "total_episodes": completions * steps,
+        "lr": 1e-6,
+        "warmup_ratio": 0.0,
+        "lr_schedule": "constant",
+        "k": preset.k,
+    }
     if args.algorithm == "ppo":
         shape |= {"k": 1, "num_ppo_epochs": args.ppo_epochs}
     overrides = [f"algo={args.algorithm}", "judge=none", "logger=none"]
@@ -116,34 +132,57 @@ def run(args) -> dict:
     prompts_per_step = preset.completions_per_step // k
     num_steps = args.steps + args.warmup
     prompts = random_prompts(preset, prompts_per_step * num_steps, args.seed)
-    batches = [{"prompt_ids": chunk, "prompt_mask": torch.ones_like(chunk)} for chunk in prompts.split(prompts_per_step)]
+    batches = [
+        {"prompt_ids": chunk, "prompt_mask": torch.ones_like(chunk)} for chunk in prompts.split(prompts_per_step)
+    ]
     clock = StepClock()
     from rloo.assemble import precision_arguments
 
     accelerator = "gpu" if args.device == "cuda" else "cpu"
-    trainer = L.Trainer(accelerator=accelerator, devices=1, **precision_arguments(args.precision, accelerator),
-                        max_steps=num_steps * config.updates_per_rollout, max_epochs=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[clock.callback()],
-                        num_sanity_val_steps=0)
+    trainer = L.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        **precision_arguments(args.precision, accelerator),
+        max_steps=num_steps * config.updates_per_rollout,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[clock.callback()],
+        num_sanity_val_steps=0,
+    )
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
 
     if trainer.global_step != num_steps * config.updates_per_rollout or len(clock.steps) != num_steps:
-        raise SystemExit(f"error: ran {len(clock.steps)} rollouts and {trainer.global_step} optimiser steps, expected "
-                         f"{num_steps} and {num_steps * config.updates_per_rollout}")
-    timed = clock.steps[args.warmup:]
+        raise SystemExit(
+            f"error: ran {len(clock.steps)} rollouts and {trainer.global_step} optimiser steps, expected "
+            f"{num_steps} and {num_steps * config.updates_per_rollout}"
+        )
+    timed = clock.steps[args.warmup :]
     phases = sorted({key for step in timed for key in step} - {"wall", "tokens", "step"})
-    models = [m for m in (module.policy, module.reference, module.reward_model, getattr(module, "value_model", None)) if m is not None]
+    models = [
+        m
+        for m in (module.policy, module.reference, module.reward_model, getattr(module, "value_model", None))
+        if m is not None
+    ]
     peak_rss = peak_rss_mb()
     step_median = median([s["wall"] for s in timed])
     result = {
         "implementation": "rloo",
         "algorithm": args.algorithm,
         "preset": preset.name,
-        "settings": preset.as_dict() | {"num_ppo_epochs": config.num_ppo_epochs, "num_mini_batches": config.num_mini_batches,
-                                        "completions_per_prompt": k, "prompts_per_step": prompts_per_step,
-                                        "precision": args.precision, "overrides": args.settings},
+        "settings": preset.as_dict()
+        | {
+            "num_ppo_epochs": config.num_ppo_epochs,
+            "num_mini_batches": config.num_mini_batches,
+            "completions_per_prompt": k,
+            "prompts_per_step": prompts_per_step,
+            "precision": args.precision,
+            "overrides": args.settings,
+        },
         "device": args.device,
         "threads": torch.get_num_threads(),
         "steps": len(timed),
@@ -162,8 +201,11 @@ def run(args) -> dict:
         "peak_rss_above_baseline_mb": peak_rss - baseline_rss,
         "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else None,
         "model_state_mb": model_state_mb(models, module.optimizers().optimizer),
-        "metrics_mean": {key: sum(m[key] for m in clock.metrics[args.warmup:]) / len(timed)
-                         for key in clock.metrics[-1] if all(key in m for m in clock.metrics[args.warmup:])},
+        "metrics_mean": {
+            key: sum(m[key] for m in clock.metrics[args.warmup :]) / len(timed)
+            for key in clock.metrics[-1]
+            if all(key in m for m in clock.metrics[args.warmup :])
+        },
         "python": platform.python_version(),
         "versions": {"torch": torch.__version__, "lightning": L.__version__, "transformers": _version("transformers")},
     }

@@ -44,9 +44,13 @@ class Judge:
         pass
 
     def __repr__(self) -> str:
-        shown = {k: v for k, v in vars(self).items()
-                 if not k.startswith("_") and isinstance(v, (str, int, float, bool, tuple, type(None)))
-                 and not (isinstance(v, str) and len(v) > 80)}
+        shown = {
+            k: v
+            for k, v in vars(self).items()
+            if not k.startswith("_")
+            and isinstance(v, (str, int, float, bool, tuple, type(None)))
+            and not (isinstance(v, str) and len(v) > 80)
+        }
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     def judge(self, prompts: list[str], candidates: list[str], others: list[str]) -> list[Verdict]:
@@ -56,7 +60,9 @@ class Judge:
 def swap_orders(seed: int, prompts: list[str], candidates: list[str], others: list[str]) -> list[bool]:
     """Per pair, whether the candidate is shown second. Drawn from (seed, pair contents), so a pair gets the same
     order whatever its position in the batch, and a re-run with the same seed hits the verdict cache."""
-    return [random.Random(f"{seed}\x00{p}\x00{c}\x00{o}").random() < 0.5 for p, c, o in zip(prompts, candidates, others)]
+    return [
+        random.Random(f"{seed}\x00{p}\x00{c}\x00{o}").random() < 0.5 for p, c, o in zip(prompts, candidates, others)
+    ]
 
 
 Z_95 = 1.959963984540054  # standard normal quantile for a two-sided 95% interval

@@ -47,9 +47,23 @@ Reply = tuple[str | None, str | None, str | None]
 class OpenAIJudge(Judge):
     name = "openai"
 
-    def __init__(self, *, model: str, base_url: str, api_key_env: str, temperature: float, max_tokens: int, seed: int,
-                 max_concurrency: int, max_retries: int, timeout: float, backoff: float, max_backoff: float,
-                 cache_dir: str | None, prompt_template: str = TLDR_COMPARISON):
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str,
+        api_key_env: str,
+        temperature: float,
+        max_tokens: int,
+        seed: int,
+        max_concurrency: int,
+        max_retries: int,
+        timeout: float,
+        backoff: float,
+        max_backoff: float,
+        cache_dir: str | None,
+        prompt_template: str = TLDR_COMPARISON,
+    ):
         # the settings are conf/judge/openai.yaml's (documented and defaulted there)
         self.model, self.base_url, self.api_key_env = model, str(base_url).rstrip("/"), api_key_env
         self.prompt_template, self.temperature, self.max_tokens = prompt_template, temperature, max_tokens
@@ -90,21 +104,32 @@ class OpenAIJudge(Judge):
         """Raise ConfigError (one line) for settings that cannot work; reads the environment, sends nothing."""
         scheme = urllib.parse.urlsplit(self.base_url).scheme
         if scheme not in ("http", "https") or not self.host:
-            raise ConfigError(f"judge.base_url={self.base_url!r} is not an http(s) URL: "
-                              "e.g. https://api.openai.com/v1, or http://localhost:8000/v1 for a vLLM server")
+            raise ConfigError(
+                f"judge.base_url={self.base_url!r} is not an http(s) URL: "
+                "e.g. https://api.openai.com/v1, or http://localhost:8000/v1 for a vLLM server"
+            )
         if self.host == "api.openai.com" and not os.environ.get(self.api_key_env):
-            raise ConfigError(f"judge.api_key_env: the environment variable {self.api_key_env} is unset or empty, "
-                              f"and {self.base_url} needs a key: export {self.api_key_env}=... "
-                              "or point judge.base_url at a server that needs none")
-        for key, value, least in (("max_concurrency", self.max_concurrency, 1), ("max_retries", self.max_retries, 0),
-                                  ("max_tokens", self.max_tokens, 1)):
+            raise ConfigError(
+                f"judge.api_key_env: the environment variable {self.api_key_env} is unset or empty, "
+                f"and {self.base_url} needs a key: export {self.api_key_env}=... "
+                "or point judge.base_url at a server that needs none"
+            )
+        for key, value, least in (
+            ("max_concurrency", self.max_concurrency, 1),
+            ("max_retries", self.max_retries, 0),
+            ("max_tokens", self.max_tokens, 1),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"judge.{key}={value!r} is not allowed: an integer >= {least}")
-        for key, value, positive in (("timeout", self.timeout, True), ("backoff", self.backoff, False),
-                                     ("max_backoff", self.max_backoff, False)):
+        for key, value, positive in (
+            ("timeout", self.timeout, True),
+            ("backoff", self.backoff, False),
+            ("max_backoff", self.max_backoff, False),
+        ):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (positive and value == 0):
-                raise ConfigError(f"judge.{key}={value!r} is not allowed: a number of seconds "
-                                  f"{'> 0' if positive else '>= 0'}")
+                raise ConfigError(
+                    f"judge.{key}={value!r} is not allowed: a number of seconds {'> 0' if positive else '>= 0'}"
+                )
 
     def setup(self, device="cpu") -> None:
         self.check()
@@ -117,12 +142,21 @@ class OpenAIJudge(Judge):
         return [{"role": "user", "content": text}]
 
     def request_body(self, messages: list[dict]) -> dict:
-        return {"model": self.model, "messages": messages, "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+        return {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
 
     def cache_key(self, messages: list[dict]) -> str:
-        identity = {"base_url": self.base_url, "model": self.model, "messages": messages,
-                    "temperature": self.temperature, "max_tokens": self.max_tokens}
+        identity = {
+            "base_url": self.base_url,
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()
 
     def judge(self, prompts: list[str], candidates: list[str], others: list[str]) -> list[Verdict]:
@@ -141,8 +175,13 @@ class OpenAIJudge(Judge):
                 self.cache_hits += 1
             elif key not in pending:
                 pending[key] = m
-        logger.debug("openai judge: %d pairs, %d from the cache, %d to ask %s", len(keys), len(keys) - len(pending),
-                     len(pending), self.model)
+        logger.debug(
+            "openai judge: %d pairs, %d from the cache, %d to ask %s",
+            len(keys),
+            len(keys) - len(pending),
+            len(pending),
+            self.model,
+        )
         if pending:
             replies.update(self._ask_all(pending))
 
@@ -185,18 +224,26 @@ class OpenAIJudge(Judge):
                     self._store(cache_key, reply[0])
                 return reply
             if status in CONFIG_STATUSES:
-                raise JudgeError(f"HTTP {status} from {self.base_url}/chat/completions for model {self.model!r}: "
-                                 f"check judge.base_url, judge.model and the key in ${self.api_key_env}")
+                raise JudgeError(
+                    f"HTTP {status} from {self.base_url}/chat/completions for model {self.model!r}: "
+                    f"check judge.base_url, judge.model and the key in ${self.api_key_env}"
+                )
             if status is not None and status != 429 and status < 500:
                 return None, None, f"HTTP {status}: {_excerpt(text)}" if text else f"HTTP {status}"
             what = failure or f"HTTP {status}"
             if attempt == self.max_retries:
                 return None, None, f"{what} after {attempts} attempts"
-            wait = min(self.max_backoff, self.backoff * 2 ** attempt) * self._rng.uniform(0.5, 1.0)
+            wait = min(self.max_backoff, self.backoff * 2**attempt) * self._rng.uniform(0.5, 1.0)
             if retry_after is not None:
                 wait = min(self.max_backoff, max(retry_after, wait))
-            logger.warning("openai judge: %s from %s, retry %d of %d in %.2f s", what, self.base_url, attempt + 1,
-                           self.max_retries, wait)
+            logger.warning(
+                "openai judge: %s from %s, retry %d of %d in %.2f s",
+                what,
+                self.base_url,
+                attempt + 1,
+                self.max_retries,
+                wait,
+            )
             if stop.wait(wait):
                 return None, None, "cancelled"
         raise AssertionError("unreachable")
@@ -206,8 +253,7 @@ class OpenAIJudge(Judge):
         headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "rloo-judge"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        request = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, headers=headers,
-                                         method="POST")
+        request = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, headers=headers, method="POST")
         with self._lock:
             self.requests_sent += 1
         try:
@@ -267,8 +313,11 @@ class OpenAIJudge(Judge):
                             row = json.loads(line)
                         except ValueError:
                             continue  # a corrupt or truncated line
-                        if isinstance(row, dict) and isinstance(row.get("key"), str) \
-                                and isinstance(row.get("answer"), str):
+                        if (
+                            isinstance(row, dict)
+                            and isinstance(row.get("key"), str)
+                            and isinstance(row.get("answer"), str)
+                        ):
                             self._cache[row["key"]] = row["answer"]
                     self._cache_needs_newline = bool(text) and not text.endswith("\n")
             return self._cache

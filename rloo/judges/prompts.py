@@ -20,10 +20,13 @@ Summary B:
 
 """
 
-TLDR_COMPARISON = _POST_AND_SUMMARIES + """Answer in exactly two lines. On the first, compare the two summaries in one \
+TLDR_COMPARISON = (
+    _POST_AND_SUMMARIES
+    + """Answer in exactly two lines. On the first, compare the two summaries in one \
 sentence, starting with "Comparison:". On the second, write "Preferred:" followed by only the letter of the better \
 summary, A or B.
 Comparison:"""
+)
 
 # for a local LM judged by its next-token probabilities of the two labels
 TLDR_COMPARISON_NEXT_TOKEN = _POST_AND_SUMMARIES + "The better summary is Summary"

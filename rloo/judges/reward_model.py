@@ -18,8 +18,16 @@ class RewardModelJudge(Judge):
 
     name = "reward_model"
 
-    def __init__(self, *, path: str | None, tokenizer: str | None, append_eos: bool, tie_margin: float, batch_size: int,
-                 dtype: str):
+    def __init__(
+        self,
+        *,
+        path: str | None,
+        tokenizer: str | None,
+        append_eos: bool,
+        tie_margin: float,
+        batch_size: int,
+        dtype: str,
+    ):
         # the settings are conf/judge/reward_model.yaml's (documented and defaulted there)
         self.path, self.tokenizer_path, self.append_eos = path, tokenizer, append_eos
         self.tie_margin, self.batch_size, self.dtype = tie_margin, batch_size, dtype
@@ -43,7 +51,7 @@ class RewardModelJudge(Judge):
         device = next(self.model.parameters()).device
         out = []
         for start in range(0, len(encoded), self.batch_size):
-            ids, mask = left_pad(encoded[start:start + self.batch_size], self.tokenizer.pad_token_id)
+            ids, mask = left_pad(encoded[start : start + self.batch_size], self.tokenizer.pad_token_id)
             out.append(reward_scores(self.model, ids.to(device), mask.to(device)).cpu())
         return torch.cat(out) if out else torch.empty(0)
 

@@ -22,10 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
-from rloo.toy.reward_stage import RewardModelModule, collate_pairs, encode_pairs
-from rloo.toy.sft_stage import SFTModule, collate_sft, encode_sft_examples, sft_loss
 from rloo.toy.evaluation import evaluate, pair_accuracy
 from rloo.toy.preferences import make_preference_pairs
+from rloo.toy.reward_stage import RewardModelModule, collate_pairs, encode_pairs
+from rloo.toy.sft_stage import SFTModule, collate_sft, encode_sft_examples, sft_loss
 from rloo.toy.task import PostShape, make_splits, split_seed
 from rloo.toy.tokenizer import task_corpus, train_tokenizer
 
@@ -37,21 +37,34 @@ MARKER = "artifacts.json"
 @dataclass
 class ToyArtifacts:
     root: Path
-    tokenizer: str              # save_pretrained dir
-    policy: str                 # SFT policy, save_pretrained dir (tokenizer included)
-    reward_model: str           # sequence classifier with one label (tokenizer included)
-    data: dict[str, str]        # split -> jsonl with columns prompt, reference
-    report: dict                # measured numbers of the build
+    tokenizer: str  # save_pretrained dir
+    policy: str  # SFT policy, save_pretrained dir (tokenizer included)
+    reward_model: str  # sequence classifier with one label (tokenizer included)
+    data: dict[str, str]  # split -> jsonl with columns prompt, reference
+    report: dict  # measured numbers of the build
 
 
 def build_architecture(arch_cfg, vocab_size: int, pad_token_id: int, eos_token_id: int) -> GPTNeoXConfig:
     """A Pythia-shaped GPT-NeoX config: partial rotary (25%), parallel residual, untied embeddings, no dropout."""
     return GPTNeoXConfig(
-        vocab_size=vocab_size, hidden_size=arch_cfg["hidden_size"], num_hidden_layers=arch_cfg["num_layers"],
-        num_attention_heads=arch_cfg["num_heads"], intermediate_size=arch_cfg["intermediate_size"],
-        max_position_embeddings=arch_cfg["max_positions"], hidden_act="gelu", rotary_pct=0.25, rotary_emb_base=10000,
-        use_parallel_residual=True, attention_dropout=0.0, hidden_dropout=0.0, classifier_dropout=0.0,
-        tie_word_embeddings=False, bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        vocab_size=vocab_size,
+        hidden_size=arch_cfg["hidden_size"],
+        num_hidden_layers=arch_cfg["num_layers"],
+        num_attention_heads=arch_cfg["num_heads"],
+        intermediate_size=arch_cfg["intermediate_size"],
+        max_position_embeddings=arch_cfg["max_positions"],
+        hidden_act="gelu",
+        rotary_pct=0.25,
+        rotary_emb_base=10000,
+        use_parallel_residual=True,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        classifier_dropout=0.0,
+        tie_word_embeddings=False,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+    )
 
 
 def _plain(cfg) -> dict:
@@ -74,24 +87,39 @@ def post_shape(bootstrap_cfg) -> PostShape:
 
 def task_splits(bootstrap_cfg) -> dict[str, list[dict]]:
     task = bootstrap_cfg["task"]
-    return make_splits(bootstrap_cfg["seed"], task["n_train"], task["n_validation"], task["n_test"],
-                       post_shape(bootstrap_cfg))
+    return make_splits(
+        bootstrap_cfg["seed"], task["n_train"], task["n_validation"], task["n_test"], post_shape(bootstrap_cfg)
+    )
 
 
 def reward_pairs(bootstrap_cfg, heldout: bool = False) -> list[dict]:
     """Training pairs, or held-out pairs from an unrelated seed."""
     reward = bootstrap_cfg["reward"]
     n = reward["num_heldout_pairs"] if heldout else reward["num_pairs"]
-    return make_preference_pairs(n, split_seed(bootstrap_cfg["seed"], "reward-heldout" if heldout else "reward-train"),
-                                 post_shape(bootstrap_cfg))
+    return make_preference_pairs(
+        n, split_seed(bootstrap_cfg["seed"], "reward-heldout" if heldout else "reward-train"), post_shape(bootstrap_cfg)
+    )
 
 
 def _fit(module: L.LightningModule, rows: list, collate, stage_cfg: dict, seed: int, out_dir: Path) -> None:
-    loader = DataLoader(rows, batch_size=stage_cfg["batch_size"], shuffle=True, collate_fn=collate,
-                        generator=torch.Generator().manual_seed(seed))
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=stage_cfg["epochs"], logger=False,
-                        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=True,
-                        gradient_clip_val=stage_cfg["max_grad_norm"], default_root_dir=out_dir)
+    loader = DataLoader(
+        rows,
+        batch_size=stage_cfg["batch_size"],
+        shuffle=True,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=stage_cfg["epochs"],
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=True,
+        gradient_clip_val=stage_cfg["max_grad_norm"],
+        default_root_dir=out_dir,
+    )
     module.model.train()  # the before-training probe left it in eval mode
     trainer.fit(module, loader)
     module.model.eval()
@@ -100,7 +128,7 @@ def _fit(module: L.LightningModule, rows: list, collate, stage_cfg: dict, seed: 
 @torch.no_grad()
 def _mean_sft_loss(model, rows: list, collate, batch_size: int = 256) -> float:
     model.eval()
-    losses = [sft_loss(model, collate(rows[s:s + batch_size])) for s in range(0, len(rows), batch_size)]
+    losses = [sft_loss(model, collate(rows[s : s + batch_size])) for s in range(0, len(rows), batch_size)]
     return float(torch.stack(losses).mean())
 
 
@@ -109,8 +137,9 @@ def train_sft_policy(bootstrap_cfg, tokenizer, examples: list[dict], out_dir) ->
     cfg, sft = _plain(bootstrap_cfg), _plain(bootstrap_cfg)["sft"]
     seed = split_seed(cfg["seed"], "sft")
     L.seed_everything(seed, verbose=False)
-    model = GPTNeoXForCausalLM(build_architecture(cfg["architecture"], len(tokenizer), tokenizer.pad_token_id,
-                                                  tokenizer.eos_token_id))
+    model = GPTNeoXForCausalLM(
+        build_architecture(cfg["architecture"], len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    )
     rows, collate = encode_sft_examples(tokenizer, examples), collate_sft(tokenizer.pad_token_id)
     probe = rows[:512]  # a fixed subset for the before/after loss
     loss_initial = _mean_sft_loss(model, probe, collate)
@@ -138,8 +167,14 @@ def train_reward_model(bootstrap_cfg, tokenizer, pairs: list[dict], out_dir, pol
     elif reward["init"] != "random":
         raise ValueError(f"bootstrap.reward.init={reward['init']!r} is not allowed: sft or random")
     rows, collate = encode_pairs(tokenizer, pairs), collate_pairs(tokenizer.pad_token_id)
-    _fit(RewardModelModule(model, reward["lr"], warmup_ratio=reward["warmup_ratio"]), rows, collate, reward, seed,
-         Path(out_dir))
+    _fit(
+        RewardModelModule(model, reward["lr"], warmup_ratio=reward["warmup_ratio"]),
+        rows,
+        collate,
+        reward,
+        seed,
+        Path(out_dir),
+    )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return {"rm_train_accuracy": pair_accuracy(model, tokenizer, pairs[:1024])}
@@ -158,10 +193,14 @@ def format_report(report: dict) -> str:
 
 def _load(root: Path) -> ToyArtifacts:
     saved = json.loads((root / MARKER).read_text())
-    return ToyArtifacts(root=root, tokenizer=str(root / "tokenizer"), policy=str(root / "policy"),
-                        reward_model=str(root / "reward_model"),
-                        data={split: str(root / "data" / f"{split}.jsonl") for split in saved["splits"]},
-                        report=saved["report"])
+    return ToyArtifacts(
+        root=root,
+        tokenizer=str(root / "tokenizer"),
+        policy=str(root / "policy"),
+        reward_model=str(root / "reward_model"),
+        data={split: str(root / "data" / f"{split}.jsonl") for split in saved["splits"]},
+        report=saved["report"],
+    )
 
 
 def _build(cfg: dict, root: Path, log) -> dict:
@@ -189,27 +228,47 @@ def _build(cfg: dict, root: Path, log) -> dict:
     splits = stage("data", write_splits, lambda s: " / ".join(f"{len(rows)} {name}" for name, rows in s.items()))
     tokenizer = stage("tokenizer", make_tokenizer, lambda t: f"byte-level BPE, {len(t)} tokens")
     sft, reward = cfg["sft"], cfg["reward"]
-    report = stage("sft", lambda: train_sft_policy(cfg, tokenizer, splits["train"], root / "policy"),
-                   lambda r: f"{len(splits['train'])} examples x {sft['epochs']} epochs, "
-                             f"loss {r['sft_loss_initial']:.2f} -> {r['sft_loss_final']:.2f}")
-    report |= stage("reward", lambda: train_reward_model(cfg, tokenizer, reward_pairs(cfg), root / "reward_model",
-                                                         policy_dir=root / "policy"),
-                    lambda r: f"{reward['num_pairs']} pairs x {reward['epochs']} epochs from {reward['init']} init, "
-                              f"train accuracy {r['rm_train_accuracy']:.3f}")
+    report = stage(
+        "sft",
+        lambda: train_sft_policy(cfg, tokenizer, splits["train"], root / "policy"),
+        lambda r: (
+            f"{len(splits['train'])} examples x {sft['epochs']} epochs, "
+            f"loss {r['sft_loss_initial']:.2f} -> {r['sft_loss_final']:.2f}"
+        ),
+    )
+    report |= stage(
+        "reward",
+        lambda: train_reward_model(
+            cfg, tokenizer, reward_pairs(cfg), root / "reward_model", policy_dir=root / "policy"
+        ),
+        lambda r: (
+            f"{reward['num_pairs']} pairs x {reward['epochs']} epochs from {reward['init']} init, "
+            f"train accuracy {r['rm_train_accuracy']:.3f}"
+        ),
+    )
     policy = GPTNeoXForCausalLM.from_pretrained(root / "policy")
     reward_model = GPTNeoXForSequenceClassification.from_pretrained(root / "reward_model")
-    report |= stage("report", lambda: measure(cfg, policy, reward_model, tokenizer, splits["validation"]),
-                    lambda r: f"SFT win rate {r['sft_win_rate_vs_reference']:.3f}, "
-                              f"RM held-out accuracy {r['rm_heldout_accuracy']:.3f}")
+    report |= stage(
+        "report",
+        lambda: measure(cfg, policy, reward_model, tokenizer, splits["validation"]),
+        lambda r: (
+            f"SFT win rate {r['sft_win_rate_vs_reference']:.3f}, RM held-out accuracy {r['rm_heldout_accuracy']:.3f}"
+        ),
+    )
     report["seconds"] = seconds
-    (root / MARKER).write_text(json.dumps({"splits": list(splits), "report": report, "files": file_hashes(root)}, indent=2))
+    (root / MARKER).write_text(
+        json.dumps({"splits": list(splits), "report": report, "files": file_hashes(root)}, indent=2)
+    )
     return report
 
 
 def file_hashes(root: Path) -> dict[str, str]:
     """sha256 of every artifact file (the marker aside), by path relative to `root`."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MARKER
+    }
 
 
 def damage(root: Path) -> str | None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from rloo.toy.reward_stage import collate_pairs, encode_pairs, pair_scores
-from rloo.toy.sft_stage import collate_sft, encode_sft_examples
-from rloo.heldout import complete
 from rloo.forward import reward_scores
+from rloo.heldout import complete
 from rloo.rollout import chunked
 from rloo.sampling import SamplingConfig
+from rloo.toy.reward_stage import collate_pairs, encode_pairs, pair_scores
+from rloo.toy.sft_stage import collate_sft, encode_sft_examples
 from rloo.toy.task import ideal_summary, oracle_judge, oracle_score
 
 
@@ -19,7 +19,9 @@ def pair_accuracy(reward_model, tokenizer, pairs: list[dict], batch_size: int = 
     """Fraction of pairs where the chosen completion outscores the rejected one."""
     reward_model.eval()
     rows, collate = encode_pairs(tokenizer, pairs), collate_pairs(tokenizer.pad_token_id)
-    wins = [torch.gt(*pair_scores(reward_model, collate(rows[s:s + batch_size]))) for s in range(0, len(rows), batch_size)]
+    wins = [
+        torch.gt(*pair_scores(reward_model, collate(rows[s : s + batch_size]))) for s in range(0, len(rows), batch_size)
+    ]
     return float(torch.cat(wins).float().mean())
 
 
@@ -37,8 +39,9 @@ def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def evaluate(policy, reward_model, tokenizer, validation: list[dict], heldout_pairs: list[dict] | None,
-             max_new_tokens: int) -> dict:
+def evaluate(
+    policy, reward_model, tokenizer, validation: list[dict], heldout_pairs: list[dict] | None, max_new_tokens: int
+) -> dict:
     """Greedy policy vs the references under the oracle; with a reward model, its accuracy on held-out pairs
     and how well it tracks the oracle on the greedy completions and the references."""
     prompts, references = [ex["prompt"] for ex in validation], [ex["reference"] for ex in validation]
@@ -47,12 +50,14 @@ def evaluate(policy, reward_model, tokenizer, validation: list[dict], heldout_pa
     greedy = SamplingConfig.greedy_decoding(max_new_tokens, stop_at_eos=True, lean_decode=True)
     done = complete(policy, tokenizer, rows, greedy, batch_size=256)
     texts, ended = done["texts"], done["eos"]
-    report = {"sft_win_rate_vs_reference": sum(map(oracle_judge, prompts, texts, references)) / len(prompts),
-              "sft_ended_with_eos": float(ended.float().mean()),
-              "sft_oracle_score": sum(map(oracle_score, prompts, texts)) / len(prompts),
-              # the ceiling: the ideal summary of every prompt against its reference (ties with it count 0.5)
-              "ideal_win_rate_vs_reference": sum(map(oracle_judge, prompts, map(ideal_summary, prompts), references))
-              / len(prompts)}
+    report = {
+        "sft_win_rate_vs_reference": sum(map(oracle_judge, prompts, texts, references)) / len(prompts),
+        "sft_ended_with_eos": float(ended.float().mean()),
+        "sft_oracle_score": sum(map(oracle_score, prompts, texts)) / len(prompts),
+        # the ceiling: the ideal summary of every prompt against its reference (ties with it count 0.5)
+        "ideal_win_rate_vs_reference": sum(map(oracle_judge, prompts, map(ideal_summary, prompts), references))
+        / len(prompts),
+    }
     if reward_model is None:
         return report
     reward_model.eval()
@@ -60,9 +65,15 @@ def evaluate(policy, reward_model, tokenizer, validation: list[dict], heldout_pa
     refs = collate_sft(tokenizer.pad_token_id)(encode_sft_examples(tokenizer, validation))
     score = lambda ids, mask: reward_scores(reward_model, ids, mask)  # noqa: E731
     rm_sft = chunked(score, 256, done["input_ids"], done["attention_mask"])
-    rm_ref = chunked(score, 256, torch.cat([refs["prompt_ids"], refs["completion_ids"]], 1),
-                     torch.cat([refs["prompt_mask"], refs["completion_mask"]], 1))
-    oracle_sft, oracle_ref = (torch.tensor([oracle_score(p, c) for p, c in zip(prompts, cs)]) for cs in (texts, references))
+    rm_ref = chunked(
+        score,
+        256,
+        torch.cat([refs["prompt_ids"], refs["completion_ids"]], 1),
+        torch.cat([refs["prompt_mask"], refs["completion_mask"]], 1),
+    )
+    oracle_sft, oracle_ref = (
+        torch.tensor([oracle_score(p, c) for p, c in zip(prompts, cs)]) for cs in (texts, references)
+    )
     rm, oracle = torch.cat([rm_sft, rm_ref]), torch.cat([oracle_sft, oracle_ref]).to(rm_sft.dtype)
     report["rm_oracle_pearson"] = _pearson(rm, oracle)
     report["rm_oracle_spearman"] = _pearson(_ranks(rm), _ranks(oracle))

@@ -9,10 +9,10 @@ some ideal and some human-style summaries so it learns to rank the top end.
 import random
 
 from rloo.toy.task import (
-    TIC_WORDS,
     DEFAULT_SHAPE,
-    TOPIC_WORDS,
     FILLER_WORDS,
+    TIC_WORDS,
+    TOPIC_WORDS,
     format_completion,
     format_prompt,
     human_summary_words,
@@ -69,8 +69,14 @@ def _copy_post(rng, words, post):
 
 
 CORRUPTIONS = (
-    _drop, _insert_tic, _insert_post_filler, _hallucinate,
-    _duplicate, _swap, _truncate, _copy_post,
+    _drop,
+    _insert_tic,
+    _insert_post_filler,
+    _hallucinate,
+    _duplicate,
+    _swap,
+    _truncate,
+    _copy_post,
 )
 
 

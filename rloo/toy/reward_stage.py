@@ -12,24 +12,34 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
-from rloo.toy.sft_stage import encode_completion, pad_right
 from rloo.data import left_pad
 from rloo.forward import reward_scores
+from rloo.toy.sft_stage import encode_completion, pad_right
 
 
 def encode_pairs(tokenizer, pairs: list[dict]) -> list[tuple[list[int], list[int], list[int]]]:
     """(prompt ids, chosen ids + EOS, rejected ids + EOS) per pair."""
-    return [(tokenizer(p["prompt"], add_special_tokens=False)["input_ids"],
-             encode_completion(tokenizer, p["chosen"]), encode_completion(tokenizer, p["rejected"])) for p in pairs]
+    return [
+        (
+            tokenizer(p["prompt"], add_special_tokens=False)["input_ids"],
+            encode_completion(tokenizer, p["chosen"]),
+            encode_completion(tokenizer, p["rejected"]),
+        )
+        for p in pairs
+    ]
 
 
 def collate_pairs(pad_id: int):
     """A DataLoader collate_fn: B pairs -> `[2B, P+T]` ids and mask, the B chosen rows first, then the B rejected."""
+
     def collate(rows):
         prompt_ids, prompt_mask = left_pad([p for p, _, _ in rows] * 2, pad_id)
         completion_ids, completion_mask = pad_right([c for _, c, _ in rows] + [r for _, _, r in rows], pad_id)
-        return {"input_ids": torch.cat([prompt_ids, completion_ids], 1),
-                "attention_mask": torch.cat([prompt_mask, completion_mask], 1)}
+        return {
+            "input_ids": torch.cat([prompt_ids, completion_ids], 1),
+            "attention_mask": torch.cat([prompt_mask, completion_mask], 1),
+        }
+
     return collate
 
 
@@ -59,5 +69,11 @@ class RewardModelModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return adamw_with_schedule(self.model.parameters(), self.lr, int(self.trainer.estimated_stepping_batches),
-                                   self.warmup_ratio, "linear", self.weight_decay)
+        return adamw_with_schedule(
+            self.model.parameters(),
+            self.lr,
+            int(self.trainer.estimated_stepping_batches),
+            self.warmup_ratio,
+            "linear",
+            self.weight_decay,
+        )

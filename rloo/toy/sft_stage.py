@@ -13,8 +13,8 @@ from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.data import left_pad
-from rloo.objectives import masked_mean
 from rloo.forward import completion_logprobs
+from rloo.objectives import masked_mean
 
 
 def pad_right(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -30,29 +30,42 @@ def encode_completion(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
-def encode_sft_examples(tokenizer, examples: list[dict], prompt_key: str = "prompt",
-                        reference_key: str = "reference") -> list[tuple[list[int], list[int]]]:
+def encode_sft_examples(
+    tokenizer, examples: list[dict], prompt_key: str = "prompt", reference_key: str = "reference"
+) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, reference ids + EOS) per example; prompt and completion are tokenized apart, as in a rollout."""
-    return [(tokenizer(ex[prompt_key], add_special_tokens=False)["input_ids"], encode_completion(tokenizer, ex[reference_key]))
-            for ex in examples]
+    return [
+        (
+            tokenizer(ex[prompt_key], add_special_tokens=False)["input_ids"],
+            encode_completion(tokenizer, ex[reference_key]),
+        )
+        for ex in examples
+    ]
 
 
 def collate_sft(pad_id: int):
     """A DataLoader collate_fn: (prompt ids, completion ids) pairs -> the rollout-layout batch dict."""
+
     def collate(rows):
         prompt_ids, prompt_mask = left_pad([p for p, _ in rows], pad_id)
         completion_ids, completion_mask = pad_right([c for _, c in rows], pad_id)
-        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-                "completion_ids": completion_ids, "completion_mask": completion_mask}
+        return {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+        }
+
     return collate
 
 
 def sft_loss(model, batch: dict[str, Tensor]) -> Tensor:
     """Mean negative log-likelihood per completion token (scalar)."""
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)         # [N, P+T]
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)  # [N, P+T]
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)  # [N, P+T]
-    logprobs = completion_logprobs(model, input_ids, attention_mask, batch["completion_ids"],
-                                   batch["completion_mask"], temperature=1.0)      # [N, T]
+    logprobs = completion_logprobs(
+        model, input_ids, attention_mask, batch["completion_ids"], batch["completion_mask"], temperature=1.0
+    )  # [N, T]
     return -masked_mean(logprobs, batch["completion_mask"])  # -1/|y| sum_t log pi(y_t | x, y_<t), over the batch
 
 
@@ -68,5 +81,11 @@ class SFTModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return adamw_with_schedule(self.model.parameters(), self.lr, int(self.trainer.estimated_stepping_batches),
-                                   self.warmup_ratio, "linear", self.weight_decay)
+        return adamw_with_schedule(
+            self.model.parameters(),
+            self.lr,
+            int(self.trainer.estimated_stepping_batches),
+            self.warmup_ratio,
+            "linear",
+            self.weight_decay,
+        )

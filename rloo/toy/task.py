@@ -18,19 +18,57 @@ import zlib
 from dataclasses import dataclass
 
 TOPIC_WORDS = (
-    "cat", "dog", "boat", "rain", "car", "tree", "house", "phone",
-    "book", "coffee", "train", "bike", "pizza", "river", "guitar", "garden",
-    "laptop", "beach", "snow", "horse", "movie", "lamp", "bread", "ticket",
+    "cat",
+    "dog",
+    "boat",
+    "rain",
+    "car",
+    "tree",
+    "house",
+    "phone",
+    "book",
+    "coffee",
+    "train",
+    "bike",
+    "pizza",
+    "river",
+    "guitar",
+    "garden",
+    "laptop",
+    "beach",
+    "snow",
+    "horse",
+    "movie",
+    "lamp",
+    "bread",
+    "ticket",
 )
 FILLER_WORDS = (
-    "the", "really", "then", "so", "my", "today", "was", "and", "very", "just",
-    "it", "we", "a", "but", "is", "on", "yes", "again", "there", "with",
+    "the",
+    "really",
+    "then",
+    "so",
+    "my",
+    "today",
+    "was",
+    "and",
+    "very",
+    "just",
+    "it",
+    "we",
+    "a",
+    "but",
+    "is",
+    "on",
+    "yes",
+    "again",
+    "there",
+    "with",
 )
 # Words humans sprinkle into summaries; they never occur in posts.
 TIC_WORDS = ("basically", "anyway", "lol", "idk")
 ALL_WORDS = TOPIC_WORDS + FILLER_WORDS + TIC_WORDS
 _TOPIC_SET = frozenset(TOPIC_WORDS)
-
 
 
 @dataclass(frozen=True)
