@@ -143,23 +143,15 @@ def algorithms_of(argv: list[str]) -> list[str]:
 def check_override_keys(argv: list[str]) -> None:
     """`key=value` overrides of keys the chosen algorithm does not read, or that no config has, in one line
     (Hydra's own error spans lines and suggests `+key`, which would make a key that does nothing)."""
-    from rloo.schema import ALGORITHM_KEYS, resume_policy
+    from rloo.schema import resume_policy, unknown_key_error
 
     for algorithm in algorithms_of(argv):
         for arg in argv:
             key, sep, _ = arg.partition("=")
             if not sep or arg.startswith(("-", "+", "~", "hydra.")) or key in CHOICE_GROUPS:
                 continue
-            if resume_policy(key, algorithm) is None:
-                readers = sorted({a for a in ALGORITHM_KEYS if resume_policy(key, a) is not None})
-                if readers:
-                    raise ConfigError(
-                        f"{key} does nothing with algo={algorithm}: only {', '.join(readers)} read it; remove it"
-                    )
-                raise ConfigError(
-                    f"{key} is not a config key of python -m rloo.train: see conf/train.yaml, "
-                    f"conf/sampling.yaml and conf/algo/"
-                )
+            if resume_policy(key, algorithm) is None:  # the schema does not know it for this algorithm
+                raise unknown_key_error(key, algorithm)
 
 
 def compose_train_config(overrides: list[str]) -> DictConfig:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rloo.errors import ConfigError
 from rloo.sampling import SamplingConfig
-from rloo.schema import EvalKeys, SamplingKeys, check_config, check_value, fields_of
+from rloo.schema import check_config, check_keys
 
 
 def _require(cond: bool, key: str, allowed: str, value) -> None:
@@ -314,21 +314,27 @@ def policy_location(spec: str, key: str) -> str:
     return spec
 
 
-def validate_sampling(cfg: DictConfig) -> None:
-    """The keys of conf/sampling.yaml and the frozen models' dtype: what train and evaluate share (the schema's
-    SamplingKeys; rloo.evaluate's config has keys of its own, so only these are walked)."""
-    for name, (annotation, meta) in fields_of(SamplingKeys).items():
-        if name != "eval":
-            check_value(name, cfg.get(name), annotation, meta)
-    for name, (annotation, meta) in fields_of(EvalKeys).items():
-        if name in cfg.eval:
-            check_value(f"eval.{name}", cfg.eval[name], annotation, meta)
-    for name in ("max_prompt_length", "frozen_dtype"):
-        group = "data" if name == "max_prompt_length" else "model"
-        from rloo.schema import DataKeys, ModelKeys
+SHARED_KEYS = (
+    "response_length",
+    "temperature",
+    "top_k",
+    "top_p",
+    "stop_token",
+    "lean_decode",
+    "sampler",
+    "eval.num_prompts",
+    "eval.batch_size",
+    "eval.greedy",
+    "eval.max_new_tokens",
+    "data.max_prompt_length",
+    "model.frozen_dtype",
+)
 
-        annotation, meta = fields_of(DataKeys if group == "data" else ModelKeys)[name]
-        check_value(f"{group}.{name}", cfg[group][name], annotation, meta)
+
+def validate_sampling(cfg: DictConfig) -> None:
+    """The keys of conf/sampling.yaml, the prompt length and the frozen models' dtype: what train and evaluate share
+    (rloo.evaluate's config has keys of its own, so only these are checked against the schema)."""
+    check_keys(cfg, SHARED_KEYS)
 
 
 def validate_eval_config(cfg: DictConfig) -> None:

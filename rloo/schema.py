@@ -235,23 +235,19 @@ def fields_of(schema: type) -> dict:
     return {f.name: (hints[f.name], f.metadata) for f in fields(schema)}
 
 
-def algorithms_reading(name: str) -> list[str]:
-    return sorted({a for a, schema in ALGORITHM_KEYS.items() if name in fields_of(schema)})
-
-
-def check_config(cfg: DictConfig, algorithm: str, skip: tuple[str, ...] = ()) -> None:
+def check_config(cfg: DictConfig, algorithm: str) -> None:
     """Every key of `cfg` (a composed training config) is known to `algorithm` and holds an allowed value."""
-    _check_node(cfg, schema_of(algorithm), "", algorithm, skip)
+    _check_node(cfg, schema_of(algorithm), "", algorithm)
 
 
-def _check_node(node: DictConfig, schema: type, prefix: str, algorithm: str, skip: tuple[str, ...]) -> None:
+def _check_node(node: DictConfig, schema: type, prefix: str, algorithm: str) -> None:
     known = fields_of(schema)
     for name in node.keys():
-        if name not in known and f"{prefix}{name}" not in skip:
-            raise ConfigError(_unknown_key_message(f"{prefix}{name}", list(known), algorithm if not prefix else None))
+        if name not in known:
+            raise unknown_key_error(f"{prefix}{name}", algorithm)
     for name, (annotation, meta) in known.items():  # in the schema's order: a key before what interpolates it
         path = f"{prefix}{name}"
-        if path in skip or name not in node:
+        if name not in node:
             continue
         child = node._get_node(name)
         if meta.get("open"):  # checked by what builds it (Lightning, the judge, the logger)
@@ -264,7 +260,7 @@ def _check_node(node: DictConfig, schema: type, prefix: str, algorithm: str, ski
                 raise ConfigError(
                     f"{path}={child._value()!r} is not allowed: a mapping with the keys of {name} in conf/"
                 )
-            _check_node(child, inner, f"{path}.", algorithm, skip)
+            _check_node(child, inner, f"{path}.", algorithm)
             continue
         check_value(path, child._value() if OmegaConf.is_missing(node, name) else node[name], annotation, meta)
 
@@ -273,16 +269,29 @@ def _dataclass_of(annotation) -> type | None:
     return annotation if is_dataclass(annotation) else None
 
 
-def _unknown_key_message(path: str, known: list[str], algorithm: str | None) -> str:
-    readers = algorithms_reading(path) if algorithm else []
+def unknown_key_error(path: str, algorithm: str) -> ConfigError:
+    """A key `algorithm` does not read: one that another algorithm reads, or one that no config has (with the
+    closest name at its level, for a typo)."""
+    readers = [a for a in sorted(ALGORITHM_KEYS) if a != algorithm and resume_policy(path, a) is not None]
     if readers:
-        return (
-            f"{path} does nothing with algo={algorithm}: only {', '.join(readers)} read it; "
-            f"remove it (conf/algo/{algorithm}.yaml lists what {algorithm} reads)"
-        )
-    close = difflib.get_close_matches(path.rsplit(".", 1)[-1], known, n=1)
-    hint = f"; did you mean {path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close[0]}?" if close else ""
-    return f"{path} is not a config key{hint}"
+        return ConfigError(f"{path} does nothing with algo={algorithm}: only {', '.join(readers)} read it; remove it")
+    parent, _, name = path.rpartition(".")
+    schema = field_at(parent, schema_of(algorithm))[0] if parent else schema_of(algorithm)
+    close = difflib.get_close_matches(name, list(fields_of(schema)), n=1) if is_dataclass(schema) else []
+    hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+    return ConfigError(f"{path} is not a config key of python -m rloo.train{hint}")
+
+
+def check_keys(cfg: DictConfig, paths: tuple[str, ...], schema: type = CommonKeys) -> None:
+    """The leaves at `paths` (dotted) that `cfg` has, each against its field of `schema`."""
+    for path in paths:
+        value = OmegaConf.select(cfg, path, default=_ABSENT)
+        if value is not _ABSENT:
+            annotation, meta = field_at(path, schema)
+            check_value(path, value, annotation, meta)
+
+
+_ABSENT = object()
 
 
 def check_value(path: str, value: Any, annotation, meta: dict) -> None:
@@ -359,24 +368,27 @@ def _describe(allowed_types: tuple, meta: dict) -> str:
 
 
 # ---- resume policy ---------------------------------------------------------------------------------------------
+def field_at(path: str, schema: type) -> tuple:
+    """(annotation, metadata) of the field at a dotted path of `schema`; an open group answers for all below it.
+    KeyError where the schema has no such key."""
+    annotation, meta = schema, {}
+    for part in path.split("."):
+        if meta.get("open"):
+            return annotation, meta
+        if not is_dataclass(annotation) or part not in fields_of(annotation):
+            raise KeyError(path)
+        annotation, meta = fields_of(annotation)[part]
+    return annotation, meta
+
+
 def resume_policy(path: str, algorithm: str) -> str | None:
     """FIXED or APPLIED for a dotted key of the composed config; None for a key the schema does not know."""
-    schema, parts = schema_of(algorithm) if algorithm in ALGORITHM_KEYS else CommonKeys, path.split(".")
-    for i, part in enumerate(parts):
-        known = fields_of(schema)
-        if part not in known:
-            return None
-        annotation, meta = known[part]
-        last = i == len(parts) - 1
-        if meta.get("open"):
-            if part == "trainer" and not last and parts[i + 1] in FIXED_TRAINER_KEYS:
-                return FIXED
-            return meta["resume"]
-        inner = _dataclass_of(annotation)
-        if inner is None or last:
-            return meta["resume"] if last else None
-        schema = inner
-    return None
+    if path.startswith("trainer.") and path.split(".")[1] in FIXED_TRAINER_KEYS:
+        return FIXED
+    try:
+        return field_at(path, schema_of(algorithm) if algorithm in ALGORITHM_KEYS else CommonKeys)[1]["resume"]
+    except KeyError:
+        return None
 
 
 def leaves(container: dict, prefix: str = "") -> dict[str, Any]:
