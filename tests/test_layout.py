@@ -17,6 +17,7 @@ ENTRY_POINTS = {
 CORE = {
     "rloo.objectives",
     "rloo.rollout",
+    "rloo.forward",
     "rloo.sampling",
     "rloo.decode",
     "rloo.scoring",

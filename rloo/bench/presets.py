@@ -57,7 +57,7 @@ PRESETS = {
         ),
         Preset(
             "small",
-            "the peer-figure settings of the paper's comparison setting (hidden 256, 4 layers)",
+            "the setting of the peer figures, TRL 2024 RLOO vs PPO (hidden 256, 4 layers)",
             256,
             4,
             4,
