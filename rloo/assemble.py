@@ -76,7 +76,7 @@ def policy_and_reference(cfg: DictConfig, policy, reference_path: str | None):
     """The policy as trained (its fp32 LM head, LoRA adapters) and its frozen reference: a stored copy of the initial
     policy or of `reference_path`, or None with LoRA and no reference path, where the reference is the policy's
     base with its adapters switched off (rloo.lora)."""
-    from rloo.lora import add_adapters
+    from rloo.lora import add_adapters, resolve_targets
     from rloo.models import reference_from, use_fp32_lm_head
 
     if cfg.fp32_lm_head:
@@ -87,8 +87,35 @@ def policy_and_reference(cfg: DictConfig, policy, reference_path: str | None):
         else reference_from(policy, reference_path, cfg.model.frozen_dtype, autocast_dtype(cfg.precision.trainer))
     )
     if cfg.model.lora:
-        add_adapters(policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules))
+        targets = resolve_targets(cfg.lora.target_modules, policy.config.model_type)
+        add_adapters(policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, targets)
     return policy, reference
+
+
+def check_lora_targets(cfg: DictConfig, policy_path: str) -> None:
+    """model.lora=true: the targets match layers of the policy, checked on its config.json and an empty (meta)
+    model, before any weight loads; one line naming the layers there are where none match."""
+    if not cfg.model.lora:
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rloo.lora import resolve_targets, unmatched_targets
+
+    config = AutoConfig.from_pretrained(policy_path)
+    with torch.device("meta"):
+        names = [
+            name
+            for name, module in AutoModelForCausalLM.from_config(config).named_modules()
+            if isinstance(module, torch.nn.Linear)
+        ]
+    targets = resolve_targets(cfg.lora.target_modules, config.model_type)
+    if missing := unmatched_targets(targets, names):
+        layer_names = sorted({name.rsplit(".", 1)[-1] for name in names})
+        raise ConfigError(
+            f"lora.target_modules: {', '.join(missing)} name no layer of this {config.model_type} policy; its linear "
+            f"layers are {', '.join(layer_names)} (or use auto | all-linear)"
+        )
 
 
 def world_size(trainer_args: dict) -> int:
@@ -178,6 +205,35 @@ def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, to
 
         use_activation_checkpointing(module.policy)
     return module
+
+
+def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, str]]:
+    """What samples and what runs the forward passes of this run, each with why: the lean decode or HF generate,
+    the packed prompt-once forward or the plain one (for the policy and reference, and for the reward model). A
+    fast path that cannot serve the model says so here; the run logs this and writes it to summary.json."""
+    from rloo.decode import why_not_lean_decode
+    from rloo.forward import why_not_prompt_once
+
+    if not cfg.lean_decode:
+        sampler = ("hf_generate", "lean_decode=false")
+    elif reason := why_not_lean_decode(policy):
+        sampler = ("hf_generate", f"lean_decode=true, but the lean decode cannot serve this policy: {reason}")
+    else:
+        sampler = ("lean_decode", "KV-cache loop that drops finished rows")
+
+    def forward(model) -> tuple[str, str]:
+        if not cfg.shared_prefix:
+            return "plain", "shared_prefix=false"
+        if cfg.k < 2:
+            return "plain", f"k={cfg.k}: no completions share a prompt"
+        if reason := why_not_prompt_once(model):
+            return "plain", f"shared_prefix=true, but the prompt-once forward cannot serve this model: {reason}"
+        return "prompt_once", f"each prompt once for its k={cfg.k} completions"
+
+    paths = {"sampler": sampler, "policy_forward": forward(policy)}
+    if reward_model is not None:
+        paths["reward_forward"] = forward(reward_model)
+    return paths
 
 
 def reward_from_config(cfg: DictConfig):

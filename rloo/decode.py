@@ -44,14 +44,20 @@ class _Shape(NamedTuple):
 
 
 def supports_lean_decode(model) -> bool:
-    """True for a GPTNeoXForCausalLM with plain rotary (scaled rope types recompute frequencies per length) whose
+    return why_not_lean_decode(model) is None
+
+
+def why_not_lean_decode(model) -> str | None:
+    """None for a GPTNeoXForCausalLM with plain rotary (scaled rope types recompute frequencies per length) whose
     layers are plain linear layers: the loop reads their weights, so an adapter-wrapped layer (LoRA) would be
-    sampled without its adapter, and a partitioned weight would be read as this rank's part."""
-    if not (isinstance(model, GPTNeoXForCausalLM) and model.gpt_neox.rotary_emb.rope_type == "default"):
-        return False
+    sampled without its adapter, and a partitioned weight would be read as this rank's part. Else why not."""
+    if not isinstance(model, GPTNeoXForCausalLM):
+        return f"it is written for GPT-NeoX, not {model.config.model_type}"
+    if model.gpt_neox.rotary_emb.rope_type != "default":
+        return f"rope_type {model.gpt_neox.rotary_emb.rope_type} (scaled rotary) is not in it"
     if weights_partitioned(model):  # FSDP2 / ZeRO-3: each rank holds a part of each weight
-        return False
-    return all(
+        return "the weights are partitioned across ranks"
+    plain = all(
         type(module) is torch.nn.Linear
         for layer in model.gpt_neox.layers
         for module in (
@@ -61,6 +67,7 @@ def supports_lean_decode(model) -> bool:
             layer.mlp.dense_4h_to_h,
         )
     )
+    return None if plain else "its linear layers are wrapped (LoRA adapters), which it would read without them"
 
 
 def _layers(model: GPTNeoXForCausalLM) -> list[_Layer]:

@@ -45,20 +45,24 @@ def _head_is_plain(model: PreTrainedModel) -> bool:
     )
 
 
-SHARED_PREFIX_MODELS = ("gpt_neox",)  # bodies the packed forward is tested on
+SHARED_PREFIX_MODELS = ("gpt_neox", "llama", "qwen2")  # bodies the packed forward is tested on (tests/test_rollout.py)
 PACKED_MASK_ATTENTION = ("sdpa", "eager")  # attention implementations that take an arbitrary 4-D mask
+
+
+def why_not_prompt_once(model: PreTrainedModel) -> str | None:
+    """None where the packed prompt-once forward serves `model`'s body; else why not."""
+    if model.config.model_type not in SHARED_PREFIX_MODELS:
+        return f"it is tested on {', '.join(SHARED_PREFIX_MODELS)}, not {model.config.model_type}"
+    if model.config._attn_implementation not in PACKED_MASK_ATTENTION:
+        return f"attention {model.config._attn_implementation} takes no 4-D mask (sdpa and eager do)"
+    return None
 
 
 def shares_prompts(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int) -> bool:
     """Rows come in groups of `group_size` with the same (left-padded) prompt, on a body the packed forward
     supports: then the prompt can run once per group."""
     n = prompt_ids.shape[0]
-    if (
-        group_size < 2
-        or n % group_size
-        or model.config.model_type not in SHARED_PREFIX_MODELS
-        or model.config._attn_implementation not in PACKED_MASK_ATTENTION
-    ):
+    if group_size < 2 or n % group_size or why_not_prompt_once(model) is not None:
         return False
     ids, mask = prompt_ids.view(n // group_size, group_size, -1), prompt_mask.view(n // group_size, group_size, -1)
     return bool((ids == ids[:, :1]).all() & (mask == mask[:, :1]).all())  # one host sync

@@ -17,13 +17,40 @@ from torch import nn
 
 ADAPTER_MARK = "lora_"  # in the name of every adapter parameter
 
+# lora.target_modules=auto: the attention and MLP projections of each family, by config.json's model_type
+LLAMA_LIKE = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGETS_BY_MODEL_TYPE = {
+    "gpt_neox": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
+    **{family: LLAMA_LIKE for family in ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text")},
+}
+ALL_LINEAR = "all-linear"  # peft: every linear layer but the output head
 
-def add_adapters(model: nn.Module, r: int, alpha: float, dropout: float, target_modules: Sequence[str]) -> nn.Module:
-    """Inject LoRA adapters (rank r, scale alpha / r) into the linear layers named in `target_modules`, in place.
-    Only the adapters train; the base weights are frozen, and at initialisation the model computes what it did."""
+
+def resolve_targets(spec, model_type: str) -> list[str] | str:
+    """lora.target_modules as peft takes it: `auto` (the family's projections; every linear layer for a family not
+    listed), `all-linear`, or a list of layer names as given."""
+    if spec == "auto":
+        return list(TARGETS_BY_MODEL_TYPE.get(model_type, ())) or ALL_LINEAR
+    return spec if spec == ALL_LINEAR else list(spec)
+
+
+def unmatched_targets(targets: list[str] | str, module_names: Sequence[str]) -> list[str]:
+    """The names of `targets` that no module of the model ends with (peft matches a name's last parts)."""
+    if targets == ALL_LINEAR:
+        return []
+    return [t for t in targets if not any(name == t or name.endswith("." + t) for name in module_names)]
+
+
+def add_adapters(
+    model: nn.Module, r: int, alpha: float, dropout: float, target_modules: Sequence[str] | str
+) -> nn.Module:
+    """Inject LoRA adapters (rank r, scale alpha / r) into the linear layers named in `target_modules` (or
+    `all-linear`), in place. Only the adapters train; the base weights are frozen, and at initialisation the model
+    computes what it did."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none")
+    targets = target_modules if target_modules == ALL_LINEAR else list(target_modules)
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
     return train_adapters_only(inject_adapter_in_model(config, model))
 
 

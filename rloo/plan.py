@@ -179,6 +179,14 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     return mib
 
 
+def lora_targets(cfg) -> list[str]:
+    """The layers LoRA adapts, as the plan's GPT-NeoX layout names them (auto and all-linear: all four)."""
+    from rloo.lora import TARGETS_BY_MODEL_TYPE, resolve_targets
+
+    targets = resolve_targets(cfg.lora.target_modules, "gpt_neox")
+    return list(TARGETS_BY_MODEL_TYPE["gpt_neox"]) if isinstance(targets, str) else targets
+
+
 def shape_from_config(cfg) -> Shape:
     from rloo.scoring import MODEL, parse_reward
 
@@ -190,7 +198,7 @@ def shape_from_config(cfg) -> Shape:
         world_size=world_size(trainer),
         lora=bool(cfg.model.lora),
         lora_r=int(cfg.lora.r),
-        lora_targets=tuple(cfg.lora.target_modules),
+        lora_targets=tuple(lora_targets(cfg)),
         separate_reference=not cfg.model.lora or cfg.model.reference is not None,
         has_reward_model=any(term.name == MODEL for term in parse_reward(str(cfg.reward))),
         k=int(cfg.k),

@@ -73,6 +73,8 @@ def generation_config_for(sampling: SamplingConfig, eos_token_id: int, pad_token
         eos_token_id=eos_token_id if sampling.stop_at_eos else None,
         pad_token_id=pad_token_id,
         use_cache=True,
+        output_logits=True,  # the raw logits of each step, for the generation log-probs
+        return_dict_in_generate=True,
     )
 
 
@@ -141,8 +143,6 @@ def _hf_generate_with_logprobs(policy, ids, mask, sampling, eos_token_id, pad_to
             input_ids=ids,
             attention_mask=mask,
             generation_config=config,
-            output_logits=True,
-            return_dict_in_generate=True,
             synced_gpus=ranks_step_together(policy),
         )
     completion = output.sequences[:, ids.shape[1] :]

@@ -119,7 +119,7 @@ class LoraKeys:
     r: int = key(FIXED, low=1)
     alpha: float = key(FIXED, low=0, low_open=True)
     dropout: float = key(FIXED, low=0, high=1)
-    target_modules: list[str] = key(FIXED)
+    target_modules: str | list[str] = key(FIXED)  # auto | all-linear | layer names
 
 
 # ---- the keys every algorithm reads (conf/train.yaml) ---------------------------------------------------------------
@@ -304,8 +304,7 @@ def check_value(path: str, value: Any, annotation, meta: dict) -> None:
         if optional or (meta.get("choices") and None in meta["choices"]):
             return
         raise ConfigError(f"{path}=None is not allowed: {_describe(allowed_types, meta)}")
-    base = next(t for t in allowed_types if t is not type(None))
-    if not _is_instance(value, base):
+    if not any(_is_instance(value, t) for t in allowed_types if t is not type(None)):
         raise ConfigError(f"{path}={value!r} is not allowed: {_describe(allowed_types, meta)}")
     choices = meta.get("choices")
     if choices and value not in choices:

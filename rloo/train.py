@@ -30,6 +30,8 @@ def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
     from rloo.assemble import (
         build_module,
+        check_lora_targets,
+        fast_paths,
         lightning_strategy,
         policy_and_reference,
         precision_arguments,
@@ -153,6 +155,7 @@ def run(cfg: DictConfig) -> dict:
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
     eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
 
+    check_lora_targets(cfg, model_src["policy"])  # before any weight loads
     policy, reference = policy_and_reference(cfg, load_policy(model_src["policy"], tokenizer), model_src["reference"])
     reward_model = (
         load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer)
@@ -168,6 +171,9 @@ def run(cfg: DictConfig) -> dict:
         rollouts,
         value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer),
     )
+    paths = fast_paths(cfg, policy, reward_model)  # which sampler and forwards run, and why: never silent
+    for name, (chosen, why) in paths.items():
+        log(f"rloo: {name}: {chosen} ({why})")
     for logger in loggers or []:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
@@ -197,6 +203,7 @@ def run(cfg: DictConfig) -> dict:
             "output_dir": str(out),
             "policy_dir": str(out / "policy") if (out / "policy").exists() else None,
             "bootstrap": bootstrap_report,
+            "fast_paths": {name: {"ran": chosen, "why": why} for name, (chosen, why) in paths.items()},
         }
         if trainer.is_global_zero:
             atomic.write_text(out / "summary.json", json.dumps(summary, indent=2), "the run summary")

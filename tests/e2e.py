@@ -81,3 +81,32 @@ def train_error(run_dir: Path, cache: Path, *overrides: str) -> str:
     message = str(caught.value)
     assert "\n" not in message and not (run_dir / "policy").exists()
     return f"error: {message}"
+
+
+def one_rollout(assets: Path, run_dir: Path, *overrides: str) -> dict:
+    """One rollout of `rloo.train.run`, in-process, on saved models and jsonl splits in `assets` (policy/,
+    reward_model/, train.jsonl, validation.jsonl), without the embedded bootstrap; returns the summary."""
+    from rloo.cli import compose_train_config, preflight
+    from rloo.train import run
+
+    settings = [
+        "bootstrap=none",
+        "logger=csv",
+        "judge=none",
+        f"model.policy={assets / 'policy'}",
+        f"model.reward_model={assets / 'reward_model'}",
+        f"data.train.path={assets / 'train.jsonl'}",
+        f"data.validation.path={assets / 'validation.jsonl'}",
+        "data.validation.split=train",
+        f"paths.output_dir={run_dir}",
+        "response_length=6",
+        "rollout_batch_size=8",
+        "micro_batch_size=4",
+        "generation_batch_size=8",
+        "total_episodes=8",
+        "eval.before=false",
+        "eval.after=false",
+        "checkpoint_every=0",
+        "sample_every=0",
+    ]
+    return run(compose_train_config(preflight([*settings, *overrides])))

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from rloo.cli import compose_train_config, group_options
+from rloo.cli import group_options
+from tests.e2e import one_rollout
 
 SCHEDULES = {"on_policy": ["num_ppo_epochs=1", "num_mini_batches=1"], "2x2": ["num_ppo_epochs=2", "num_mini_batches=2"]}
 ALGOS = group_options("algo")
@@ -16,34 +17,9 @@ MATRIX = list(itertools.product(PRECISIONS, ALGOS, SCHEDULES))
 
 
 def run_one_rollout(assets, tmp_path, precision: str, algo: str, schedule: str) -> dict:
-    from rloo.train import run
-
-    overrides = [
-        f"precision={precision}",
-        f"algo={algo}",
-        "bootstrap=none",
-        "logger=csv",
-        "judge=none",
-        f"model.policy={assets / 'policy'}",
-        f"model.reward_model={assets / 'reward_model'}",
-        f"data.train.path={assets / 'train.jsonl'}",
-        f"data.validation.path={assets / 'validation.jsonl'}",
-        "data.validation.split=train",
-        f"paths.output_dir={tmp_path / 'run'}",
-        "response_length=6",
-        "rollout_batch_size=8",
-        "micro_batch_size=4",
-        "generation_batch_size=8",
-        "total_episodes=8",
-        "eval.before=false",
-        "eval.after=false",
-        "checkpoint_every=0",
-        "sample_every=0",
-        *SCHEDULES[schedule],
-    ]
-    if algo in ("reinforce", "vanilla_pg", "ppo"):
-        overrides.append("k=2")  # a rollout of whole groups of 2 whatever the algorithm's own k
-    return run(compose_train_config(overrides))
+    # a rollout of whole groups of 2 whatever the algorithm's own k
+    k = ["k=2"] if algo in ("reinforce", "vanilla_pg", "ppo") else []
+    return one_rollout(assets, tmp_path / "run", f"precision={precision}", f"algo={algo}", *k, *SCHEDULES[schedule])
 
 
 def check(summary: dict, tmp_path, schedule: str) -> None:

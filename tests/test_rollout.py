@@ -11,6 +11,7 @@ from rloo.forward import completion_logprobs, reward_scores
 from rloo.rollout import collect_rollout, truncate_after_stop
 from tests.builders import hf_generate as generate
 from tests.builders import sampling as sampling_config
+from tests.conftest import FAMILIES, tiny_model
 
 PAD, EOS = 1, 0
 
@@ -320,10 +321,12 @@ def grouped_batch(tokenizer, k=3):
     )
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plain_forward(policy, tokenizer, attention):
+def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plain_forward(tokenizer, family, attention):
     from rloo.forward import completion_logprobs_and_entropy, shares_prompts
 
+    policy = tiny_model(tokenizer, family)
     policy.set_attn_implementation(attention)  # the packed mask is bool for SDPA, additive for eager
     input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
     assert shares_prompts(policy, input_ids[:, :-6], attention_mask[:, :-6], 3)
@@ -342,9 +345,11 @@ def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plai
         assert torch.allclose(grad, shared_grads[name], atol=1e-5, rtol=1e-4), name
 
 
-def test_the_prompt_once_per_group_gives_the_same_scores(reward_model, tokenizer):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_prompt_once_per_group_gives_the_same_scores(tokenizer, family):
     from rloo.forward import reward_scores
 
+    reward_model = tiny_model(tokenizer, family, reward=True, seed=1)
     input_ids, attention_mask, completion, _ = grouped_batch(tokenizer)
     plain = reward_scores(reward_model, input_ids, attention_mask)
     shared = reward_scores(reward_model, input_ids, attention_mask, completion_len=6, group_size=3)

@@ -1,0 +1,57 @@
+"""Models of other families than the embedded task's GPT-NeoX: a run on a tiny random Llama (grouped-query
+attention, tied head) with LoRA, which sampler and forwards ran and why, and LoRA targets checked before loading."""
+
+import json
+
+import pytest
+
+from rloo.errors import ConfigError
+from tests.conftest import tiny_model
+from tests.e2e import one_rollout
+
+
+@pytest.fixture(scope="module")
+def llama_assets(tmp_path_factory, tokenizer, tiny_run_assets):
+    """A tiny random Llama policy and reward model beside the toy splits of tiny_run_assets."""
+    root = tmp_path_factory.mktemp("llama")
+    tiny_model(tokenizer, "llama").save_pretrained(root / "policy")
+    tokenizer.save_pretrained(root / "policy")
+    tiny_model(tokenizer, "llama", reward=True, seed=1).save_pretrained(root / "reward_model")
+    for split in ("train", "validation"):
+        (root / f"{split}.jsonl").write_text((tiny_run_assets / f"{split}.jsonl").read_text())
+    return root
+
+
+def test_a_gpt_neox_run_takes_both_fast_paths_and_says_so(tiny_run_assets, tmp_path):
+    summary = one_rollout(tiny_run_assets, tmp_path / "run")
+    paths = summary["fast_paths"]
+    assert paths["sampler"]["ran"] == "lean_decode"
+    assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["fast_paths"] == paths
+
+
+def test_a_llama_policy_trains_with_lora_adapters_on_its_own_projections(llama_assets, tmp_path):
+    summary = one_rollout(llama_assets, tmp_path / "run", "model.lora=true", "lora.r=4")
+    assert summary["status"] == "finished" and summary["optimizer_steps"] == 1
+    paths = summary["fast_paths"]
+    # the prompt-once forward serves Llama; the lean decode is GPT-NeoX's and says why it does not run
+    assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
+    assert paths["sampler"]["ran"] == "hf_generate" and "not llama" in paths["sampler"]["why"]
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "policy")  # merged: loads without peft
+    assert exported.config.model_type == "llama"
+
+
+def test_lora_on_a_gpt_neox_policy_samples_with_hf_generate_and_says_why(tiny_run_assets, tmp_path):
+    paths = one_rollout(tiny_run_assets, tmp_path / "run", "model.lora=true", "lora.r=4")["fast_paths"]
+    assert paths["sampler"]["ran"] == "hf_generate" and "LoRA" in paths["sampler"]["why"]
+
+
+def test_lora_targets_that_name_no_layer_are_one_line_before_any_weight_loads(llama_assets, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        one_rollout(llama_assets, tmp_path / "run", "model.lora=true", "lora.target_modules=[query_key_value]")
+    message = str(caught.value)
+    assert "lora.target_modules: query_key_value name no layer of this llama policy" in message
+    assert "q_proj" in message and "\n" not in message
+    assert not (tmp_path / "run" / "policy").exists()
