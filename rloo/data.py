@@ -117,7 +117,8 @@ def tokenize_prompts(
 ) -> tuple[list[dict], int]:
     """Render and tokenize every row; prompts over max_prompt_length are dropped or left-truncated.
 
-    Returns rows {prompt, reference, prompt_ids} and the number of prompts dropped (or truncated).
+    Returns rows {prompt, reference, prompt_ids, columns} and the number of prompts dropped (or truncated);
+    `columns` holds the row's other columns by name, for reward functions that ask for them (an `answer`, say).
     """
     for name, column in (("prompt_column", spec.prompt_column), ("reference_column", spec.reference_column)):
         if column is not None and column not in dataset.column_names:
@@ -144,7 +145,8 @@ def tokenize_prompts(
             if not truncate:
                 continue
             ids = ids[-max_prompt_length:]  # keep the end: it holds the question and the generation prompt
-        rows.append({"prompt": prompt, "reference": reference, "prompt_ids": ids})
+        columns = {name: value for name, value in example.items() if name != spec.prompt_column}
+        rows.append({"prompt": prompt, "reference": reference, "prompt_ids": ids, "columns": columns})
     return rows, over_length
 
 
@@ -257,9 +259,9 @@ class PromptDataModule(LightningDataModule):
             )
         return rows
 
-    def collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+    def collate(self, rows: list[dict]) -> dict:
         prompt_ids, prompt_mask = left_pad([row["prompt_ids"] for row in rows], self.tokenizer.pad_token_id)
-        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}
+        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "columns": [row["columns"] for row in rows]}
 
     def train_dataloader(self) -> DataLoader:
         # the sampler splits the prompts across ranks itself (the Trainer runs with use_distributed_sampler=False)

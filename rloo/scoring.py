@@ -14,6 +14,7 @@ completions get no score: they leave the leave-one-out baseline and are counted 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import re
 from dataclasses import dataclass
@@ -70,13 +71,41 @@ def load_function(name: str) -> Callable:
     return function
 
 
+def columns_asked_for(function: Callable, columns: dict[str, list]) -> dict[str, list]:
+    """The dataset columns a reward function names as parameters (all of them for one that takes **kwargs)."""
+    parameters = inspect.signature(function).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return columns
+    return {p.name: columns[p.name] for p in parameters if p.name in columns}
+
+
+def check_columns(reward: "Reward", available: list[str], where: str) -> None:
+    """Every column a reward function needs (a parameter after prompts and completions, without a default) is a
+    column of the data: one line before any model loads, not a TypeError at the first rollout."""
+    for name, function in reward.functions.items():
+        parameters = list(inspect.signature(function).parameters.values())[2:]
+        needed = [
+            p.name
+            for p in parameters
+            if p.default is inspect.Parameter.empty
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        ]
+        if missing := [column for column in needed if column not in available]:
+            raise ConfigError(
+                f"reward: {name} asks for {', '.join(missing)}, which {where} does not have "
+                f"(columns: {', '.join(available) or 'none besides the prompt'})"
+            )
+
+
 def call_reward_function(
-    name: str, function: Callable, prompts: list[str], completions: list[str]
+    name: str, function: Callable, prompts: list[str], completions: list[str], columns: dict[str, list] | None = None
 ) -> tuple[Tensor, str | None]:
-    """The function's scores `[N]` float32, nan where it failed, and what went wrong in one line (None: nothing)."""
+    """The function's scores `[N]` float32, nan where it failed, and what went wrong in one line (None: nothing).
+    `columns`: the dataset row's other columns, one value per completion, passed by name to a function that asks
+    for them: `def exact_answer(prompts, completions, answer)`."""
     n, nothing = len(completions), torch.full((len(completions),), float("nan"))
     try:
-        values = function(prompts, completions)
+        values = function(prompts, completions, **columns_asked_for(function, columns or {}))
     except Exception as error:  # a user's function: any error is its own
         detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return nothing, f"reward function {name} raised {type(error).__name__}: {detail}"
@@ -110,14 +139,17 @@ class Reward:
     def uses_model(self) -> bool:
         return any(t.name == MODEL for t in self.terms)
 
-    def __call__(self, prompts: list[str], completions: list[str], model_scores: Tensor | None) -> Tensor:
+    def __call__(
+        self, prompts: list[str], completions: list[str], model_scores: Tensor | None, columns: dict | None = None
+    ) -> Tensor:
         total = torch.zeros(len(completions), dtype=torch.float32)
         self.last_term_means, self.last_errors = {}, []
         for term in self.terms:
             if term.name == MODEL:
                 values = model_scores.float().cpu()
             else:
-                values, error = call_reward_function(term.name, self.functions[term.name], prompts, completions)
+                function = self.functions[term.name]
+                values, error = call_reward_function(term.name, function, prompts, completions, columns)
                 if error is not None and self.on_error == "raise":
                     raise RewardFunctionError(error)
                 if error is not None:

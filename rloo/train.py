@@ -37,6 +37,7 @@ def run(cfg: DictConfig) -> dict:
         precision_arguments,
         quiet_lightning_logs,
         resolve_sources,
+        reward_from_config,
         world_size,
     )
     from rloo.config import (
@@ -68,6 +69,7 @@ def run(cfg: DictConfig) -> dict:
     from rloo.loggers import drop_rows_after
     from rloo.memory import peak_rss_mb, reset_peak_rss
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model
+    from rloo.scoring import check_columns
 
     started = time.time()  # after the imports, as wall_seconds always counted
     reset_peak_rss()  # peak_rss_mb is this run's, also where a sweep's runs share one process
@@ -152,6 +154,8 @@ def run(cfg: DictConfig) -> dict:
     )
     datamodule.first_rollout = resumed_rollouts
     datamodule.setup("fit")  # data errors surface before any model loads
+    if (reward := reward_from_config(cfg)) is not None:  # the columns reward functions ask for are in the data
+        check_columns(reward, list(datamodule.train_rows[0]["columns"]), f"data.train ({data_src['train']['path']})")
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
     eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
 

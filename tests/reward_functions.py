@@ -21,3 +21,16 @@ def not_numbers(prompts, completions):
 
 def length(prompts, completions):
     return [float(len(c.split())) for c in completions]
+
+
+CALLS: list[dict] = []  # what answer_matches saw, for the test to compare with the data
+
+
+def answer_matches(prompts, completions, answer):
+    """1 where the completion contains the row's `answer` column, else 0: a correctness reward reading a column."""
+    CALLS.append({"prompts": list(prompts), "answer": list(answer)})
+    return [float(str(a) in c) for a, c in zip(answer, completions)]
+
+
+def needs_a_missing_column(prompts, completions, solution):
+    return [0.0] * len(completions)

@@ -55,3 +55,40 @@ def test_lora_targets_that_name_no_layer_are_one_line_before_any_weight_loads(ll
     assert "lora.target_modules: query_key_value name no layer of this llama policy" in message
     assert "q_proj" in message and "\n" not in message
     assert not (tmp_path / "run" / "policy").exists()
+
+
+# ---- your own data: reward functions read the dataset row's other columns ------------------------------------
+@pytest.fixture
+def answer_assets(tmp_path, tiny_run_assets):
+    """The toy splits with an `answer` column that says which prompt each row is (its index)."""
+    root = tmp_path / "assets"
+    root.mkdir()
+    for name in ("policy", "reward_model"):
+        (root / name).symlink_to(tiny_run_assets / name)
+    for split in ("train", "validation"):
+        rows = [json.loads(line) for line in (tiny_run_assets / f"{split}.jsonl").read_text().splitlines()]
+        lines = [json.dumps({**row, "answer": f"#{i}"}) for i, row in enumerate(rows)]
+        (root / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_a_reward_function_gets_each_completions_own_row_columns_by_name(answer_assets, tmp_path):
+    from tests import reward_functions
+
+    reward_functions.CALLS.clear()
+    summary = one_rollout(answer_assets, tmp_path / "run", "reward=tests.reward_functions:answer_matches", "k=2")
+    assert summary["status"] == "finished" and len(reward_functions.CALLS) == 1
+    call = reward_functions.CALLS[0]
+    rows = [json.loads(line) for line in (answer_assets / "train.jsonl").read_text().splitlines()]
+    answer_of = {row["prompt"]: row["answer"] for row in rows}
+    assert len(call["answer"]) == len(call["prompts"]) == 8  # 4 prompts x k=2
+    assert call["answer"] == [answer_of[p] for p in call["prompts"]]  # each completion with its own prompt's row
+    assert call["answer"][0::2] == call["answer"][1::2]  # a prompt's k completions share its row
+
+
+def test_a_column_a_reward_function_needs_and_the_data_lacks_is_one_line_before_loading(answer_assets, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        one_rollout(answer_assets, tmp_path / "run", "reward=tests.reward_functions:needs_a_missing_column")
+    message = str(caught.value)
+    assert "reward: tests.reward_functions:needs_a_missing_column asks for solution" in message
+    assert "answer" in message and not (tmp_path / "run" / "policy").exists()

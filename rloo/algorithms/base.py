@@ -132,7 +132,9 @@ class OnlineRLModule(LightningModule):
             with timer("reward_functions"):
                 prompts = self.tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True)
                 completions = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-                rollout.scores = self.reward(prompts, completions, rollout.scores).to(rollout.scores.device)
+                rows = [row for row in batch.get("columns", []) for _ in range(cfg.k)]  # each prompt's, k times
+                columns = {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}
+                rollout.scores = self.reward(prompts, completions, rollout.scores, columns).to(rollout.scores.device)
         return rollout
 
     def masks_bad_scores(self) -> bool:
