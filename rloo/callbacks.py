@@ -70,6 +70,7 @@ class HeldOutEval(Callback):
                 self.judge,
                 module.reward_model,
                 module.device,
+                reward=module.reward,
             )
         per_row, samples = {k: v[:real] for k, v in per_row.items()}, samples[:real]
         if world > 1:  # shards differ by at most one row: pad with nan, gather, keep the rows that exist
@@ -109,7 +110,11 @@ class HeldOutEval(Callback):
             logger.save()  # on disk before the rollout's checkpoint, which follows: a kill after it loses no row
         if not trainer.is_global_zero:
             return summary
-        shown = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in summary.items() if k.split("/")[1] in SHOWN)
+        shown = ", ".join(
+            f"{k.split('/', 1)[1]} {v:.3f}"
+            for k, v in summary.items()
+            if k.split("/")[1] in SHOWN or (k.startswith("eval/reward/") and not k.endswith(("_ci_low", "_ci_high")))
+        )
         self.log_fn(f"eval ({label}, step {step}, {len(self.rows)} held-out prompts): {shown}")
         rows = [{"step": step, **s} for s in samples]
         if rows:

@@ -48,11 +48,13 @@ def evaluate_policy(
     reward_model=None,
     device: torch.device | str = "cpu",
     others: list[str] | None = None,
+    reward=None,
 ) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """Complete, score and judge `rows`; the candidate is judged against `others` (default: the references).
 
     Returns per-row tensors (score: nan without a reward model; outcome: 1 / 0.5 / 0, -1 invalid, nan without a
-    judge; length; eos) and one record per row for the JSONL / W&B table.
+    judge; length; eos; reward/<name> for each reward function of `reward`, a rloo.scoring.Reward, which gets the
+    rows' columns as in training) and one record per row for the JSONL / W&B table.
     """
     done = complete(policy, tokenizer, rows, sampling, batch_size, device)
     n = len(rows)
@@ -70,6 +72,10 @@ def evaluate_policy(
         "eos": done["eos"],
         "outcome": torch.tensor(outcome, device=scores.device),
     }
+    if reward is not None and reward.functions:
+        columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
+        for name, values in reward.function_values(prompts, done["texts"], columns).items():
+            per_row[f"reward/{name}"] = values.to(scores.device)
     samples = []
     for i, (prompt, reference, other, text, verdict) in enumerate(
         zip(prompts, references, others, done["texts"], verdicts)
@@ -97,6 +103,14 @@ def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> d
         f"{prefix}mean_length": per_row["length"].mean().item(),
         f"{prefix}eos_frac": per_row["eos"].mean().item(),
     }
+    for key in [k for k in per_row if k.startswith("reward/")]:  # mean with a normal 95% interval over rows
+        values = per_row[key][~torch.isnan(per_row[key])].double()
+        if len(values):
+            mean = values.mean().item()
+            half = 1.96 * values.std().item() / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+            summary.update(
+                {f"{prefix}{key}": mean, f"{prefix}{key}_ci_low": mean - half, f"{prefix}{key}_ci_high": mean + half}
+            )
     scores = per_row["score"]
     if not torch.isnan(scores).all():
         summary[f"{prefix}score"] = scores[~torch.isnan(scores)].mean().item()

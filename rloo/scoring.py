@@ -158,3 +158,11 @@ class Reward:
             self.last_term_means[term.name] = float(values[finite].mean()) if finite.any() else float("nan")
             total += term.weight * values
         return total
+
+    def function_values(self, prompts: list[str], completions: list[str], columns: dict | None = None) -> dict:
+        """Each function term's values `[N]` (nan where it failed), by its short name (after the colon): what
+        held-out evaluation reports as eval/reward/<name>."""
+        values = {}
+        for name, function in self.functions.items():
+            values[name.rsplit(":", 1)[-1]] = call_reward_function(name, function, prompts, completions, columns)[0]
+        return values

@@ -338,16 +338,25 @@ def print_summary(summary: dict, log=print) -> None:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
-    """One run; returns what a sweeper ranks: the final win rate when a judge is set (None when it has none),
-    the reward model's score when judge=none. Never one in place of the other."""
+    """One run; returns what a sweeper ranks: the final win rate when a judge is set (None when it has none); with
+    judge=none, the first reward function's held-out mean (eval/reward/<name>), else the reward model's score.
+    Never one in place of the other."""
     try:
         summary = run(cfg)
     except ConfigError as error:
         exit_on_config_error(error)
     except (WriteError, NonFiniteError, RewardFunctionError, JudgeFailed) as error:
         fail(error, 1)
+    return objective(summary)
+
+
+def objective(summary: dict) -> float | None:
+    """What a sweeper ranks a finished run by (see hydra_main)."""
     final = summary.get("final") or {}
-    return final.get("eval/win_rate") if summary["judge"] is not None else final.get("eval/score")
+    if summary["judge"] is not None:
+        return final.get("eval/win_rate")
+    rewards = [k for k in final if k.startswith("eval/reward/") and not k.endswith(("_ci_low", "_ci_high"))]
+    return final.get(rewards[0]) if rewards else final.get("eval/score")
 
 
 if __name__ == "__main__":

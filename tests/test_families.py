@@ -86,6 +86,20 @@ def test_a_reward_function_gets_each_completions_own_row_columns_by_name(answer_
     assert call["answer"][0::2] == call["answer"][1::2]  # a prompt's k completions share its row
 
 
+def test_held_out_evaluation_scores_the_reward_functions_and_a_sweeper_ranks_by_them(answer_assets, tmp_path):
+    from rloo.train import objective
+
+    summary = one_rollout(
+        answer_assets, tmp_path / "run", "reward=tests.reward_functions:length", "eval.after=true", "eval.num_prompts=6"
+    )
+    final = summary["final"]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "eval_samples.jsonl").read_text().splitlines()]
+    lengths = [float(len(row["completion"].split())) for row in rows]  # what tests.reward_functions:length gives
+    assert len(rows) == 6 and final["eval/reward/length"] == pytest.approx(sum(lengths) / 6)
+    assert final["eval/reward/length_ci_low"] <= final["eval/reward/length"] <= final["eval/reward/length_ci_high"]
+    assert objective(summary) == final["eval/reward/length"]  # judge=none: the reward function, not the RM score
+
+
 def test_a_column_a_reward_function_needs_and_the_data_lacks_is_one_line_before_loading(answer_assets, tmp_path):
     with pytest.raises(ConfigError) as caught:
         one_rollout(answer_assets, tmp_path / "run", "reward=tests.reward_functions:needs_a_missing_column")
