@@ -28,6 +28,11 @@ def resolve_sources(cfg: DictConfig, log=print) -> tuple[dict, dict, dict]:
         data["train"]["path"] = data["train"]["path"] or artifacts.data["train"]
         data["validation"]["path"] = data["validation"]["path"] or artifacts.data["validation"]
         report = {"dir": str(artifacts.root), **artifacts.report}
+    from rloo.packaged import converted_dir, is_packaged
+
+    for key in ("policy", "reference", "tokenizer"):  # package:<module>/<file>: a plain directory in the cache
+        if is_packaged(model[key]):
+            model[key] = converted_dir(model[key], cfg.paths.cache_dir, log=log)
     model["tokenizer"] = model["tokenizer"] or model["policy"]
     return model, data, report
 

@@ -119,10 +119,7 @@ def expand_overrides(argv: list[str], say=None) -> list[str]:
         if key == "model" and "," not in value and "experiment" not in given and (recipe := recipe_of(value)):
             out.append(f"experiment={recipe}")  # beside it: Hydra's flags (--cfg job) may follow the overrides
             if say:
-                say(
-                    f"rloo: model={value} runs its published recipe, experiment={recipe} "
-                    "(experiment=none: the model alone)"
-                )
+                say(f"rloo: model={value} runs its recipe, experiment={recipe} (experiment=none: the model alone)")
     return out
 
 

@@ -135,6 +135,11 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         )
     if algorithm == "ppo":
         value_model = cfg.get("value_model")
+        if value_model is None and cfg.model.reward_model is None and cfg.get("bootstrap") is None:
+            raise ConfigError(
+                "algo=ppo needs a value model: value_model=<sequence classifier dir or hub id>, or a "
+                "model.reward_model to start it from (this run scores with reward functions only)"
+            )
         if value_model is not None and _looks_local(str(value_model)) and not Path(str(value_model)).exists():
             raise ConfigError(
                 f"value_model={value_model!r} does not exist: a sequence classifier dir, a hub id, or null "
@@ -259,9 +264,14 @@ def check_model_sources(cfg: DictConfig) -> None:
     the reward model a sequence classifier with one score. Read from config.json alone, before anything loads."""
     import json
 
+    from rloo.packaged import is_packaged, packaged_file
+
     for key in ("policy", "reference", "reward_model", "tokenizer"):
         spec = cfg.model.get(key)
         if spec is None:
+            continue
+        if is_packaged(spec):  # a model file inside an installed package: there, and readable (rloo.packaged)
+            packaged_file(str(spec))
             continue
         spec, where = str(spec), f"model.{key}={spec!r}"
         path, wanted = Path(spec).expanduser(), MODEL_FILES.get(key, ("config.json",))

@@ -74,6 +74,13 @@ def hydra_subdir(resume: str | None, now: str) -> str:
     return ".hydra" if resume is None else f".hydra/resumed-{now}"
 
 
+def arithmetic_split(cache_dir: str, split: str) -> str:
+    """data=arithmetic's split files, generated into the cache on first use (rloo.toy.arithmetic)."""
+    from rloo.toy.arithmetic import split_path
+
+    return split_path(cache_dir, split)
+
+
 def register_resolvers() -> None:
     for name, resolver in (
         ("wandb_offline", wandb_offline),
@@ -82,6 +89,7 @@ def register_resolvers() -> None:
         ("unique_dir", unique_dir),
         ("run_dir", run_dir),
         ("hydra_subdir", hydra_subdir),
+        ("arithmetic_split", arithmetic_split),
     ):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver, use_cache=name in ("unique_dir", "run_dir"))

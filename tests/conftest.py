@@ -1,6 +1,7 @@
 """Shared fixtures: the toy tokenizer and tiny random GPT-NeoX models (no download, no bootstrap)."""
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ pytest_plugins = ["tests.chat_server"]  # the loopback chat-completions `server`
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# caches the tests' in-process compositions write (data=arithmetic's splits) stay out of the user's ~/.cache
+os.environ.setdefault("RLOO_CACHE_DIR", tempfile.mkdtemp(prefix="rloo-test-cache-"))
 
 
 @pytest.fixture(scope="session")

@@ -187,7 +187,7 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
         ("response_length=0", "response_length=0", "positive integer"),
         ("loss=dpo", "loss='dpo'", "ppo_clip, reinforce"),
         ("kl_estimator=k9", "kl_estimator='k9'", "k1, k2, k3"),
-        ("model=gpt5", "model='gpt5'", "pythia1b, pythia6.9b, tiny"),
+        ("model=gpt5", "model='gpt5'", "pythia1b, pythia6.9b, smollm2, tiny"),
         ("precision=fp8", "precision='fp8'", "bf16, bf16-true, fp16, fp32"),
         (
             "data.train.path=/nonexistent/prompts.jsonl",
@@ -253,10 +253,15 @@ def test_a_bad_value_exits_2_with_one_line_and_loads_nothing(tmp_path):
 def test_algo_ppo_brings_its_own_keys_and_a_recipe_keeps_its_schedule(model, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     cfg = composed(f"model={model}", "algo=ppo")
-    recipe = model != "tiny"  # the TL;DR recipes set k=2 and 2 x 2; on its own PPO samples 1 and runs 4 epochs
-    assert cfg.algorithm == "ppo" and (cfg.k, cfg.num_ppo_epochs) == ((2, 2) if recipe else (1, 4))
+    # what a recipe sets holds (TL;DR: k=2, 2 epochs; arithmetic: k=4), the rest is PPO's own (k=1, 4 epochs)
+    expected = {"tiny": (1, 4), "smollm2": (4, 4)}.get(model, (2, 2))
+    assert cfg.algorithm == "ppo" and (cfg.k, cfg.num_ppo_epochs) == expected
     assert (cfg.vf_coef, cfg.value_clip_range, cfg.gamma, cfg.lam) == (0.1, 0.2, 1.0, 0.95)
     assert cfg.normalize_advantages is True and cfg.value_model is None and "loss" not in cfg
+    if model == "smollm2":  # no reward model ships with it: nothing to start PPO's value model from
+        with pytest.raises(ConfigError, match="algo=ppo needs a value model"):
+            validate_train_config(cfg)
+        return
     validate_train_config(cfg)
     assert composed(f"model={model}").algorithm == "rloo"
 
