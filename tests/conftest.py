@@ -23,21 +23,23 @@ def tokenizer():
     return build_task_tokenizer()
 
 
-def tiny_config(tokenizer, **overrides) -> GPTNeoXConfig:
-    values = dict(
+def tiny_sizes(tokenizer) -> dict:
+    """The sizes and special tokens every tiny test model shares, whatever its family."""
+    return dict(
         vocab_size=len(tokenizer),
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=128,
-        tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id,
     )
-    values.update(overrides)
-    return GPTNeoXConfig(**values)
+
+
+def tiny_config(tokenizer, **overrides) -> GPTNeoXConfig:
+    return GPTNeoXConfig(**{**tiny_sizes(tokenizer), "tie_word_embeddings": False, **overrides})
 
 
 FAMILIES = ("gpt_neox", "llama", "qwen2")  # the architectures the fast paths are held to
@@ -53,19 +55,7 @@ def tiny_model(tokenizer, family: str, reward: bool = False, seed: int = 0):
     if family == "gpt_neox":
         config = tiny_config(tokenizer, **({"num_labels": 1} if reward else {}))
     else:
-        values = dict(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=128,
-            tie_word_embeddings=True,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.eos_token_id,
-        )
+        values = {**tiny_sizes(tokenizer), "num_key_value_heads": 2, "tie_word_embeddings": True}
         config = (LlamaConfig if family == "llama" else Qwen2Config)(**values, **({"num_labels": 1} if reward else {}))
     auto = AutoModelForSequenceClassification if reward else AutoModelForCausalLM
     return auto.from_config(config).eval()

@@ -227,7 +227,7 @@ def test_rows_after_the_resumed_rollout_move_aside(tmp_path):
     assert (tmp_path / "metrics.superseded.csv").read_text().splitlines()[1:] == ["3,3.0,"]
 
 
-def test_every_leaf_of_every_composed_config_has_a_resume_policy(monkeypatch):
+def test_every_leaf_of_every_composed_config_has_a_resume_policy(monkeypatch, tmp_path):
     """rloo.schema gives each key fixed or applied; no key of any algorithm, model, recipe or debug setting is left
     out (a key it does not know would be refused on resume as fixed)."""
     from omegaconf import OmegaConf
@@ -245,7 +245,7 @@ def test_every_leaf_of_every_composed_config_has_a_resume_policy(monkeypatch):
     checked = 0
     for overrides in settings:
         cfg = compose_train_config(
-            overrides + ["paths.output_dir=/tmp/x", "logger.wandb.name=null", "logger.wandb.group=null"]
+            overrides + [f"paths.output_dir={tmp_path}", "logger.wandb.name=null", "logger.wandb.group=null"]
         )
         for key in leaves(OmegaConf.to_container(cfg, resolve=True)):
             assert resume_policy(key, cfg.algorithm) in (FIXED, APPLIED), (overrides, key)
