@@ -178,8 +178,11 @@ def deepspeed_settings(cfg: DictConfig) -> dict:
     }
 
 
-def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, total_rollouts: int, value_model):
-    """The LightningModule of `cfg.algorithm` (`value_model`: a loader, called for PPO only), scoring with `reward=`."""
+def build_module(
+    cfg: DictConfig, policy, reference, reward_model, tokenizer, total_rollouts: int, value_model, reward=None
+):
+    """The LightningModule of `cfg.algorithm` (`value_model`: a loader, called for PPO only), scoring with `reward`
+    (reward_from_config(cfg): None where the reward model alone scores)."""
     if cfg.algorithm == "ppo":
         from rloo.algorithms.ppo import PPOConfig, PPOModule
 
@@ -204,7 +207,7 @@ def build_module(cfg: DictConfig, policy, reference, reward_model, tokenizer, to
         module = module_class(
             policy, reference, reward_model, tokenizer, algorithm_config(config_class, cfg, total_rollouts)
         )
-    module.reward = reward_from_config(cfg)
+    module.reward = reward
     if cfg.activation_checkpointing:  # after the module put the policy in eval mode
         from rloo.models import use_activation_checkpointing
 

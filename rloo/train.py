@@ -154,7 +154,8 @@ def run(cfg: DictConfig) -> dict:
     )
     datamodule.first_rollout = resumed_rollouts
     datamodule.setup("fit")  # data errors surface before any model loads
-    if (reward := reward_from_config(cfg)) is not None:  # the columns reward functions ask for are in the data
+    reward = reward_from_config(cfg)  # reward= beyond the reward model alone, built once
+    if reward is not None:  # the columns reward functions ask for are in the data
         check_columns(reward, list(datamodule.train_rows[0]["columns"]), f"data.train ({data_src['train']['path']})")
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
     eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
@@ -174,6 +175,7 @@ def run(cfg: DictConfig) -> dict:
         tokenizer,
         rollouts,
         value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer),
+        reward=reward,
     )
     paths = fast_paths(cfg, policy, reward_model)  # which sampler and forwards run, and why: never silent
     for name, (chosen, why) in paths.items():
