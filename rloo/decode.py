@@ -1,11 +1,15 @@
-"""A lean KV-cache sampling loop for GPT-NeoX (Pythia) causal LMs, in place of HF `generate` in the rollout.
+"""A lean KV-cache sampling loop for GPT-NeoX (Pythia) and Llama-family (Llama, Qwen2) causal LMs, in place of HF
+`generate` in the rollout.
 
 On small models HF `generate` spends about 30% of its time in framework code (cache objects, mask building,
-logits processors, stopping criteria). This loop runs the model's own weights through the arithmetic of
-`transformers.models.gpt_neox.modeling_gpt_neox` (fused qkv laid out per head as q|k|v, partial rotary on the
-first `rotary_ndims` dims, parallel or sequential residual, final layer norm, untied LM head):
+logits processors, stopping criteria). This loop runs the model's own weights through the arithmetic of its
+transformers implementation:
+- GPT-NeoX (`modeling_gpt_neox`): fused qkv laid out per head as q|k|v, partial rotary on the first `rotary_ndims`
+  dims, parallel or sequential residual, layer norms, untied LM head;
+- Llama and Qwen2 (`modeling_llama`, `modeling_qwen2`): separate q/k/v projections (Qwen2's with biases), grouped-query
+  attention (fewer key/value heads than query heads), full rotary, RMSNorm in float32, SwiGLU MLP, tied or untied head;
 prefill each distinct left-padded prompt in one forward, then one token per step into a preallocated cache
-per layer (`[B, heads, P + max_new, 2 * head_dim]`, k|v side by side), dropping rows from the batch once they end.
+per layer (`[B, kv_heads, P + max_new, 2 * head_dim]`, k|v side by side), dropping rows from the batch once they end.
 Sampling follows HF's order: logits / temperature -> top-k -> top-p -> softmax -> a draw: torch.multinomial as
 HF does (sampler=multinomial, the same random stream), or the cheaper inverse-CDF draw (sampler=inverse_cdf).
 Plain torch + transformers; no Lightning or Hydra.
@@ -13,18 +17,29 @@ Plain torch + transformers; no Lightning or Hydra.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import GPTNeoXForCausalLM
+from transformers import GPTNeoXForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM
 
 from rloo.sampling import SamplingConfig, position_ids_for
 from rloo.sharding import weights_partitioned
 
+LEAN_DECODE_MODELS = ("gpt_neox", "llama", "qwen2")  # the bodies this loop is written for and tested on
+# rotary types whose frequencies depend on the sequence length (HF recomputes them per call): not in this loop
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
-class _Layer(NamedTuple):
+
+class _Shape(NamedTuple):
+    heads: int
+    kv_heads: int  # = heads without grouped-query attention
+    head_dim: int
+    rotary_dims: int
+
+
+class _NeoXLayer(NamedTuple):
     """One GPTNeoXLayer's weights, read once per call so the step loop does no module look-ups."""
 
     ln_attn: tuple[Tensor, Tensor, float]  # input_layernorm (weight, bias, eps)
@@ -37,71 +52,166 @@ class _Layer(NamedTuple):
     parallel: bool  # use_parallel_residual
 
 
-class _Shape(NamedTuple):
-    heads: int
-    head_dim: int
-    rotary_dims: int
+class _LlamaLayer(NamedTuple):
+    """One LlamaDecoderLayer's (or Qwen2DecoderLayer's) weights."""
+
+    ln_attn: tuple[Tensor, float]  # input_layernorm (RMSNorm weight, eps)
+    ln_mlp: tuple[Tensor, float]  # post_attention_layernorm
+    q: tuple[Tensor, Tensor | None]
+    k: tuple[Tensor, Tensor | None]
+    v: tuple[Tensor, Tensor | None]
+    o: tuple[Tensor, Tensor | None]
+    gate: tuple[Tensor, Tensor | None]
+    up: tuple[Tensor, Tensor | None]
+    down: tuple[Tensor, Tensor | None]
+    act: object  # mlp.act_fn
+
+
+class _Body(NamedTuple):
+    """What the loop needs of one model: its weights per layer, shapes, embedding, rotary module and final norm."""
+
+    layers: list
+    shape: _Shape
+    embed: Tensor  # [V, D]
+    rotary: torch.nn.Module  # holds inv_freq and attention_scaling
+    final_norm: Callable[[Tensor], Tensor]
+    layer_forward: Callable
+    cache_dtype: torch.dtype
 
 
 def supports_lean_decode(model) -> bool:
     return why_not_lean_decode(model) is None
 
 
-def why_not_lean_decode(model) -> str | None:
-    """None for a GPTNeoXForCausalLM with plain rotary (scaled rope types recompute frequencies per length) whose
-    layers are plain linear layers: the loop reads their weights, so an adapter-wrapped layer (LoRA) would be
-    sampled without its adapter, and a partitioned weight would be read as this rank's part. Else why not."""
-    if not isinstance(model, GPTNeoXForCausalLM):
-        return f"it is written for GPT-NeoX, not {model.config.model_type}"
-    if model.gpt_neox.rotary_emb.rope_type != "default":
-        return f"rope_type {model.gpt_neox.rotary_emb.rope_type} (scaled rotary) is not in it"
-    if weights_partitioned(model):  # FSDP2 / ZeRO-3: each rank holds a part of each weight
-        return "the weights are partitioned across ranks"
-    plain = all(
-        type(module) is torch.nn.Linear
-        for layer in model.gpt_neox.layers
-        for module in (
-            layer.attention.query_key_value,
-            layer.attention.dense,
-            layer.mlp.dense_h_to_4h,
-            layer.mlp.dense_4h_to_h,
-        )
-    )
-    return None if plain else "its linear layers are wrapped (LoRA adapters), which it would read without them"
+def _decoder(model):
+    """The transformer body of a supported causal LM, or None."""
+    if isinstance(model, GPTNeoXForCausalLM):
+        return model.gpt_neox
+    if isinstance(model, (LlamaForCausalLM, Qwen2ForCausalLM)):
+        return model.model
+    return None
 
 
-def _layers(model: GPTNeoXForCausalLM) -> list[_Layer]:
-    def norm(ln):
-        return ln.weight, ln.bias, ln.eps
-
+def _linears(model) -> list[torch.nn.Module]:
+    if isinstance(model, GPTNeoXForCausalLM):
+        return [
+            module
+            for layer in model.gpt_neox.layers
+            for module in (layer.attention.query_key_value, layer.attention.dense, layer.mlp.dense_h_to_4h)
+            + (layer.mlp.dense_4h_to_h,)
+        ]
     return [
-        _Layer(
-            norm(layer.input_layernorm),
-            norm(layer.post_attention_layernorm),
-            (layer.attention.query_key_value.weight, layer.attention.query_key_value.bias),
-            (layer.attention.dense.weight, layer.attention.dense.bias),
-            (layer.mlp.dense_h_to_4h.weight, layer.mlp.dense_h_to_4h.bias),
-            (layer.mlp.dense_4h_to_h.weight, layer.mlp.dense_4h_to_h.bias),
-            layer.mlp.act,
-            layer.use_parallel_residual,
-        )
-        for layer in model.gpt_neox.layers
+        module
+        for layer in model.model.layers
+        for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj)
+        + (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
     ]
 
 
-def _shape(model: GPTNeoXForCausalLM) -> _Shape:
-    # HF rotates as many dims as its cos table is wide (2 * len(inv_freq)), even where rotary_ndims is odd
-    rotary_dims = 2 * len(model.gpt_neox.rotary_emb.inv_freq)
-    return _Shape(model.config.num_attention_heads, model.gpt_neox.layers[0].attention.head_size, rotary_dims)
+def why_not_lean_decode(model) -> str | None:
+    """None for a GPT-NeoX, Llama or Qwen2 causal LM whose rotary frequencies do not depend on the length (dynamic
+    and longrope scaling recompute them per call), without sliding-window attention, whose layers are plain linear
+    layers: the loop reads their weights, so an adapter-wrapped layer (LoRA) would be sampled without its adapter,
+    and a partitioned weight would be read as this rank's part. Else why not."""
+    decoder = _decoder(model)
+    if decoder is None:
+        kinds = ", ".join(LEAN_DECODE_MODELS)
+        return f"it is written for {kinds} causal LMs, not {type(model).__name__}"
+    rope_type = decoder.rotary_emb.rope_type
+    if any(kind in rope_type for kind in LENGTH_DEPENDENT_ROPE):
+        return f"rope_type {rope_type} recomputes its frequencies per length, which it does not"
+    if any(kind == "sliding_attention" for kind in getattr(model.config, "layer_types", None) or ()):
+        return "sliding-window attention is not in it"
+    if weights_partitioned(model):  # FSDP2 / ZeRO-3: each rank holds a part of each weight
+        return "the weights are partitioned across ranks"
+    if not all(type(module) is torch.nn.Linear for module in _linears(model)):
+        return "its linear layers are wrapped (LoRA adapters), which it would read without them"
+    return None
 
 
-def rotary_tables(model: GPTNeoXForCausalLM, length: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and signed sin `[length, rotary_dims]` for positions 0..length-1, as GPTNeoXRotaryEmbedding makes them.
+def _linear(module) -> tuple[Tensor, Tensor | None]:
+    return module.weight, module.bias
+
+
+def _body(model) -> _Body:
+    if isinstance(model, GPTNeoXForCausalLM):
+        neox = model.gpt_neox
+
+        def norm(ln):
+            return ln.weight, ln.bias, ln.eps
+
+        layers = [
+            _NeoXLayer(
+                norm(layer.input_layernorm),
+                norm(layer.post_attention_layernorm),
+                _linear(layer.attention.query_key_value),
+                _linear(layer.attention.dense),
+                _linear(layer.mlp.dense_h_to_4h),
+                _linear(layer.mlp.dense_4h_to_h),
+                layer.mlp.act,
+                layer.use_parallel_residual,
+            )
+            for layer in neox.layers
+        ]
+        heads = model.config.num_attention_heads
+        # HF rotates as many dims as its cos table is wide (2 * len(inv_freq)), even where rotary_ndims is odd
+        shape = _Shape(heads, heads, neox.layers[0].attention.head_size, 2 * len(neox.rotary_emb.inv_freq))
+        final = neox.final_layer_norm
+
+        def final_norm(x: Tensor) -> Tensor:
+            return F.layer_norm(x, x.shape[-1:], final.weight, final.bias, final.eps)
+
+        return _Body(
+            layers,
+            shape,
+            neox.embed_in.weight,
+            neox.rotary_emb,
+            final_norm,
+            _neox_layer_forward,
+            _linear_dtype(layers[0].qkv[0]),
+        )
+    body = model.model
+    layers = [
+        _LlamaLayer(
+            (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+            (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+            _linear(layer.self_attn.q_proj),
+            _linear(layer.self_attn.k_proj),
+            _linear(layer.self_attn.v_proj),
+            _linear(layer.self_attn.o_proj),
+            _linear(layer.mlp.gate_proj),
+            _linear(layer.mlp.up_proj),
+            _linear(layer.mlp.down_proj),
+            layer.mlp.act_fn,
+        )
+        for layer in body.layers
+    ]
+    attention = body.layers[0].self_attn
+    shape = _Shape(
+        model.config.num_attention_heads,
+        model.config.num_key_value_heads,
+        attention.head_dim,
+        2 * len(body.rotary_emb.inv_freq),
+    )
+    final = (body.norm.weight, body.norm.variance_epsilon)
+    return _Body(
+        layers,
+        shape,
+        body.embed_tokens.weight,
+        body.rotary_emb,
+        lambda x: _rms_norm(x, *final),
+        _llama_layer_forward,
+        _linear_dtype(layers[0].q[0]),
+    )
+
+
+def rotary_tables(rotary: torch.nn.Module, length: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and signed sin `[length, rotary_dims]` for positions 0..length-1, as HF's rotary embeddings (GPT-NeoX's,
+    Llama's, Qwen2's) make them from `inv_freq` and `attention_scaling`.
 
     The sin table carries rotate_half's sign (-sin on the first half), so that
     x*cos + swap_halves(x)*sin_signed == x*cos + rotate_half(x)*sin exactly ((-a)*b == a*(-b) in IEEE).
     """
-    rotary = model.gpt_neox.rotary_emb
     inv_freq = rotary.inv_freq.float()
     freqs = torch.arange(length, device=inv_freq.device).float()[:, None] * inv_freq  # [L, rot/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [L, rot]
@@ -124,19 +234,25 @@ def _rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     return x * cos + swapped * sin_signed
 
 
-def _attention(
-    x: Tensor, layer: _Layer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int, mask: Tensor
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """LlamaRMSNorm / Qwen2RMSNorm: normalised in float32, cast back, then scaled."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _neox_attention(
+    x: Tensor, layer: _NeoXLayer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int, mask: Tensor
 ) -> Tensor:
     """Causal self-attention of x `[B, T, D]` (positions start..start+T-1) over the cache; writes k|v there.
 
-    cos, sin: `[B, T, 1, 1, rot]`; kv_cache: `[B, H, S, 2*hd]` holding k|v side by side, as they lie in the
+    cos, sin: `[B, T, rot]`; kv_cache: `[B, H, S, 2*hd]` holding k|v side by side, as they lie in the
     fused qkv output, so one copy stores both; mask: bool `[B, 1, T, start+T]`, True where a query may attend.
     """
     batch, length, _ = x.shape
     qkv = F.linear(x, *layer.qkv).view(batch, length, shape.heads, 3, shape.head_dim)  # [B, T, H, q|k|v, hd]
     if shape.rotary_dims:
         qk = qkv[..., :2, : shape.rotary_dims]  # q and k rotated in one op
-        qk.copy_(_rotate(qk, cos, sin))
+        qk.copy_(_rotate(qk, cos[:, :, None, None], sin[:, :, None, None]))
     end = start + length
     kv_cache[:, :, start:end] = qkv[..., 1:, :].flatten(-2).transpose(1, 2)  # [B, H, T, 2*hd]
     keys, values = kv_cache[:, :, :end, : shape.head_dim], kv_cache[:, :, :end, shape.head_dim :]
@@ -146,11 +262,11 @@ def _attention(
     return F.linear(out.transpose(1, 2).reshape(batch, length, -1), *layer.dense)
 
 
-def _layer_forward(
-    x: Tensor, layer: _Layer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int, mask: Tensor
+def _neox_layer_forward(
+    x: Tensor, layer: _NeoXLayer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int, mask: Tensor
 ) -> Tensor:
     """GPTNeoXLayer.forward, additions in its order (float addition is not associative)."""
-    attn = _attention(F.layer_norm(x, x.shape[-1:], *layer.ln_attn), layer, shape, cos, sin, kv_cache, start, mask)
+    attn = _neox_attention(F.layer_norm(x, x.shape[-1:], *layer.ln_attn), layer, shape, cos, sin, kv_cache, start, mask)
     if layer.parallel:
         mlp = F.linear(layer.act(F.linear(F.layer_norm(x, x.shape[-1:], *layer.ln_mlp), *layer.up)), *layer.down)
         return mlp + attn + x  # x + attn(ln1(x)) + mlp(ln2(x))
@@ -159,11 +275,42 @@ def _layer_forward(
     return mlp + attn
 
 
-def _last_logits(model: GPTNeoXForCausalLM, hidden: Tensor) -> Tensor:
+def _llama_attention(
+    x: Tensor, layer: _LlamaLayer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int, mask: Tensor
+) -> Tensor:
+    """LlamaAttention (and Qwen2Attention without a sliding window) of x `[B, T, D]` over the cache: kv_cache
+    `[B, kv_heads, S, 2*hd]`; each group of heads // kv_heads query heads shares one key/value head."""
+    batch, length, _ = x.shape
+    hd = shape.head_dim
+    q = F.linear(x, *layer.q).view(batch, length, shape.heads, hd)
+    k = F.linear(x, *layer.k).view(batch, length, shape.kv_heads, hd)
+    q, k = _rotate(q, cos[:, :, None], sin[:, :, None]), _rotate(k, cos[:, :, None], sin[:, :, None])
+    end = start + length
+    kv_cache[:, :, start:end, :hd] = k.transpose(1, 2)
+    kv_cache[:, :, start:end, hd:] = F.linear(x, *layer.v).view(batch, length, shape.kv_heads, hd).transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        kv_cache[:, :, :end, :hd],
+        kv_cache[:, :, :end, hd:],
+        attn_mask=mask,
+        scale=hd**-0.5,
+        enable_gqa=shape.kv_heads != shape.heads,
+    )  # [B, H, T, hd]
+    return F.linear(out.transpose(1, 2).reshape(batch, length, -1), *layer.o)
+
+
+def _llama_layer_forward(
+    x: Tensor, layer: _LlamaLayer, shape: _Shape, cos: Tensor, sin: Tensor, kv_cache: Tensor, start: int, mask: Tensor
+) -> Tensor:
+    """LlamaDecoderLayer.forward: pre-norm attention and SwiGLU MLP, each added to its residual."""
+    x = x + _llama_attention(_rms_norm(x, *layer.ln_attn), layer, shape, cos, sin, kv_cache, start, mask)
+    normed = _rms_norm(x, *layer.ln_mlp)
+    return x + F.linear(layer.act(F.linear(normed, *layer.gate)) * F.linear(normed, *layer.up), *layer.down)
+
+
+def _last_logits(model, body: _Body, hidden: Tensor) -> Tensor:
     """LM head on the last position only: `[B, T, D]` -> `[B, V]`."""
-    norm = model.gpt_neox.final_layer_norm
-    last = F.layer_norm(hidden[:, -1], hidden.shape[-1:], norm.weight, norm.bias, norm.eps)
-    return model.lm_head(last)  # the module, not its weight: a swapped head (rloo.models.FP32Head) must run as is
+    return model.lm_head(body.final_norm(hidden[:, -1]))  # the module: a swapped head (FP32Head) runs as is
 
 
 def filter_logits(scores: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -237,35 +384,34 @@ def _prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Ten
 
 
 def _prefill(
-    model: GPTNeoXForCausalLM,
-    layers: list[_Layer],
-    shape: _Shape,
+    model,
+    body: _Body,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     cos_table: Tensor,
     sin_table: Tensor,
     cache_len: int,
 ) -> tuple[list[Tensor], Tensor]:
-    """One forward over left-padded prompts `[U, P]`: per layer a k|v cache `[U, H, cache_len, 2*hd]` with the
-    prompt in slots 0..P-1, and the logits `[U, V]` after the last prompt token."""
-    hidden = F.embedding(prompt_ids, model.gpt_neox.embed_in.weight)  # [U, P, D]
+    """One forward over left-padded prompts `[U, P]`: per layer a k|v cache `[U, kv_heads, cache_len, 2*hd]` with
+    the prompt in slots 0..P-1, and the logits `[U, V]` after the last prompt token."""
+    hidden = F.embedding(prompt_ids, body.embed)  # [U, P, D]
     positions = position_ids_for(prompt_mask)  # [U, P]
-    cos, sin = cos_table[positions][:, :, None, None], sin_table[positions][:, :, None, None]  # [U, P, 1, 1, rot]
+    cos, sin = cos_table[positions], sin_table[positions]  # [U, P, rot]
     mask = _prefill_mask(prompt_mask)
-    kv_caches = []
-    for layer in layers:
+    shape, kv_caches = body.shape, []
+    for layer in body.layers:
         kv_caches.append(
             torch.empty(
                 len(prompt_ids),
-                shape.heads,
+                shape.kv_heads,
                 cache_len,
                 2 * shape.head_dim,
-                dtype=_linear_dtype(layer.qkv[0]),
+                dtype=body.cache_dtype,
                 device=prompt_ids.device,
             )
         )
-        hidden = _layer_forward(hidden, layer, shape, cos, sin, kv_caches[-1], 0, mask)
-    return kv_caches, _last_logits(model, hidden)
+        hidden = body.layer_forward(hidden, layer, shape, cos, sin, kv_caches[-1], 0, mask)
+    return kv_caches, _last_logits(model, body, hidden)
 
 
 def _spread(group_cache: Tensor, inverse: Tensor, cache_len: int) -> Tensor:
@@ -278,7 +424,7 @@ def _spread(group_cache: Tensor, inverse: Tensor, cache_len: int) -> Tensor:
 
 @torch.no_grad()
 def lean_generate(
-    model: GPTNeoXForCausalLM,
+    model,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     sampling: SamplingConfig,
@@ -297,25 +443,22 @@ def lean_generate(
     """
     if sampling.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
-    layers, shape = _layers(model), _shape(model)
+    body = _body(model)
     num_rows, prompt_len = prompt_ids.shape
     device, max_new = prompt_ids.device, sampling.max_new_tokens
     stop_id = eos_token_id if sampling.stop_at_eos else None
 
-    embed = model.gpt_neox.embed_in.weight
-    cos_table, sin_table = rotary_tables(model, prompt_len + max_new, embed.dtype)  # [S, rot]
+    cos_table, sin_table = rotary_tables(body.rotary, prompt_len + max_new, body.embed.dtype)  # [S, rot]
     next_position = position_ids_for(prompt_mask)[:, -1] + 1  # [N] as generate: the last prompt position + 1
     key_valid = torch.ones(num_rows, prompt_len + max_new, dtype=torch.bool, device=device)  # [N, S]
     key_valid[:, :prompt_len] = prompt_mask.bool()
 
     first, inverse = _prompt_groups(prompt_ids, prompt_mask)  # [U], [N]
     if len(first) == num_rows:
-        kv_caches, logits = _prefill(
-            model, layers, shape, prompt_ids, prompt_mask, cos_table, sin_table, prompt_len + max_new
-        )
+        kv_caches, logits = _prefill(model, body, prompt_ids, prompt_mask, cos_table, sin_table, prompt_len + max_new)
     else:  # one prefill per distinct prompt, copied to its rows
         group_caches, group_logits = _prefill(
-            model, layers, shape, prompt_ids[first], prompt_mask[first], cos_table, sin_table, prompt_len
+            model, body, prompt_ids[first], prompt_mask[first], cos_table, sin_table, prompt_len
         )
         kv_caches = [_spread(group_cache, inverse, prompt_len + max_new) for group_cache in group_caches]
         logits = group_logits[inverse]  # [N, V]
@@ -367,11 +510,11 @@ def lean_generate(
 
         # one decode step: the token just drawn goes into cache slot P + step
         start = prompt_len + step
-        hidden = F.embedding(tokens[:, None], embed)  # [B, 1, D]
-        cos, sin = cos_table[next_position][:, None, None, None], sin_table[next_position][:, None, None, None]
+        hidden = F.embedding(tokens[:, None], body.embed)  # [B, 1, D]
+        cos, sin = cos_table[next_position][:, None], sin_table[next_position][:, None]  # [B, 1, rot]
         mask = key_valid[:, None, None, : start + 1]  # [B, 1, 1, start+1]
-        for layer, kv_cache in zip(layers, kv_caches):
-            hidden = _layer_forward(hidden, layer, shape, cos, sin, kv_cache, start, mask)
-        logits = _last_logits(model, hidden)  # [B, V]
+        for layer, kv_cache in zip(body.layers, kv_caches):
+            hidden = body.layer_forward(hidden, layer, body.shape, cos, sin, kv_cache, start, mask)
+        logits = _last_logits(model, body, hidden)  # [B, V]
         next_position += 1
     return completion_ids[:, :width], generation_logprobs[:, :width]
