@@ -67,8 +67,9 @@ def run(cfg: DictConfig) -> dict:
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
     from rloo.loggers import drop_rows_after
-    from rloo.memory import peak_rss_mb, reset_peak_rss
+    from rloo.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model
+    from rloo.plan import planned_peak
     from rloo.scoring import check_columns
 
     started = time.time()  # after the imports, as wall_seconds always counted
@@ -161,6 +162,7 @@ def run(cfg: DictConfig) -> dict:
     eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
 
     check_lora_targets(cfg, model_src["policy"])  # before any weight loads
+    memory = {"baseline_rss_mb": round(current_rss_mb(), 1)} | planned_peak(cfg, model_src["policy"])
     policy, reference = policy_and_reference(cfg, load_policy(model_src["policy"], tokenizer), model_src["reference"])
     reward_model = (
         load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer)
@@ -205,6 +207,8 @@ def run(cfg: DictConfig) -> dict:
                 time.time() - fit_started, 2
             ),  # trainer.fit: training steps and the evaluations inside it
             "peak_rss_mb": round(peak_rss_mb(), 1),  # this process (rank) since the run began
+            # rloo.plan's peak for this config against the measured one above what ran before any model loaded
+            "memory": memory | {"measured_peak_above_baseline_mb": round(peak_rss_mb() - memory["baseline_rss_mb"], 1)},
             "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
             "output_dir": str(out),
             "policy_dir": str(out / "policy") if (out / "policy").exists() else None,

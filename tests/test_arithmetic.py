@@ -15,8 +15,10 @@ def test_every_problem_states_its_answer_and_the_splits_are_reproducible(tmp_pat
     rows = arithmetic.rows(500, seed=7)
     assert rows == arithmetic.rows(500, seed=7) and rows != arithmetic.rows(500, seed=8)
     for row in rows:
-        question = row["prompt"][0]["content"]
-        assert row["prompt"][0]["role"] == "user" and question.endswith(arithmetic.INSTRUCTION)
+        system, user = row["prompt"]
+        assert system == {"role": "system", "content": arithmetic.SYSTEM}
+        question = user["content"]
+        assert user["role"] == "user" and question.endswith(arithmetic.INSTRUCTION)
         if question.startswith("What is"):  # the expression itself, evaluated independently
             expression = question[len("What is ") : question.index("?")]
             assert str(eval(expression)) == row["answer"]  # noqa: S307 (digits and + - * only)

@@ -10,15 +10,22 @@ from tests.conftest import tiny_model
 from tests.e2e import one_rollout
 
 
+def with_answer_column(source, root) -> None:
+    """The toy splits of `source` into `root`, each row with an `answer` column that says which row it is."""
+    for split in ("train", "validation"):
+        rows = [json.loads(line) for line in (source / f"{split}.jsonl").read_text().splitlines()]
+        lines = [json.dumps({**row, "answer": f"#{i}"}) for i, row in enumerate(rows)]
+        (root / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+
+
 @pytest.fixture(scope="module")
 def llama_assets(tmp_path_factory, tokenizer, tiny_run_assets):
-    """A tiny random Llama policy and reward model beside the toy splits of tiny_run_assets."""
+    """A tiny random Llama policy and reward model beside the toy splits (with an answer column)."""
     root = tmp_path_factory.mktemp("llama")
     tiny_model(tokenizer, "llama").save_pretrained(root / "policy")
     tokenizer.save_pretrained(root / "policy")
     tiny_model(tokenizer, "llama", reward=True, seed=1).save_pretrained(root / "reward_model")
-    for split in ("train", "validation"):
-        (root / f"{split}.jsonl").write_text((tiny_run_assets / f"{split}.jsonl").read_text())
+    with_answer_column(tiny_run_assets, root)
     return root
 
 
@@ -30,17 +37,51 @@ def test_a_gpt_neox_run_takes_both_fast_paths_and_says_so(tiny_run_assets, tmp_p
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["fast_paths"] == paths
 
 
-def test_a_llama_policy_trains_with_lora_adapters_on_its_own_projections(llama_assets, tmp_path):
-    summary = one_rollout(llama_assets, tmp_path / "run", "model.lora=true", "lora.r=4")
-    assert summary["status"] == "finished" and summary["optimizer_steps"] == 1
-    paths = summary["fast_paths"]
-    # the prompt-once forward serves Llama; the lean decode is GPT-NeoX's and says why it does not run
-    assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
-    assert paths["sampler"]["ran"] == "hf_generate" and "not llama" in paths["sampler"]["why"]
+def test_a_llama_policy_trains_with_lora_and_a_reward_function_reading_a_column(llama_assets, tmp_path):
+    """The own-model template filled in: a tiny random Llama, LoRA on its own projections, no reward model, a
+    correctness-style reward reading the data's `answer` column; the run says what sampled and what ran forward."""
     from transformers import AutoModelForCausalLM
 
+    from tests import reward_functions
+
+    reward_functions.CALLS.clear()
+    summary = one_rollout(
+        llama_assets,
+        tmp_path / "run",
+        "experiment=own_model",
+        "model.reward_model=null",
+        "reward=tests.reward_functions:answer_matches",
+        "model.lora=true",
+        "lora.r=4",
+        "k=2",
+    )
+    assert summary["status"] == "finished" and summary["optimizer_steps"] == 1
+    rows = [json.loads(line) for line in (llama_assets / "train.jsonl").read_text().splitlines()]
+    answer_of = {row["prompt"]: row["answer"] for row in rows}
+    (call,) = reward_functions.CALLS
+    assert call["answer"] == [answer_of[p] for p in call["prompts"]] and len(call["answer"]) == 8
+    paths = summary["fast_paths"]
+    assert paths["policy_forward"]["ran"] == "prompt_once" and "reward_forward" not in paths
+    # the lean decode serves Llama, but not through LoRA's wrapped layers: it says so
+    assert paths["sampler"]["ran"] == "hf_generate" and "LoRA" in paths["sampler"]["why"]
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "policy")  # merged: loads without peft
     assert exported.config.model_type == "llama"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_llama_family_run_takes_both_fast_paths_and_plans_its_memory(family, tokenizer, tmp_path, tiny_run_assets):
+    root = tmp_path / "assets"
+    root.mkdir()
+    tiny_model(tokenizer, family).save_pretrained(root / "policy")
+    tokenizer.save_pretrained(root / "policy")
+    tiny_model(tokenizer, family, reward=True, seed=1).save_pretrained(root / "reward_model")
+    with_answer_column(tiny_run_assets, root)
+    summary = one_rollout(root, tmp_path / "run")
+    paths = summary["fast_paths"]
+    assert paths["sampler"]["ran"] == "lean_decode"
+    assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
+    memory = summary["memory"]
+    assert memory["planned_peak_mb"] > 0 and memory["warnings"] == [] and memory["measured_peak_above_baseline_mb"] >= 0
 
 
 def test_lora_on_a_gpt_neox_policy_samples_with_hf_generate_and_says_why(tiny_run_assets, tmp_path):
@@ -65,10 +106,7 @@ def answer_assets(tmp_path, tiny_run_assets):
     root.mkdir()
     for name in ("policy", "reward_model"):
         (root / name).symlink_to(tiny_run_assets / name)
-    for split in ("train", "validation"):
-        rows = [json.loads(line) for line in (tiny_run_assets / f"{split}.jsonl").read_text().splitlines()]
-        lines = [json.dumps({**row, "answer": f"#{i}"}) for i, row in enumerate(rows)]
-        (root / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    with_answer_column(tiny_run_assets, root)
     return root
 
 

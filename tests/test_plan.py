@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from rloo.bench.presets import PRESETS, build_models
 from rloo.plan import Architecture, Shape, estimate
@@ -144,3 +145,57 @@ def test_bad_input_is_one_line(args, message, capsys):
     result = Answer(capsys, *args)
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("rloo: model=")]
     assert result.returncode == 2 and message in result.stderr and len(lines) == 1, result.stderr
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_llama_family_counts_and_cache_are_the_models_own(family, tokenizer):
+    """Parameters (separate q/k/v, Qwen2's q/k/v biases, SwiGLU, RMSNorm, tied head) and the decode's cache width
+    (grouped-query attention: 2 key/value heads of 4) against a built model."""
+    from rloo.plan import _from_hf_config
+    from tests.conftest import tiny_model
+
+    model = tiny_model(tokenizer, family)
+    arch = _from_hf_config(model.config.to_dict())
+    linear, rest = arch.body_params()
+    assert arch.tied_head and arch.head_params() == 0
+    assert sum(p.numel() for p in model.parameters()) == linear + rest
+    attention = model.model.layers[0].self_attn
+    assert arch.kv_width == attention.k_proj.out_features + attention.v_proj.out_features
+    assert arch.kv_width < 2 * model.config.hidden_size  # fewer key/value heads than heads
+    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert set(arch.linear_shapes()) == names - {"lm_head"}
+
+
+OWN_MODEL = ("experiment=arithmetic_smollm2", "model.tokenizer=null")  # no bootstrap, a reward function
+
+
+def write_config(tmp_path, model) -> str:
+    model.config.save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def test_the_plan_says_which_sampler_and_forward_run(tmp_path, tokenizer, capsys):
+    from tests.conftest import tiny_model
+
+    policy = write_config(tmp_path, tiny_model(tokenizer, "llama"))
+    plain = Answer(capsys, f"model.policy={policy}", *OWN_MODEL)
+    assert plain.returncode == 0, plain.stderr
+    assert "llama, hidden" in plain.stdout and "2 key/value heads of 4" in plain.stdout and "tied head" in plain.stdout
+    assert "sampler: lean_decode" in plain.stdout and "policy forward: prompt_once" in plain.stdout
+    lora = Answer(capsys, f"model.policy={policy}", *OWN_MODEL, "model.lora=true")
+    assert "sampler: hf_generate" in lora.stdout and "LoRA adapters" in lora.stdout
+    assert "q_proj" in lora.stdout  # LoRA's targets are the family's own names
+    off = Answer(capsys, f"model.policy={policy}", *OWN_MODEL, "shared_prefix=false")
+    assert "policy forward: plain (shared_prefix=false)" in off.stdout
+
+
+def test_an_unknown_model_type_is_planned_with_a_warning(tmp_path, capsys):
+    from transformers import Phi3Config
+
+    config = Phi3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+    config.num_attention_heads, config.num_key_value_heads = 4, 2
+    config.save_pretrained(tmp_path)
+    answer = Answer(capsys, f"model.policy={tmp_path}", *OWN_MODEL)
+    assert answer.returncode == 0, answer.stderr
+    assert "warning: model_type 'phi3' is not one this plan knows" in answer.stdout
+    assert "sampler: hf_generate" in answer.stdout and "policy forward: plain" in answer.stdout

@@ -4,8 +4,9 @@ with integer answers, as chat prompts, and the correctness reward that checks th
     data=arithmetic                                   the splits, generated into the cache on first use
     reward=rloo.toy.arithmetic:correct               1 if the completion's last number is the row's answer, else 0
 
-Each row is {"prompt": [{"role": "user", "content": question}], "answer": "<integer>"}; the reward function reads
-the `answer` column by name (rloo.scoring passes a row's columns to the functions that ask for them).
+Each row is {"prompt": [{"role": "system", ...}, {"role": "user", "content": question}], "answer": "<integer>"};
+the reward function reads the `answer` column by name (rloo.scoring passes a row's columns to the functions that
+ask for them).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ SPLITS = {"train": (2048, 0), "validation": (256, 1), "test": (256, 2)}  # rows,
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Finn", "Gita", "Hugo", "Iris", "Jon")
 ITEMS = ("apples", "books", "coins", "marbles", "pencils", "stamps", "cards", "shells")
 INSTRUCTION = "Answer with the number only."
+# a short system message of our own: without one, SmolLM2's chat template puts in its fixed one (longer, and it
+# invites a chat answer)
+SYSTEM = "You are a calculator. Reply with the final number only."
+VERSION = 2  # part of the cache path: rows written by an older generator are never read
 NUMBER = re.compile(r"-?\d+")
 
 
@@ -49,14 +54,15 @@ def rows(n: int, seed: int) -> list[dict]:
     out = []
     for _ in range(n):
         question, answer = problem(rng)
-        out.append({"prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}], "answer": str(answer)})
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{question} {INSTRUCTION}"}]
+        out.append({"prompt": messages, "answer": str(answer)})
     return out
 
 
 def split_path(cache_dir: str, split: str, seed: int = 0) -> str:
     """The jsonl of one split, written under cache_dir on first use (a few ms; the same rows for the same seed)."""
     n, offset = SPLITS[split]
-    path = Path(cache_dir) / f"arithmetic-{seed}" / f"{split}.jsonl"
+    path = Path(cache_dir) / f"arithmetic-v{VERSION}-{seed}" / f"{split}.jsonl"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
