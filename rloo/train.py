@@ -68,8 +68,8 @@ def run(cfg: DictConfig) -> dict:
     from rloo.judges import build_judge
     from rloo.loggers import drop_rows_after
     from rloo.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
+    from rloo.memory_plan import planned_peak
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model
-    from rloo.plan import planned_peak
     from rloo.scoring import check_columns
 
     started = time.time()  # after the imports, as wall_seconds always counted

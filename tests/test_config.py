@@ -155,9 +155,18 @@ def test_bootstrap_none_runs_without_the_embedded_task(tiny_run_assets):
 
 
 @pytest.mark.parametrize("group", ["experiment", "debug", "bootstrap"])
-def test_every_experiment_debug_and_bootstrap_option_composes_and_validates(group, monkeypatch):
+def test_every_experiment_debug_and_bootstrap_option_composes_and_validates(group, monkeypatch, tmp_path):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     for option in group_options(group):
+        if (group, option) == ("experiment", "own_model"):  # a template: refused until its keys are filled in
+            with pytest.raises(ConfigError, match="reward='model' uses the reward model"):
+                validate_train_config(composed("experiment=own_model"))
+            (tmp_path / "a.jsonl").write_text('{"prompt": "2 + 2 =", "answer": "4"}\n')
+            filled = [f"model.policy={tmp_path}", f"data.train.path={tmp_path / 'a.jsonl'}"]
+            filled.append(f"data.validation.path={tmp_path / 'a.jsonl'}")
+            filled.append("reward=tests.reward_functions:answer_matches")
+            validate_train_config(composed("experiment=own_model", *filled))
+            continue
         validate_train_config(composed(f"{group}={option}"))
 
 
@@ -199,7 +208,7 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
         ("algo=a2c", "algo='a2c'", "dpo, ppo, raft, reinforce, rloo, rloo_k2, vanilla_pg"),
         ("algo=raft k=1", "k=1", "integer >= 2 with algo=raft"),
         ("algo=reinforce baseline_decay=1.5", "baseline_decay=1.5", "number in"),
-        ("experiment=tldr_gpt5", "experiment='tldr_gpt5'", "bf16_mismatch, tldr_pythia1b, tldr_pythia6.9b"),
+        ("experiment=tldr_gpt5", "experiment='tldr_gpt5'", "bf16_mismatch, own_model, tldr_pythia1b, tldr_pythia6.9b"),
         ("algo=ppo loss=reinforce", "loss", "does nothing with algo=ppo"),
         ("algo=ppo lam=1.5", "lam=1.5", "number in"),
         ("algo=ppo sequence_ratio=mean", "sequence_ratio", "does nothing with algo=ppo"),

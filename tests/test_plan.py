@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rloo.bench.presets import PRESETS, build_models
-from rloo.plan import Architecture, Shape, estimate
+from rloo.memory_plan import Architecture, Shape, estimate
 from tests.e2e import HANG_GUARD_S, ROOT
 
 ADAPTED = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
@@ -151,7 +151,7 @@ def test_bad_input_is_one_line(args, message, capsys):
 def test_llama_family_counts_and_cache_are_the_models_own(family, tokenizer):
     """Parameters (separate q/k/v, Qwen2's q/k/v biases, SwiGLU, RMSNorm, tied head) and the decode's cache width
     (grouped-query attention: 2 key/value heads of 4) against a built model."""
-    from rloo.plan import _from_hf_config
+    from rloo.memory_plan import _from_hf_config
     from tests.conftest import tiny_model
 
     model = tiny_model(tokenizer, family)

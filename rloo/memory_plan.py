@@ -1,0 +1,396 @@
+"""The memory plan of a training config, before anything loads: each model's weights, gradients, AdamW state, one
+micro-batch's activations, the LM head's logit chunks and the rollout's KV cache, per device, from the config and the
+policy's architecture alone. `python -m rloo.plan` prints it; rloo.train writes its peak into summary.json beside
+the measured one. An estimate: allocator overhead and framework buffers come on top (on CPU, a few hundred MiB).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rloo.assemble import autocast_dtype, world_size
+from rloo.config import SHARDED_STRATEGIES
+from rloo.forward import LOGIT_CHUNK_ELEMENTS
+
+MIB = 2**20
+SHARD_STATE = ("deepspeed_stage_2", "deepspeed_stage_2_offload")  # gradients and AdamW state only
+
+
+PLANNED_MODELS = ("gpt_neox", "llama", "qwen2")  # layouts this plan counts exactly; others are planned as Llama-like
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The shapes that set the memory of a decoder-only causal LM. The defaults are GPT-NeoX's (Pythia): fused qkv,
+    one key/value head per head, an untied head, biases on every linear layer, a two-matrix GELU MLP. Llama and
+    Qwen2 have separate q/k/v projections, grouped-query attention (num_kv_heads < num_heads), a SwiGLU MLP
+    (gate, up, down), RMSNorm, usually a tied head (SmolLM2, Qwen2 small sizes) and biases on q/k/v (Qwen2) or on
+    none (Llama)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    model_type: str = "gpt_neox"
+    num_heads: int = 0  # 0: unknown (GPT-NeoX: k and v are as wide as the hidden state anyway)
+    num_kv_heads: int = 0  # 0: one per query head
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    tied_head: bool = False
+    biased: tuple[str, ...] = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
+    config: dict | None = field(default=None, compare=False)  # the config.json it was read from, if any
+
+    @property
+    def llama_like(self) -> bool:
+        return self.model_type != "gpt_neox"
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // max(self.num_heads, 1)
+
+    @property
+    def kv_width(self) -> int:
+        """Keys plus values per token and layer (elements): what the decode's cache holds."""
+        if not self.num_heads:
+            return 2 * self.hidden_size
+        return 2 * (self.num_kv_heads or self.num_heads) * self.head_size
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of one block, by the model's own names (the names LoRA targets)."""
+        d, i = self.hidden_size, self.intermediate_size
+        if not self.llama_like:
+            return {"query_key_value": (d, 3 * d), "dense": (d, d), "dense_h_to_4h": (d, i), "dense_4h_to_h": (i, d)}
+        queries, kv = self.num_heads * self.head_size, self.kv_width // 2
+        return {
+            "q_proj": (d, queries),
+            "k_proj": (d, kv),
+            "v_proj": (d, kv),
+            "o_proj": (queries, d),
+            "gate_proj": (d, i),
+            "up_proj": (d, i),
+            "down_proj": (i, d),
+        }
+
+    def block_linear_params(self) -> int:
+        return sum(
+            n_in * n_out + (n_out if name in self.biased else 0) for name, (n_in, n_out) in self.linear_shapes().items()
+        )
+
+    def body_params(self) -> tuple[int, int]:
+        """(linear-layer parameters, the rest: embedding and norms) of the transformer body."""
+        d = self.hidden_size
+        # GPT-NeoX: two LayerNorms per block (weight and bias) and a final one; Llama: two RMSNorms and a final one
+        norms = self.num_layers * 2 * d + d if self.llama_like else self.num_layers * 4 * d + 2 * d
+        return self.num_layers * self.block_linear_params(), self.vocab_size * d + norms
+
+    def head_params(self) -> int:
+        """The LM head's own parameters: none when it is the embedding (tied)."""
+        return 0 if self.tied_head else self.vocab_size * self.hidden_size
+
+    def saved_per_token(self) -> int:
+        """Values one block keeps per token for the backward: the norms' inputs, q/k/v, the attention output, the
+        MLP's input and its wide activations (GELU: 2 x intermediate; SwiGLU: gate, up, act(gate), product)."""
+        d, i = self.hidden_size, self.intermediate_size
+        return 10 * d + 2 * i if not self.llama_like else 8 * d + self.kv_width + 4 * i
+
+
+def _from_hf_config(values: dict) -> Architecture:
+    model_type = values.get("model_type", "")
+    heads = values.get("num_attention_heads", 0)
+    if model_type == "gpt_neox":
+        biased = (
+            ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h") if values.get("attention_bias", True) else ()
+        )
+        return Architecture(
+            values["vocab_size"],
+            values["hidden_size"],
+            values["num_hidden_layers"],
+            values["intermediate_size"],
+            "gpt_neox",
+            heads,
+            tied_head=bool(values.get("tie_word_embeddings", False)),
+            biased=biased,
+            config=values,
+        )
+    if model_type == "qwen2":
+        biased = ("q_proj", "k_proj", "v_proj")
+    else:
+        biased = ("q_proj", "k_proj", "v_proj", "o_proj") if values.get("attention_bias") else ()
+        biased += ("gate_proj", "up_proj", "down_proj") if values.get("mlp_bias") else ()
+    return Architecture(
+        values["vocab_size"],
+        values["hidden_size"],
+        values["num_hidden_layers"],
+        values["intermediate_size"],
+        model_type,
+        heads,
+        values.get("num_key_value_heads") or heads,
+        values.get("head_dim") or values["hidden_size"] // heads,
+        bool(values.get("tie_word_embeddings", model_type != "gpt_neox")),
+        biased,
+        config=values,
+    )
+
+
+# Pythia sizes (Biderman et al. 2023): vocabulary (padded), hidden, layers, MLP width
+PYTHIA = {
+    "70m": (50304, 512, 6, 2048),
+    "160m": (50304, 768, 12, 3072),
+    "410m": (50304, 1024, 24, 4096),
+    "1b": (50304, 2048, 16, 8192),
+    "1.4b": (50304, 2048, 24, 8192),
+    "2.8b": (50304, 2560, 32, 10240),
+    "6.9b": (50432, 4096, 32, 16384),
+    "12b": (50688, 5120, 36, 20480),
+}
+
+
+def _hf_config(policy: str) -> dict | None:
+    """The policy's config as a dict, read without loading weights: a local dir's config.json, a packaged GGUF
+    file's metadata, or a hub id already in the local cache (no download); None where there is none."""
+    from rloo.packaged import is_packaged, packaged_file
+
+    if is_packaged(policy):
+        from transformers import AutoConfig
+
+        source = packaged_file(policy)
+        return AutoConfig.from_pretrained(source.parent, gguf_file=source.name).to_dict()
+    config = Path(policy).expanduser() / "config.json"
+    if config.is_file():
+        return json.loads(config.read_text())
+    if not policy.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(policy, "config.json")
+        except Exception:  # not a repo id
+            cached = None
+        if isinstance(cached, str):
+            return json.loads(Path(cached).read_text())
+    return None
+
+
+def architecture_of(policy: str | None, bootstrap: dict | None) -> Architecture:
+    """From the policy's config (local dir, packaged file, hub cache), a Pythia size in a hub id, or the embedded
+    task's bootstrap settings."""
+    if policy is None:
+        if bootstrap is None:
+            raise ValueError("model.policy is null and there is no bootstrap: no architecture to plan for")
+        arch = bootstrap["architecture"]
+        return Architecture(
+            bootstrap["tokenizer"]["vocab_size"],
+            arch["hidden_size"],
+            arch["num_layers"],
+            arch["intermediate_size"],
+            num_heads=arch.get("num_heads", 0),
+        )
+    values = _hf_config(str(policy))
+    if values is not None:
+        return _from_hf_config(values)
+    size = re.search(r"pythia-(\d+(?:\.\d+)?[mb])", policy.lower())
+    if size and size.group(1) in PYTHIA:
+        return Architecture(*PYTHIA[size.group(1)])
+    raise ValueError(
+        f"model.policy={policy!r}: no local config.json and not a known Pythia size; "
+        "give a local save_pretrained dir to plan for it"
+    )
+
+
+def warnings_for(arch: Architecture) -> list[str]:
+    if arch.model_type in PLANNED_MODELS:
+        return []
+    return [
+        f"warning: model_type {arch.model_type!r} is not one this plan knows ({', '.join(PLANNED_MODELS)}); planned "
+        "with the Llama layout from its config.json (q/k/v/o, SwiGLU, RMSNorm): treat the figures as rough"
+    ]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What sets the memory besides the architecture."""
+
+    precision: str  # Lightning precision: 32-true | bf16-mixed | bf16-true | 16-mixed
+    frozen_dtype: str  # float32 | bfloat16 | float16
+    strategy: str
+    world_size: int
+    lora: bool
+    lora_r: int
+    lora_targets: tuple[str, ...]
+    separate_reference: bool  # model.reference given, or no LoRA: a second copy of the weights
+    has_reward_model: bool
+    k: int
+    micro_batch_size: int  # completions per forward/backward in the update
+    generation_batch_size: int  # completions per generate call and rollout-time forward
+    prompt_length: int
+    response_length: int
+    shared_prefix: bool  # the prompt-once forward runs (rloo.assemble.fast_paths says so for the real model)
+    activation_checkpointing: bool = False
+    sampler: str = "lean_decode"  # lean_decode | hf_generate (which keeps every step's logits, [B, T, V])
+
+
+def _bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
+    """MiB per device, by item; `peak` is the static state plus the larger of the rollout's and the update's."""
+    weight = 2 if shape.precision == "bf16-true" else 4  # policy weights, gradients, AdamW state
+    compute = 4 if shape.precision == "32-true" else 2  # activations and KV cache
+    linear, rest = arch.body_params()
+    head = arch.head_params()
+    policy_params = linear + rest + head
+    adapters = (
+        sum(
+            shape.lora_r * (n_in + n_out)
+            for name, (n_in, n_out) in arch.linear_shapes().items()
+            if name in shape.lora_targets
+        )
+        * arch.num_layers
+        if shape.lora
+        else 0
+    )
+    trained = adapters if shape.lora else policy_params
+
+    frozen = _bytes(shape.frozen_dtype)
+    autocast = autocast_dtype(shape.precision)
+    if not shape.separate_reference:
+        reference = 0
+    elif shape.frozen_dtype == autocast:  # rloo.models.store_frozen: linear layers cast, the rest float32
+        reference = (linear + head) * frozen + rest * 4
+    else:
+        reference = policy_params * frozen
+    reward = (linear + rest + arch.hidden_size) * frozen if shape.has_reward_model else 0
+
+    world = max(shape.world_size, 1)
+    shard_weights = world if shape.strategy in SHARDED_STRATEGIES else 1  # weights, gradients and AdamW state
+    shard_state = world if shape.strategy in SHARDED_STRATEGIES + SHARD_STATE else 1
+    items = {
+        "policy weights": policy_params * weight / (1 if shape.lora else shard_weights) + adapters * weight,
+        "reference weights": reference,
+        "reward model weights": reward,
+        "gradients": trained * weight / shard_state,
+        "AdamW state": 2 * trained * weight / shard_state,
+    }
+    # the update: one micro-batch's forward kept for its backward; per token and block the inputs of the norms,
+    # qkv, attention output, MLP input, its two wide activations and the residual (about 10 D + 2 I values)
+    rows, prompt, response = shape.micro_batch_size, shape.prompt_length, shape.response_length
+    groups = max(rows // shape.k, 1)
+    tokens = groups * (prompt + shape.k * response) if shape.shared_prefix else rows * (prompt + response)
+    per_token = arch.saved_per_token() * compute
+    if shape.activation_checkpointing:  # each block's input is kept; one block's activations live at a time
+        items["activations"] = tokens * arch.hidden_size * compute * arch.num_layers + tokens * per_token
+    else:
+        items["activations"] = tokens * per_token * arch.num_layers
+    # the LM head: a chunk of float32 logits, its softmax-gradient and the head's weight gradient before it is added
+    chunk = min(LOGIT_CHUNK_ELEMENTS, rows * response * arch.vocab_size)
+    embedding_gradient = arch.vocab_size * arch.hidden_size * 4  # the head's (or, tied, the embedding's)
+    items["logit chunks"] = 2 * chunk * 4 + (embedding_gradient if not shape.lora else 0)
+    if shape.strategy in SHARDED_STRATEGIES:  # partitioned weights: the model's own forward, every logit at once
+        items["logit chunks"] = 3 * rows * (response + 1) * arch.vocab_size * 4  # logits, log-softmax, its gradient
+    # the rollout: the decode's cache, k|v per layer for every row over prompt + response; HF generate also keeps
+    # each step's logits [B, V] (stacked, cast to float32, divided by the temperature and log-softmaxed after)
+    batch = shape.generation_batch_size
+    cache = batch * (prompt + response) * arch.num_layers * arch.kv_width * compute
+    if shape.sampler == "hf_generate":
+        cache += 4 * batch * response * arch.vocab_size * 4
+    items["KV cache"] = cache
+    mib = {key: value / MIB for key, value in items.items()}
+    static = sum(mib[key] for key in ("policy weights", "reference weights", "reward model weights", "AdamW state"))
+    update = mib["gradients"] + mib["activations"] + mib["logit chunks"]
+    mib["peak"] = static + max(update, mib["KV cache"])
+    return mib
+
+
+def lora_targets(cfg, arch: Architecture) -> list[str]:
+    """The layers LoRA adapts, by the model's own names (auto: the family's projections; all-linear: every one)."""
+    from rloo.lora import resolve_targets
+
+    targets = resolve_targets(cfg.lora.target_modules, arch.model_type)
+    return list(arch.linear_shapes()) if isinstance(targets, str) else targets
+
+
+def planned_fast_paths(cfg, arch: Architecture) -> dict[str, tuple[str, str]]:
+    """The sampler and forwards rloo.train will run, each with why: rloo.assemble.fast_paths itself, asked about an
+    empty (meta-device) model built from the policy's config, so the plan and the run decide alike."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig
+
+    from rloo.assemble import fast_paths
+
+    try:
+        if arch.config is not None:
+            skip = ("model_type", "transformers_version", "architectures", "quantization_config")
+            values = {key: value for key, value in arch.config.items() if key not in skip}
+            config = AutoConfig.for_model(arch.config["model_type"], **values)
+        else:
+            heads = arch.num_heads or max(arch.hidden_size // 128, 1)
+            config = GPTNeoXConfig(
+                vocab_size=arch.vocab_size,
+                hidden_size=arch.hidden_size,
+                num_hidden_layers=arch.num_layers,
+                num_attention_heads=heads,
+                intermediate_size=arch.intermediate_size,
+            )
+        with torch.device("meta"):
+            policy = AutoModelForCausalLM.from_config(config)
+    except Exception as error:  # a model_type this transformers does not know
+        why = f"model_type {arch.model_type!r} could not be built here ({type(error).__name__})"
+        return {"sampler": ("hf_generate", why), "policy_forward": ("plain", why)}
+    paths = fast_paths(cfg, policy, None)
+    if cfg.model.lora and paths["sampler"][0] == "lean_decode":  # the run's policy carries the adapters
+        paths["sampler"] = (
+            "hf_generate",
+            "lean_decode=true, but the lean decode cannot serve this policy: its linear layers are wrapped (LoRA "
+            "adapters), which it would read without them",
+        )
+    return paths
+
+
+def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]] | None = None) -> Shape:
+    from rloo.scoring import MODEL, parse_reward
+
+    paths = paths if paths is not None else planned_fast_paths(cfg, arch)
+    trainer = dict(cfg.trainer)
+    return Shape(
+        precision=str(cfg.precision.trainer),
+        frozen_dtype=str(cfg.model.frozen_dtype),
+        strategy=str(trainer.get("strategy", "auto")),
+        world_size=world_size(trainer),
+        lora=bool(cfg.model.lora),
+        lora_r=int(cfg.lora.r),
+        lora_targets=tuple(lora_targets(cfg, arch)),
+        separate_reference=not cfg.model.lora or cfg.model.reference is not None,
+        has_reward_model=any(term.name == MODEL for term in parse_reward(str(cfg.reward))),
+        k=int(cfg.k),
+        micro_batch_size=int(cfg.micro_batch_size),
+        generation_batch_size=int(cfg.generation_batch_size),
+        prompt_length=int(cfg.data.max_prompt_length),
+        response_length=int(cfg.response_length),
+        shared_prefix=paths["policy_forward"][0] == "prompt_once",
+        activation_checkpointing=bool(cfg.activation_checkpointing),
+        sampler=paths["sampler"][0],
+    )
+
+
+def plan_config(cfg, policy: str | None = None) -> tuple[Architecture, Shape, dict[str, float], dict]:
+    """Everything the plan says of a composed training config: the architecture, the shape, MiB by item, and the
+    sampler and forwards that will run. `policy`: where the policy's config is, when known better than the config
+    says (rloo.train passes the bootstrap's or the converted package's directory)."""
+    from omegaconf import OmegaConf
+
+    bootstrap = OmegaConf.to_container(cfg.bootstrap, resolve=True) if cfg.get("bootstrap") is not None else None
+    arch = architecture_of(policy or cfg.model.policy, bootstrap)
+    paths = planned_fast_paths(cfg, arch)
+    shape = shape_from_config(cfg, arch, paths)
+    return arch, shape, estimate(arch, shape), paths
+
+
+def planned_peak(cfg, policy: str | None = None) -> dict:
+    """For a run's summary: the planned peak MiB, or why there is none (planning never stops a run)."""
+    try:
+        arch, _, mib, _ = plan_config(cfg, policy)
+    except Exception as error:  # noqa: BLE001 (an estimate only)
+        return {"planned_peak_mb": None, "why_no_plan": f"{type(error).__name__}: {error}"}
+    return {"planned_peak_mb": round(mib["peak"], 1), "warnings": warnings_for(arch)}
