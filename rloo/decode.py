@@ -93,19 +93,15 @@ def _decoder(model):
 
 
 def _linears(model) -> list[torch.nn.Module]:
+    """Every linear layer of the body that the loop reads the weights of."""
     if isinstance(model, GPTNeoXForCausalLM):
-        return [
-            module
-            for layer in model.gpt_neox.layers
-            for module in (layer.attention.query_key_value, layer.attention.dense, layer.mlp.dense_h_to_4h)
-            + (layer.mlp.dense_4h_to_h,)
-        ]
-    return [
-        module
-        for layer in model.model.layers
-        for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj)
-        + (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
-    ]
+        layers = model.gpt_neox.layers
+        names = ("attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
+    else:
+        layers = model.model.layers
+        names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+        names += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    return [layer.get_submodule(name) for layer in layers for name in names]
 
 
 def why_not_lean_decode(model) -> str | None:

@@ -95,6 +95,25 @@ def test_bench_rejects_an_unknown_preset_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
+def test_the_shape_flags_run_every_preset_at_every_shape_given(tmp_path, capsys):
+    from rloo.bench.__main__ import parse_args
+    from rloo.bench.presets import PRESETS, get_preset
+
+    args = parse_args(["--presets", "small,long-160m", "--response-length", "32,512", "--k", "2,8", "--peers", "none"])
+    names = args.presets.split(",")
+    assert len(names) == 8 and "small@T=512+k=8" in names
+    small = get_preset("small@T=512+k=8")
+    assert (small.response_length, small.k, small.prompt_length) == (512, 8, PRESETS["small"].prompt_length)
+    assert small.completions_per_step == PRESETS["small"].prompts_per_step * 8  # prompts per step stay
+    assert get_preset("small@P=64").prompt_length == 64 and get_preset("small") is PRESETS["small"]
+    assert PRESETS["long-160m"].response_length == 512
+    for bad in (["--presets", "small@T=0"], ["--k", "two"], ["--presets", "small@depth=3"]):
+        code, err = bench_in_process(capsys, *bad, "--out", str(tmp_path / "b"))
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1, err
+    assert not (tmp_path / "b").exists()
+
+
 def test_gpu_presets_need_cuda(tmp_path, capsys):
     code, err = bench_in_process(capsys, "--presets", "pythia-1b", "--out", str(tmp_path / "b"))
     assert code == 2 and "--device cuda" in err

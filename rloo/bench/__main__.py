@@ -90,22 +90,58 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default=None, help="output dir (default: outputs/bench/<date>/<time>)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per configuration")
+    for flag, key, what in (
+        ("--prompt-length", "P", "tokens per prompt"),
+        ("--response-length", "T", "new tokens per completion"),
+        ("--k", "k", "completions per prompt"),
+    ):
+        parser.add_argument(
+            flag,
+            default=None,
+            help=f"{what}, comma-separated: every preset runs at each (their product), for rloo and TRL alike; "
+            f"the same as naming a preset with a shape, e.g. small@{key}=128",
+        )
     args = parser.parse_intermixed_args(argv)
     if args.presets is None:
         args.presets = "pythia-160m" if args.mode in ("stability", "strategies") else ",".join(DEFAULT_PRESETS)
     for precision in args.precisions.split(","):
         if precision not in ("fp32", "bf16", "bf16-true"):
             parser.error(f"--precisions: {precision!r} is not one of fp32, bf16, bf16-true")
+    args.presets = ",".join(reshaped(args.presets.split(","), args, parser))
     for name in args.presets.split(","):
-        if name not in PRESETS:
-            parser.error(f"--presets: {name!r} is not a preset; choose from {', '.join(PRESETS)}")
-        if get_preset(name).needs_gpu and args.device != "cuda":
+        try:
+            preset = get_preset(name)
+        except ValueError as error:
+            parser.error(f"--presets: {error}")
+        if preset.needs_gpu and args.device != "cuda":
             parser.error(f"--presets: {name!r} is sized for a GPU; add --device cuda or choose a CPU preset")
     try:
         args.ppo_epochs = [] if args.ppo_epochs == "none" else [int(e) for e in args.ppo_epochs.split(",")]
     except ValueError:
         parser.error(f"--ppo-epochs: {args.ppo_epochs!r} is not a comma-separated list of integers")
     return args
+
+
+SHAPE_FLAGS = (("P", "prompt_length"), ("T", "response_length"), ("k", "k"))
+
+
+def reshaped(names: list[str], args, parser) -> list[str]:
+    """Each preset at every combination of the shapes given (--prompt-length, --response-length, --k), as
+    `name@P=..+T=..+k=..`."""
+    import itertools
+
+    axes = []
+    for key, attribute in SHAPE_FLAGS:
+        value = getattr(args, attribute)
+        if value is None:
+            continue
+        values = value.split(",")
+        if not all(v.isdigit() and int(v) >= 1 for v in values):
+            flag = "--" + attribute.replace("_", "-")
+            parser.error(f"{flag}: {value!r} is not a comma-separated list of integers >= 1")
+        axes.append([f"{key}={v}" for v in values])
+    combos = ["+".join(combo) for combo in itertools.product(*axes)] if axes else [""]
+    return [name + ("+" if "@" in name else "@") + combo if combo else name for name in names for combo in combos]
 
 
 def configurations(args) -> list[dict]:

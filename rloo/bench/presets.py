@@ -6,6 +6,7 @@ Random policies almost never sample EOS, so completions run to `response_length`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
 import torch
@@ -95,6 +96,19 @@ PRESETS = {
             response_length=53,
         ),
         Preset(
+            "long-160m",
+            "long completions: 512 new tokens after 64-token prompts, k=4, at Pythia-160m architecture, CPU",
+            768,
+            12,
+            12,
+            3072,
+            50304,
+            prompts_per_step=2,
+            k=4,
+            prompt_length=64,
+            response_length=512,
+        ),
+        Preset(
             "tldr-160m-k2",
             "TL;DR's shape at k=2, as many completions per step as tldr-160m",
             768,
@@ -153,10 +167,25 @@ PRESETS = {
 }
 
 
+SHAPE_KEYS = {"P": "prompt_length", "T": "response_length", "k": "k", "prompts": "prompts_per_step"}
+
+
 def get_preset(name: str) -> Preset:
-    if name not in PRESETS:
-        raise ValueError(f"preset {name!r} is not known: choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]
+    """A preset by name, optionally reshaped: `small@T=128+k=8` is `small` with 128-token completions and k = 8
+    (P: prompt length, T: completion length, k: completions per prompt, prompts: prompts per step). Every worker,
+    rloo's and TRL's, reads the same spec, so both sides run the same shape."""
+    base, _, shape = name.partition("@")
+    if base not in PRESETS:
+        raise ValueError(f"preset {base!r} is not known: choose one of {', '.join(PRESETS)}")
+    changes = {}
+    for item in filter(None, shape.split("+")):
+        key, _, value = item.partition("=")
+        if key not in SHAPE_KEYS or not value.isdigit() or int(value) < 1:
+            raise ValueError(
+                f"preset {name!r}: {item!r} is not a shape; give {', '.join(f'{k}=<int >= 1>' for k in SHAPE_KEYS)}"
+            )
+        changes[SHAPE_KEYS[key]] = int(value)
+    return dataclasses.replace(PRESETS[base], name=name, **changes) if changes else PRESETS[base]
 
 
 def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
