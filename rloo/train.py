@@ -332,12 +332,13 @@ def print_summary(summary: dict, log=print) -> None:
     def shown(evaluation: dict, key: str) -> str:
         if key not in evaluation:
             return "-"
-        if key == "eval/win_rate":
-            low, high = evaluation["eval/win_rate_ci_low"], evaluation["eval/win_rate_ci_high"]
+        if f"{key}_ci_low" in evaluation:  # the win rate and reward functions' means carry a 95% interval
+            low, high = evaluation[f"{key}_ci_low"], evaluation[f"{key}_ci_high"]
             return f"{evaluation[key]:.3f} [{low:.3f}, {high:.3f}]"
         return f"{evaluation[key]:.3f}"
 
-    for key in ("eval/win_rate", "eval/score", "eval/mean_length"):
+    rewards = [key for key in final if key.startswith("eval/reward/") and not key.endswith(("_ci_low", "_ci_high"))]
+    for key in ("eval/win_rate", *rewards, "eval/score", "eval/mean_length"):
         if key in final:
             log(f"  {key:<17} {shown(initial, key)} -> {shown(final, key)}")
 

@@ -136,6 +136,12 @@ def test_held_out_evaluation_scores_the_reward_functions_and_a_sweeper_ranks_by_
     assert len(rows) == 6 and final["eval/reward/length"] == pytest.approx(sum(lengths) / 6)
     assert final["eval/reward/length_ci_low"] <= final["eval/reward/length"] <= final["eval/reward/length_ci_high"]
     assert objective(summary) == final["eval/reward/length"]  # judge=none: the reward function, not the RM score
+    from rloo.train import print_summary
+
+    lines = []
+    print_summary(summary, lines.append)  # the console's last lines show it, with its interval
+    mean, low, high = (final[f"eval/reward/length{end}"] for end in ("", "_ci_low", "_ci_high"))
+    assert f"eval/reward/length - -> {mean:.3f} [{low:.3f}, {high:.3f}]" in [" ".join(line.split()) for line in lines]
 
 
 def test_a_column_a_reward_function_needs_and_the_data_lacks_is_one_line_before_loading(answer_assets, tmp_path):
