@@ -220,7 +220,7 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
     the packed prompt-once forward or the plain one (for the policy and reference, and for the reward model). A
     fast path that cannot serve the model says so here; the run logs this and writes it to summary.json."""
     from rloo.decode import why_not_lean_decode
-    from rloo.forward import why_not_prompt_once
+    from rloo.forward import packing_pays, why_not_prompt_once
 
     if not cfg.lean_decode:
         sampler = ("hf_generate", "lean_decode=false")
@@ -236,7 +236,15 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
             return "plain", f"k={cfg.k}: no completions share a prompt"
         if reason := why_not_prompt_once(model):
             return "plain", f"shared_prefix=true, but the prompt-once forward cannot serve this model: {reason}"
-        return "prompt_once", f"each prompt once for its k={cfg.k} completions"
+        prompt, response = cfg.data.max_prompt_length, cfg.response_length
+        if not packing_pays(model, prompt, response, cfg.k):
+            return "plain", (
+                f"one packed row [prompt | {cfg.k} completions] costs more than {cfg.k} plain rows at P={prompt}, "
+                f"T={response} (its attention grows as (P + kT)^2); a batch whose completions end early still packs"
+            )
+        return "prompt_once", (
+            f"each prompt once for its k={cfg.k} completions (a batch packs where that costs less than plain rows)"
+        )
 
     paths = {"sampler": sampler, "policy_forward": forward(policy)}
     if reward_model is not None:

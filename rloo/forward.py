@@ -68,6 +68,29 @@ def shares_prompts(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tens
     return bool((ids == ids[:, :1]).all() & (mask == mask[:, :1]).all())  # one host sync
 
 
+def _block_costs(model: PreTrainedModel) -> tuple[int, int]:
+    """(multiply-adds of one block's linear layers per token, query width heads x head_dim): what a token costs in
+    the linear layers, and what each (query, key) pair costs in attention (scores and weighted sum: 2 x width)."""
+    config = model.config
+    width = config.num_attention_heads * (
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )
+    block = model.base_model.layers[0]
+    weights = sum(m.weight.numel() for m in block.modules() if isinstance(m, torch.nn.Linear))
+    return weights, width
+
+
+def packing_pays(model: PreTrainedModel, prompt_len: int, completion_len: int, group_size: int) -> bool:
+    """Whether one packed row `[prompt | k completions]` costs fewer multiply-adds than k plain rows
+    `[prompt | completion]`. Per layer, a row of L tokens costs about W*L in the linear layers (W: one block's
+    linear weights) and 2*width*L^2 in dense attention, where the mask skips no work. Packing saves (k-1)*P tokens
+    of linear work and pays (P + kT)^2 of attention against k(P + T)^2: it wins at long prompts and short
+    completions (TL;DR: P=400, T=53), and loses as completions grow (P=8, T=128, k=4 at the `small` preset)."""
+    weights, width = _block_costs(model)
+    packed, plain = prompt_len + group_size * completion_len, prompt_len + completion_len
+    return weights * packed + 2 * width * packed**2 < group_size * (weights * plain + 2 * width * plain**2)
+
+
 def packed_attention(prompt_mask: Tensor, completion_mask: Tensor) -> tuple[Tensor, Tensor]:
     """Who attends to whom in a packed group row `[prompt | completion 1 | ... | completion k]`, and the positions.
 
@@ -101,14 +124,15 @@ def body_hidden_states(
     """The transformer body's last hidden states of prompt + completion rows: at the last prompt position `[N, D]`
     and at every completion position `[N, T, D]`.
 
-    When the rows come in groups of `group_size` sharing a prompt (prompt-major, as a rollout lays them), each group
-    runs as one packed row `[prompt | completion 1 | ... | completion k]` whose mask lets every completion see the
-    prompt and itself (packed_attention): the prompt is computed once, every weight sees all tokens in one matmul,
-    and under autograd the k completions' gradients meet in the shared prompt. Same values as one forward of every
-    row.
+    When the rows come in groups of `group_size` sharing a prompt (prompt-major, as a rollout lays them) and packing
+    costs less than the plain rows (packing_pays), each group runs as one packed row
+    `[prompt | completion 1 | ... | completion k]` whose mask lets every completion see the prompt and itself
+    (packed_attention): the prompt is computed once, every weight sees all tokens in one matmul, and under autograd
+    the k completions' gradients meet in the shared prompt. Same values as one forward of every row.
     """
     body, prompt_len = model.base_model, input_ids.shape[1] - completion_len
-    if not shares_prompts(model, input_ids[:, :prompt_len], attention_mask[:, :prompt_len], group_size):
+    packed = group_size > 1 and packing_pays(model, prompt_len, completion_len, group_size)
+    if not (packed and shares_prompts(model, input_ids[:, :prompt_len], attention_mask[:, :prompt_len], group_size)):
         hidden = body(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -1,5 +1,6 @@
 """The rollout: sampling settings, EOS stopping, truncation, log-prob alignment, scoring, group layout."""
 
+import contextlib
 import math
 
 import pytest
@@ -321,6 +322,19 @@ def grouped_batch(tokenizer, k=3):
     )
 
 
+@contextlib.contextmanager
+def body_row_widths(model):
+    """The width of every row batch the model's body runs during the block: P + T plain, P + kT packed."""
+    widths = []
+    hook = model.base_model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        yield widths
+    finally:
+        hook.remove()
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plain_forward(tokenizer, family, attention):
@@ -334,9 +348,11 @@ def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plai
     results = []
     for group_size in (1, 3):
         policy.zero_grad()
-        logprobs, entropy = completion_logprobs_and_entropy(
-            policy, input_ids, attention_mask, completion, completion_mask, 0.8, group_size=group_size
-        )
+        with body_row_widths(policy) as widths:
+            logprobs, entropy = completion_logprobs_and_entropy(
+                policy, input_ids, attention_mask, completion, completion_mask, 0.8, group_size=group_size
+            )
+        assert widths == [input_ids.shape[1] - 6 + group_size * 6]  # group_size 3: one packed row per prompt
         (logprobs * weights).sum().backward()
         results.append((logprobs.detach(), entropy, {n: p.grad.clone() for n, p in policy.named_parameters()}))
     (plain, plain_entropy, plain_grads), (shared, shared_entropy, shared_grads) = results
@@ -352,8 +368,45 @@ def test_the_prompt_once_per_group_gives_the_same_scores(tokenizer, family):
     reward_model = tiny_model(tokenizer, family, reward=True, seed=1)
     input_ids, attention_mask, completion, _ = grouped_batch(tokenizer)
     plain = reward_scores(reward_model, input_ids, attention_mask)
-    shared = reward_scores(reward_model, input_ids, attention_mask, completion_len=6, group_size=3)
+    with body_row_widths(reward_model) as widths:
+        shared = reward_scores(reward_model, input_ids, attention_mask, completion_len=6, group_size=3)
+    assert widths == [input_ids.shape[1] + 2 * 6]  # packed
     assert torch.allclose(plain, shared, atol=1e-5)
+
+
+def test_packing_is_chosen_by_its_cost_against_hand_counts():
+    """One block's linear multiply-adds and the attention width, counted by hand; packing pays at a long prompt
+    and short completions, not at a short prompt and long completions."""
+    from rloo.forward import _block_costs, packing_pays
+    from tests.test_decode import tiny_model as decode_model
+
+    neox = decode_model("neox")  # hidden 64, MLP 256, 4 heads of 16
+    assert _block_costs(neox) == (64 * 192 + 64 * 64 + 64 * 256 + 256 * 64, 64)
+    llama = decode_model("llama")  # hidden 64, 2 key/value heads of 16, MLP 128
+    assert _block_costs(llama) == (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128, 64)
+    w = 49152
+    # P=8, T=128, k=4: packed 520 tokens, 49152*520 + 128*520^2 = 60.2M > 4 * (49152*136 + 128*136^2) = 36.2M
+    assert not packing_pays(neox, 8, 128, 4) and w * 520 + 128 * 520**2 > 4 * (w * 136 + 128 * 136**2)
+    # P=32, T=4, k=4: packed 48 tokens, 2.65M < plain 7.74M
+    assert packing_pays(neox, 32, 4, 4) and w * 48 + 128 * 48**2 < 4 * (w * 36 + 128 * 36**2)
+
+
+def test_a_batch_packing_would_slow_takes_the_plain_forward_with_the_same_values(tokenizer):
+    from rloo.forward import completion_logprobs, packing_pays
+
+    policy = tiny_model(tokenizer, "llama")
+    input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
+    long = 40  # completions padded to 40 tokens: the packed row would cost more
+    pad = torch.zeros(completion.shape[0], long - 6, dtype=completion.dtype)
+    completion, completion_mask = torch.cat([completion, pad], 1), torch.cat([completion_mask, pad], 1)
+    input_ids, attention_mask = torch.cat([input_ids, pad], 1), torch.cat([attention_mask, pad], 1)
+    prompt_len = input_ids.shape[1] - long
+    assert not packing_pays(policy, prompt_len, long, 3)
+    with body_row_widths(policy) as widths:
+        shared = completion_logprobs(policy, input_ids, attention_mask, completion, completion_mask, 0.8, group_size=3)
+    assert widths == [prompt_len + long]  # plain rows
+    plain = completion_logprobs(policy, input_ids, attention_mask, completion, completion_mask, 0.8)
+    assert torch.equal(shared, plain)
 
 
 def test_rows_that_do_not_share_their_prompt_take_the_plain_forward(policy, tokenizer):
