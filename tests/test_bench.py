@@ -139,6 +139,14 @@ def test_presets_build_the_architecture_they_name():
     parameters = sum(p.numel() for p in policy.parameters())
     assert 160e6 < parameters < 170e6  # Pythia-160m: 162M with its untied 50304-token embeddings
     assert policy.config.rope_parameters["partial_rotary_factor"] == 0.25 and policy.config.use_parallel_residual
+    from transformers import AutoModelForCausalLM
+
+    from rloo.bench.presets import model_config
+
+    with torch.device("meta"):
+        llama = AutoModelForCausalLM.from_config(model_config(PRESETS["llama-1b"]))
+    assert 1.23e9 < sum(p.numel() for p in llama.parameters()) < 1.24e9  # Llama-3.2-1B: 1.236B, tied
+    assert llama.config.model_type == "llama" and llama.config.num_key_value_heads == 8
     tokenizer = build_tokenizer(512)
     prompts = random_prompts(PRESETS["small"], 3)
     text = tokenizer.batch_decode(prompts)
@@ -224,3 +232,22 @@ def test_the_quality_table_renders_its_rows():
     }
     table = markdown({"rows": [row("RLOO", summary), row("PPO", summary)]})
     assert "| RLOO | 3 | 24 | 12 | 0.700 | 0.700 [0.600, 0.800] | 1.50 |" in table and table.count("\n") == 4
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_at_a_reduced_size_on_cpu(tmp_path):
+    """`python -m rloo.bench gpu` as CI runs it: both model families through a real step in bf16, planned beside
+    measured memory, and the embedded task's bf16 mismatch in both settings."""
+    out = tmp_path / "gpu"
+    command = [sys.executable, "-m", "rloo.bench", "gpu", "--steps", "1", "--warmup", "0", "--out", str(out)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "gpu.json").read_text())
+    assert [row["model"] for row in report["models"]] == ["small", "llama-small"]
+    assert {row["family"] for row in report["models"]} == {"gpt_neox", "llama"}
+    for row in report["models"]:
+        assert row["precision"] == "bf16-true" and row["decode_tokens_per_second"] > 0 and row["step_seconds"] > 0
+        assert row["planned_peak_mib"] > 0 and row["measured_peak_mib"] > 0
+    assert {cell["config"] for cell in report["mismatch"]} == {"peer-like", "rloo default"}
+    assert all("error" not in cell and 0 <= cell["win_rate"] <= 1 for cell in report["mismatch"])
+    assert "llama-small" in (out / "gpu.md").read_text()

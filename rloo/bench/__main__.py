@@ -34,11 +34,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "mode",
         nargs="?",
         default="speed",
-        choices=("speed", "quality", "stability", "logprobs", "strategies"),
+        choices=("speed", "quality", "stability", "logprobs", "strategies", "gpu"),
         help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock; "
         "stability: the bf16 mismatch, peer-like vs rloo defaults; logprobs: peak memory of the "
         "log-prob pass, whole vs chunked LM head, at a 50k vocabulary; strategies: peak memory per rank and "
-        "time of real rloo.train runs in one process, under ddp and under fsdp2",
+        "time of real rloo.train runs in one process, under ddp and under fsdp2; gpu: the GPU check (decode "
+        "tokens/s, step time, planned vs measured memory at 1B-sized Pythia and Llama in bf16, the embedded task's "
+        "bf16 mismatch; reduced sizes on CPU)",
     )
     parser.add_argument(
         "overrides", nargs="*", help="quality, stability: extra `python -m rloo.train` overrides for every run"
@@ -418,6 +420,20 @@ def main(argv=None) -> None:
         preset = args.presets.split(",")[0] if args.presets else "pythia-160m"
         strategies.run(out_dir.resolve(), preset, overrides=args.overrides)
         print(f"bench: wrote {out_dir / 'strategies.json'} and {out_dir / 'strategies.md'}")
+        return
+    if args.mode == "gpu":
+        from rloo.bench import gpu
+
+        report = gpu.run(out_dir.resolve(), args.device, args.steps, args.warmup, args.threads, args.timeout)
+        report |= {"date": now.isoformat(timespec="seconds"), "machine": machine()}
+        (out_dir / "gpu.json").write_text(json.dumps(report, indent=2))
+        table = gpu.markdown(report)
+        (out_dir / "gpu.md").write_text(table)
+        print("\n" + table + f"\nbench: wrote {out_dir / 'gpu.json'} and {out_dir / 'gpu.md'}")
+        failed = [row["model"] for row in report["models"] if "error" in row]
+        failed += [cell["config"] for cell in report.get("mismatch", []) if "error" in cell]
+        if failed:
+            raise SystemExit(f"error: bench gpu: {', '.join(failed)} failed (see {out_dir})")
         return
     if args.mode == "stability":
         from rloo.bench import stability

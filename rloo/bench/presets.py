@@ -1,4 +1,4 @@
-"""Benchmark presets: a GPT-NeoX (Pythia) architecture with random weights plus the batch it is timed at.
+"""Benchmark presets: a GPT-NeoX (Pythia) or Llama architecture with random weights plus the batch it is timed at.
 
 Random weights are enough for cost: step time and memory depend on shapes, not on what the weights know.
 Random policies almost never sample EOS, so completions run to `response_length` on every side alike.
@@ -11,7 +11,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    GPTNeoXConfig,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+)
 
 PAD_TOKEN, EOS_TOKEN = "[PAD]", "<|endoftext|>"
 
@@ -31,6 +37,8 @@ class Preset:
     response_length: int  # new tokens per completion
     kl_coef: float = 0.05
     needs_gpu: bool = False
+    family: str = "gpt_neox"  # gpt_neox | llama (grouped-query attention, SwiGLU, RMSNorm, tied head)
+    num_kv_heads: int = 0  # llama: key/value heads (0: one per head)
 
     @property
     def completions_per_step(self) -> int:
@@ -150,6 +158,37 @@ PRESETS = {
             needs_gpu=True,
         ),
         Preset(
+            "llama-1b",
+            "Llama-3.2-1B architecture (32 heads, 8 key/value heads, tied 128k vocabulary), GPU",
+            2048,
+            16,
+            32,
+            8192,
+            128256,
+            prompts_per_step=16,
+            k=4,
+            prompt_length=128,
+            response_length=53,
+            needs_gpu=True,
+            family="llama",
+            num_kv_heads=8,
+        ),
+        Preset(
+            "llama-small",
+            "a small Llama (8 heads, 2 key/value heads, tied head) at `small`'s batch, CPU",
+            256,
+            4,
+            8,
+            1024,
+            4096,
+            prompts_per_step=16,
+            k=4,
+            prompt_length=8,
+            response_length=32,
+            family="llama",
+            num_kv_heads=2,
+        ),
+        Preset(
             "pythia-6.9b",
             "Pythia-6.9b architecture, GPU",
             4096,
@@ -228,12 +267,34 @@ def neox_config(preset: Preset, **overrides) -> GPTNeoXConfig:
     return GPTNeoXConfig(**(values | overrides))
 
 
-def build_models(preset: Preset, seed: int = 0) -> tuple[GPTNeoXForCausalLM, GPTNeoXForSequenceClassification]:
+def llama_config(preset: Preset, **overrides) -> LlamaConfig:
+    """Llama 3's layout: grouped-query attention, SwiGLU MLP, RMSNorm, full rotary, tied embeddings."""
+    values = dict(
+        vocab_size=preset.vocab_size,
+        hidden_size=preset.hidden_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_kv_heads or preset.num_heads,
+        intermediate_size=preset.intermediate_size,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
+    return LlamaConfig(**(values | overrides))
+
+
+def model_config(preset: Preset, **overrides):
+    return (llama_config if preset.family == "llama" else neox_config)(preset, **overrides)
+
+
+def build_models(preset: Preset, seed: int = 0):
     """A random-weight policy and reward model (fp32) of the preset's architecture."""
     torch.manual_seed(seed)
-    policy = GPTNeoXForCausalLM(neox_config(preset))
+    policy = AutoModelForCausalLM.from_config(model_config(preset))
     torch.manual_seed(seed + 1)
-    reward_model = GPTNeoXForSequenceClassification(neox_config(preset, num_labels=1))
+    reward_model = AutoModelForSequenceClassification.from_config(model_config(preset, num_labels=1))
     return policy, reward_model
 
 

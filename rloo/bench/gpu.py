@@ -1,0 +1,125 @@
+"""python -m rloo.bench gpu: the GPU check, one command, for the first machine with an accelerator.
+
+    python -m rloo.bench gpu --device cuda      # Pythia-1B- and Llama-1B-sized random models, bf16, on the GPU
+    python -m rloo.bench gpu                    # the same check at a reduced size on CPU (what CI runs)
+
+For each model: one real training step after a warm-up (rloo.bench.worker, bf16-true, a fresh interpreter each),
+giving decode tokens per second, step time and peak memory, and rloo.memory_plan's planned peak for the same shape
+beside the measured one (GPU: torch.cuda.max_memory_allocated; CPU: peak RSS above the post-import baseline). Then
+the bf16 mismatch diagnostics on the embedded task (rloo.bench.stability's embedded cells in bf16: peer-like
+settings against rloo's defaults). Writes gpu.json and gpu.md into the output dir.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from rloo.bench.presets import get_preset, model_config
+from rloo.forward import packing_pays
+
+MODELS = {"cuda": ("pythia-1b", "llama-1b"), "cpu": ("small", "llama-small")}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def planned_peak_mib(preset_name: str, precision: str) -> float:
+    """rloo.memory_plan's peak for one worker step of the preset: every completion in one micro-batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rloo.memory_plan import Shape, _from_hf_config, estimate
+
+    preset = get_preset(preset_name)
+    config = model_config(preset)
+    with torch.device("meta"):
+        empty = AutoModelForCausalLM.from_config(config)
+    packs = packing_pays(empty, preset.prompt_length, preset.response_length, preset.k)
+    frozen = "float32" if precision == "32-true" else "bfloat16"
+    n = preset.completions_per_step
+    shape = Shape(
+        precision,
+        frozen,
+        "auto",
+        1,
+        False,
+        16,
+        (),
+        True,
+        True,
+        preset.k,
+        n,
+        n,
+        preset.prompt_length,
+        preset.response_length,
+        shared_prefix=packs,
+    )
+    return estimate(_from_hf_config(config.to_dict()), shape)["peak"]
+
+
+def model_row(
+    out_dir: Path, preset_name: str, device: str, steps: int, warmup: int, threads: int, timeout: int
+) -> dict:
+    precision = "bf16-true"
+    result_path = out_dir / f"{preset_name}.json"
+    command = [sys.executable, "-m", "rloo.bench.worker", "--algorithm", "rloo", "--preset", preset_name]
+    command += ["--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--device", device]
+    command += ["--precision", precision, "--out", str(result_path)]
+    print(f"bench gpu: {' '.join(command[1:])}", flush=True)
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    row = {"model": preset_name, "device": device, "precision": precision}
+    if proc.returncode != 0:
+        return row | {"error": ((proc.stderr or proc.stdout).strip().splitlines() or ["no output"])[-1]}
+    result = json.loads(result_path.read_text())
+    preset = get_preset(preset_name)
+    measured = result["peak_gpu_mb"] if device == "cuda" else result["peak_rss_above_baseline_mb"]
+    planned = planned_peak_mib(preset_name, precision)
+    generate = result["phase_seconds_median"]["generate"]
+    return row | {
+        "family": preset.family,
+        "completions": preset.completions_per_step,
+        "response_length": preset.response_length,
+        "decode_tokens_per_second": preset.completions_per_step * preset.response_length / generate,
+        "step_seconds": result["step_seconds_median"],
+        "rollout_seconds": result["rollout_seconds_median"],
+        "update_seconds": result["update_seconds_median"],
+        "measured_peak_mib": measured,
+        "measured_as": "torch.cuda.max_memory_allocated" if device == "cuda" else "peak RSS above baseline",
+        "planned_peak_mib": planned,
+        "planned_over_measured": planned / measured if measured else None,
+    }
+
+
+def run(out_dir: Path, device: str, steps: int, warmup: int, threads: int, timeout: int, mismatch: bool = True) -> dict:
+    from rloo.bench import stability
+
+    report = {"models": [model_row(out_dir, name, device, steps, warmup, threads, timeout) for name in MODELS[device]]}
+    if mismatch:
+        accelerator = ["trainer.accelerator=gpu", "trainer.devices=1"] if device == "cuda" else []
+        report["mismatch"] = [
+            stability.embedded_cell(out_dir, "bf16", config, accelerator, timeout) for config in stability.CONFIGS
+        ]
+    return report
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "| model | device | decode tok/s | step s | rollout s | update s | peak MiB measured | planned "
+        "| planned/measured |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["models"]:
+        if "error" in row:
+            lines.append(f"| {row['model']} | {row['device']} | failed: {row['error']} | | | | | | |")
+            continue
+        lines.append(
+            f"| {row['model']} | {row['device']} | {row['decode_tokens_per_second']:.0f} | {row['step_seconds']:.2f} "
+            f"| {row['rollout_seconds']:.2f} | {row['update_seconds']:.2f} | {row['measured_peak_mib']:.0f} "
+            f"| {row['planned_peak_mib']:.0f} | {row['planned_over_measured']:.2f} |"
+        )
+    if report.get("mismatch"):
+        from rloo.bench import stability
+
+        lines += ["", "bf16 mismatch on the embedded task:", "", stability.markdown({"cells": report["mismatch"]})]
+    return "\n".join(lines) + "\n"
