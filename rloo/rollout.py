@@ -171,6 +171,13 @@ def sample_completions(
     return completion_ids, completion_mask, ended, logprobs * completion_mask
 
 
+def clock() -> float:
+    """Wall seconds, after the GPU has finished the work queued so far (CUDA kernels run asynchronously)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 class PhaseTimer:
     """Wall seconds per named phase, summed over calls: `with timer("generate"): ...`."""
 
@@ -179,11 +186,11 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def __call__(self, phase: str):
-        started = time.perf_counter()
+        started = clock()
         try:
             yield
         finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + clock() - started
 
 
 def chunked(fn, batch_size: int, *tensors: Tensor) -> Tensor:

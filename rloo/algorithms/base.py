@@ -11,7 +11,6 @@ rollout, counted by `rollouts` and logged as `train/rollout`. With one update pe
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -27,7 +26,7 @@ from rloo.errors import NonFiniteError
 from rloo.forward import completion_logprobs_and_entropy
 from rloo.lora import ADAPTER_MARK, has_adapters
 from rloo.objectives import importance_weights, logprob_mismatch, masked_mean
-from rloo.rollout import PhaseTimer, Rollout, collect_rollout
+from rloo.rollout import PhaseTimer, Rollout, clock, collect_rollout
 from rloo.sampling import SamplingConfig
 from rloo.scoring import Reward
 from rloo.sharding import shard_model
@@ -246,7 +245,7 @@ class OnlineRLModule(LightningModule):
         return stats
 
     def finish_step(self, rollout: Rollout, targets, timer: PhaseTimer, started: float, rollout_done: float) -> None:
-        now = time.perf_counter()
+        now = clock()
         self.last_timings = dict(
             timer.seconds, rollout=rollout_done - started, update=now - rollout_done, step=now - started
         )
@@ -291,7 +290,7 @@ class OnlineRLModule(LightningModule):
         log.warning(
             f"guard: rollout {self.state.rollouts + 1}: {bad} of {len(rollout)} scores are not finite; update skipped"
         )
-        self.finish_step(rollout, None, timer, started, time.perf_counter())
+        self.finish_step(rollout, None, timer, started, clock())
         metrics = {
             "objective/scores": rollout.scores[torch.isfinite(rollout.scores)].mean(),  # nan when none is
             "objective/kl": 0.0,

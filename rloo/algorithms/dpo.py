@@ -15,7 +15,6 @@ counted as the RL methods' is: episodes are completions, two per pair.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +23,7 @@ from torch import Tensor
 from rloo.algorithms.base import OnlineRLConfig, OnlineRLModule
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
 from rloo.objectives import apply_missing_eos_penalty, dpo_loss, masked_sum, preference_pairs
-from rloo.rollout import PhaseTimer, Rollout
+from rloo.rollout import PhaseTimer, Rollout, clock
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class DPOModule(OnlineRLModule):
     labels them); `training_step` is one DPO step on a batch of pairs."""
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        cfg, timer, started = self.config, PhaseTimer(), time.perf_counter()
+        cfg, timer, started = self.config, PhaseTimer(), clock()
 
         # 1. pairs: k completions per prompt from the reference, their reference log-probs and scores    [N = P * k]
         rollout = self.collect(batch, timer, sampler=self.reference)
@@ -62,7 +61,7 @@ class DPOModule(OnlineRLModule):
             return self.skip_rollout(rollout, timer, started)
         scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
         targets = DPOTargets(*preference_pairs(scores, cfg.k))
-        rollout_done = time.perf_counter()
+        rollout_done = clock()
 
         # 2-3. the DPO loss of each micro-batch's pairs (rows stay prompt-major: a micro-batch holds whole groups)
         stats = StepStats()

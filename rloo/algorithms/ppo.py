@@ -14,7 +14,6 @@ One batch of the train loop is one rollout; Lightning counts each of its optimis
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -35,7 +34,7 @@ from rloo.objectives import (
     per_token_rewards,
     token_ppo_clip_loss,
 )
-from rloo.rollout import PhaseTimer, Rollout, chunked
+from rloo.rollout import PhaseTimer, Rollout, chunked, clock
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ class PPOModule(OnlineRLModule):
         return itertools.chain(super().trained_parameters(), self.value_model.parameters())
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        cfg, timer, started = self.config, PhaseTimer(), time.perf_counter()
+        cfg, timer, started = self.config, PhaseTimer(), clock()
 
         # 1. rollout; the training-style log-probs of the policy that sampled (the old ones), and the values V_t
         rollout = self.collect(batch, timer)
@@ -97,7 +96,7 @@ class PPOModule(OnlineRLModule):
                 )
                 * mask
             )
-        rollout_done = time.perf_counter()
+        rollout_done = clock()
 
         # 2. per-token rewards: r_t = -beta KL_t, plus the (penalised) score at the last real token
         kl = kl_per_token(old_logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask  # [N, T]

@@ -13,7 +13,6 @@ first step (`update_on_reused_rollout`).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +32,7 @@ from rloo.objectives import (
     sequence_rewards,
     token_clip_fraction,
 )
-from rloo.rollout import PhaseTimer, Rollout
+from rloo.rollout import PhaseTimer, Rollout, clock
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ class RLOOModule(OnlineRLModule):
     """Holds the trained policy, the frozen reference and the frozen reward model; `training_step` is one RLOO step."""
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        cfg, timer, started = self.config, PhaseTimer(), time.perf_counter()
+        cfg, timer, started = self.config, PhaseTimer(), clock()
 
         # 1. rollout: k completions per prompt, reference log-probs, scores                        [N = prompts * k]
         rollout = self.collect(batch, timer)
@@ -84,7 +83,7 @@ class RLOOModule(OnlineRLModule):
         # 2-5. rewards, advantages, loss and optimiser steps. R needs log pi(y_t) of the policy that sampled [N, T],
         # from a training-style forward: used once, the update's own forward provides it; reused, a forward first
         if self.takes_log_pi_from_the_update():
-            rollout_done = time.perf_counter()
+            rollout_done = clock()
             targets, rollout_policy_logprobs, entropy, stats = self.update_on_policy(rollout)
             old_logprobs = rollout_policy_logprobs
         else:
@@ -92,7 +91,7 @@ class RLOOModule(OnlineRLModule):
                 rollout_policy_logprobs, entropy = self.rollout_policy_forward(rollout)
             # old_logprobs=generation is TRL's 2024 trainer's behaviour, kept to reproduce its failure: the sampler's
             old_logprobs = rollout.generation_logprobs if cfg.old_logprobs == "generation" else rollout_policy_logprobs
-            rollout_done = time.perf_counter()
+            rollout_done = clock()
             targets = self.rewards_and_advantages(rollout, old_logprobs)
             stats = self.update_on_reused_rollout(rollout, targets, old_logprobs, rollout_policy_logprobs)
 

@@ -68,6 +68,7 @@ def model_row(
     command += ["--precision", precision, "--out", str(result_path)]
     print(f"bench gpu: {' '.join(command[1:])}", flush=True)
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    (out_dir / f"{preset_name}.log").write_text(proc.stdout + proc.stderr)
     row = {"model": preset_name, "device": device, "precision": precision}
     if proc.returncode != 0:
         return row | {"error": ((proc.stderr or proc.stdout).strip().splitlines() or ["no output"])[-1]}
@@ -94,12 +95,17 @@ def model_row(
 def run(out_dir: Path, device: str, steps: int, warmup: int, threads: int, timeout: int, mismatch: bool = True) -> dict:
     from rloo.bench import stability
 
-    report = {"models": [model_row(out_dir, name, device, steps, warmup, threads, timeout) for name in MODELS[device]]}
-    if mismatch:
-        accelerator = ["trainer.accelerator=gpu", "trainer.devices=1"] if device == "cuda" else []
-        report["mismatch"] = [
-            stability.embedded_cell(out_dir, "bf16", config, accelerator, timeout) for config in stability.CONFIGS
-        ]
+    report: dict = {"models": [], "mismatch": []}
+
+    def keep(row: dict, into: str) -> None:  # each finished row is on disk at once: a killed check keeps them
+        report[into].append(row)
+        (out_dir / "gpu.json").write_text(json.dumps(report | {"partial": True}, indent=2))
+
+    for name in MODELS[device]:
+        keep(model_row(out_dir, name, device, steps, warmup, threads, timeout), "models")
+    accelerator = ["trainer.accelerator=gpu", "trainer.devices=1"] if device == "cuda" else []
+    for config in stability.CONFIGS if mismatch else ():
+        keep(stability.embedded_cell(out_dir, "bf16", config, accelerator, timeout), "mismatch")
     return report
 
 
