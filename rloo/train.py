@@ -26,6 +26,23 @@ from rloo.errors import JudgeFailed, NonFiniteError, RewardFunctionError, WriteE
 SIGTERM_EXIT_CODE = 128 + 15
 
 
+def measured_peak(baseline_rss_mb: float) -> dict:
+    """The peak to set beside rloo.plan's: GPU memory allocated where the run used a GPU, else RSS above baseline."""
+    import torch
+
+    from rloo.memory import peak_rss_mb
+
+    rss_above = round(peak_rss_mb() - baseline_rss_mb, 1)
+    if torch.cuda.is_initialized():
+        gpu = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        return {
+            "measured_peak_mb": gpu,
+            "measured_as": "torch.cuda.max_memory_allocated",
+            "rss_above_baseline_mb": rss_above,
+        }
+    return {"measured_peak_mb": rss_above, "measured_as": "peak RSS above baseline"}
+
+
 def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir; returns the summary written to summary.json."""
     from rloo.assemble import (
@@ -208,7 +225,7 @@ def run(cfg: DictConfig) -> dict:
             ),  # trainer.fit: training steps and the evaluations inside it
             "peak_rss_mb": round(peak_rss_mb(), 1),  # this process (rank) since the run began
             # rloo.plan's peak for this config against the measured one above what ran before any model loaded
-            "memory": memory | {"measured_peak_above_baseline_mb": round(peak_rss_mb() - memory["baseline_rss_mb"], 1)},
+            "memory": memory | measured_peak(memory["baseline_rss_mb"]),
             "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
             "output_dir": str(out),
             "policy_dir": str(out / "policy") if (out / "policy").exists() else None,

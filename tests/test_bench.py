@@ -76,6 +76,37 @@ def test_bench_smoke_run_writes_every_field(tmp_path):
     assert "| tiny | rloo RLOO |" in table and "rloo PPO (2 ep)" in table and "Machine:" in table
 
 
+def test_the_speed_table_shows_the_gpu_peak_where_the_runs_had_a_gpu():
+    from rloo.bench.__main__ import markdown
+
+    def result(algorithm, gpu_mb):
+        return {
+            "preset": "pythia-1b",
+            "implementation": "rloo",
+            "algorithm": algorithm,
+            "ppo_epochs": 4 if algorithm == "ppo" else None,
+            "step_seconds_median": 1.0,
+            "tokens_per_second": 10.0,
+            "peak_rss_mb": 900.0,
+            "peak_rss_above_baseline_mb": 800.0,
+            "model_state_mb": {"total": 700.0},
+            "peak_gpu_mb": gpu_mb,
+        }
+
+    args = {"threads": 8, "precision": "bf16-true", "steps": 3, "warmup": 1, "rloo_schedule": "1x1"}
+    machine = {"cpu": "x", "cores": 16, "gpu": "NVIDIA H200", "torch": "2"}
+    report = {"machine": machine, "args": args | {"trl_lm_head": "compact"}, "date": "d", "ratios": []}
+    table = markdown(report | {"results": [result("rloo", 17166.3), result("ppo", 41431.8)]})
+    lines = table.splitlines()
+    at = next(i for i, line in enumerate(lines) if "| tokens/s |" in line)
+    header, rule, rows = lines[at], lines[at + 1], lines[at + 2 : at + 4]
+    assert "| tokens/s | peak GPU MB | peak RSS MB |" in header
+    assert all(row.count("|") == header.count("|") == rule.count("|") for row in rows)
+    assert "| 10 | 17166 | 900 |" in rows[0] and "| 10 | 41432 | 900 |" in rows[1]
+    cpu_table = markdown(report | {"results": [result("rloo", None)]})
+    assert "peak GPU MB" not in cpu_table
+
+
 def bench_in_process(capsys, *args: str) -> tuple[int, str]:
     from rloo.bench.__main__ import main
 

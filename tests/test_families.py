@@ -81,7 +81,12 @@ def test_a_llama_family_run_takes_both_fast_paths_and_plans_its_memory(family, t
     assert paths["sampler"]["ran"] == "lean_decode"
     assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
     memory = summary["memory"]
-    assert memory["planned_peak_mb"] > 0 and memory["warnings"] == [] and memory["measured_peak_above_baseline_mb"] >= 0
+    assert (
+        memory["planned_peak_mb"] > 0
+        and memory["warnings"] == []
+        and memory["measured_peak_mb"] >= 0
+        and memory["measured_as"] == "peak RSS above baseline"
+    )
 
 
 def test_lora_on_a_gpt_neox_policy_samples_with_hf_generate_and_says_why(tiny_run_assets, tmp_path):

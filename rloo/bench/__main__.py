@@ -365,19 +365,24 @@ def markdown(report: dict) -> str:
         f"median of {report['args']['steps']} steps after {report['args']['warmup']} warm-up; "
         f"RLOO schedule {report['args']['rloo_schedule']} (epochs x mini-batches); "
         f"TRL RLOO's LM head: {report['args']['trl_lm_head']}; {report['date']}.",
+    ]
+    on_gpu = any(r.get("peak_gpu_mb") is not None for r in report["results"])
+    gpu_head, gpu_rule = (" peak GPU MB |", "---|") if on_gpu else ("", "")
+    lines += [
         "",
-        "| preset | trainer | s/step | rollout s | update s | tokens/s | peak RSS MB | above baseline MB "
-        "| model state MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| preset | trainer | s/step | rollout s | update s | tokens/s |" + gpu_head + " peak RSS MB "
+        "| above baseline MB | model state MB |",
+        "|---|---|---|---|---|---|" + gpu_rule + "---|---|---|",
     ]
     for r in report["results"]:
         if "error" in r:
-            lines.append(f"| {r['preset']} | {label(r)} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['preset']} | {label(r)} | failed: {r['error']} |" + " |" * (6 + on_gpu))
             continue
+        gpu_cell = f" {_fmt(r.get('peak_gpu_mb'), 0)} |" if on_gpu else ""
         lines.append(
             f"| {r['preset']} | {label(r)} | {_fmt(r['step_seconds_median'])} "
             f"| {_fmt(r.get('rollout_seconds_median'))} | {_fmt(r.get('update_seconds_median'))} "
-            f"| {_fmt(r['tokens_per_second'], 0)} | {_fmt(r['peak_rss_mb'], 0)} "
+            f"| {_fmt(r['tokens_per_second'], 0)} |{gpu_cell} {_fmt(r['peak_rss_mb'], 0)} "
             f"| {_fmt(r['peak_rss_above_baseline_mb'], 0)} | {_fmt(r['model_state_mb']['total'], 0)} |"
         )
     lines += [

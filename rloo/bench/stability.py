@@ -210,7 +210,7 @@ def markdown(report: dict) -> str:
     if reductions:
         lines += [
             "",
-            "What the fp32 LM head removes (mean abs dlogp, peer-like / rloo default; depends on the CPU's bf16 "
+            "What the fp32 LM head removes (mean abs dlogp, peer-like / rloo default; depends on the machine's bf16 "
             "kernels):",
             "",
         ]
