@@ -15,7 +15,15 @@ from transformers import (
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from rloo.bench.presets import PRESETS, neox_config
-from rloo.decode import filter_logits, lean_generate, supports_lean_decode, why_not_lean_decode
+from rloo.decode import (
+    _group_members,
+    _onednn_linear,
+    _product,
+    filter_logits,
+    lean_generate,
+    supports_lean_decode,
+    why_not_lean_decode,
+)
 from rloo.forward import completion_logprobs
 from rloo.rollout import truncate_after_stop
 from tests.builders import hf_generate as generate
@@ -265,6 +273,67 @@ def test_dropping_finished_rows_changes_nothing(architecture, greedy):
     assert lengths.min() < lengths.max()  # rows ended at different steps, so rows were dropped mid-run
     assert torch.equal(dropped, kept)
     torch.testing.assert_close(dropped_logprobs, kept_logprobs, atol=1e-5, rtol=0)  # batch shapes differ: ulps
+
+
+def shared_prompt_layout(layout: str, vocab_size: int):
+    """ids, mask `[16, 5]` in which rows share prompts as named: every row its own prompt; the rollout's k = 4
+    blocks; the same 4 groups interleaved (rows i and i + 4 share); one prompt 10 times among 6 others (groups so
+    unequal that the loop gives each row a copy of its prompt's cache instead)."""
+    ids, mask = left_padded_prompts(16, 5, vocab_size)
+    pick = {
+        "distinct": torch.arange(16),
+        "blocks of 4": torch.arange(4).repeat_interleave(4),
+        "interleaved": torch.arange(4).repeat(4),
+        "unequal": torch.cat([torch.full((10,), 3), torch.arange(6, 12)]),
+    }[layout]
+    return ids[pick], mask[pick]
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("layout", ["distinct", "blocks of 4", "interleaved", "unequal"])
+def test_rows_sharing_a_prompt_cache_decode_as_if_each_had_its_own(architecture, layout):
+    """The prompt's keys and values are cached once per prompt and read by each of its rows: log-probs equal the
+    training forward's, and rows dropped mid-run (which moves rows between batch slots) change nothing."""
+    model = tiny_model(architecture, vocab_size=20)
+    ids, mask = shared_prompt_layout(layout, 20)
+    sampling = sampling_config(max_new_tokens=20, temperature=0.9, top_k=12, top_p=0.95)
+    torch.manual_seed(3)
+    completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
+    torch.manual_seed(3)
+    kept, kept_logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD, drop_finished=False)
+    completions, completion_mask, ended = truncate_after_stop(completions, EOS, PAD)
+    lengths = completion_mask.sum(1)
+    assert ended.any() and lengths.min() < lengths.max()  # rows ended at different steps: dropped mid-run
+    assert torch.equal(kept[:, : completions.shape[1]], completions)
+    torch.testing.assert_close(logprobs, kept_logprobs[:, : logprobs.shape[1]], atol=1e-5, rtol=0)
+    expected = completion_logprobs(
+        model,
+        torch.cat([ids, completions], 1),
+        torch.cat([mask, completion_mask], 1),
+        completions,
+        completion_mask,
+        0.9,
+    )
+    torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
+
+
+def test_group_members_count_each_prompts_rows_in_row_order():
+    inverse = torch.tensor([2, 0, 2, 1, 0, 2, 1, 3])
+    expected = []
+    for row, group in enumerate(inverse.tolist()):  # the loop reference
+        expected.append(sum(1 for earlier in inverse[:row].tolist() if earlier == group))
+    assert _group_members(inverse).tolist() == expected == [0, 0, 1, 0, 1, 2, 1, 0]
+
+
+def test_linear_products_use_onednn_only_for_float32_on_cpu_outside_autocast():
+    weight = torch.randn(6, 4)
+    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    assert _product(weight) is (_onednn_linear if onednn else torch.nn.functional.linear)
+    assert _product(weight.bfloat16()) is torch.nn.functional.linear
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _product(weight) is torch.nn.functional.linear
+    x, bias = torch.randn(3, 2, 4), torch.randn(6)
+    torch.testing.assert_close(_product(weight)(x, weight, bias), x @ weight.T + bias, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("architecture", ["neox", "llama", "qwen2"])
