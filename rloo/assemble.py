@@ -257,4 +257,4 @@ def reward_from_config(cfg: DictConfig):
     from rloo.scoring import MODEL, Reward, RewardTerm, parse_reward
 
     terms = parse_reward(cfg.get("reward", MODEL))
-    return None if terms == [RewardTerm(1.0, MODEL)] else Reward(terms, cfg.reward_errors)
+    return None if terms == [RewardTerm(1.0, MODEL)] else Reward(terms, cfg.reward_errors, cfg.reward_timeout_s)

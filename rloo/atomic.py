@@ -91,6 +91,30 @@ def symlink(target: str, link: Path) -> None:
     os.replace(tmp, link)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temps(directory: Path, log) -> None:
+    """Remove the temporary files and dirs (`.<name>.tmp-<pid>`, `.<name>.old-<pid>`) that a writer killed mid-write
+    left in `directory`; those of a process still running are left alone."""
+    for path in sorted(Path(directory).glob(".*.*-*")):
+        stem, _, pid = path.name.rpartition("-")
+        if not (stem.endswith((".tmp", ".old")) and pid.isdigit()) or _alive(int(pid)):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        log(f"removed {path.name} in {directory}: left by a write that was killed (process {pid} is gone)")
+
+
 def checkpoint_io():
     """Lightning's checkpoint writer through `save_torch` (its own renames an unsynced temp file)."""
     from lightning.pytorch.plugins.io import TorchCheckpointIO

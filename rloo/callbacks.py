@@ -218,8 +218,10 @@ class ExportPolicy(Callback):
 
     def __init__(self, directory: Path, exported):
         self.directory, self.exported = Path(directory), exported
+        self.ran = False  # whether on_train_end came in this process (Lightning skips it when resumed at the end)
 
     def on_train_end(self, trainer, module) -> None:
+        self.ran = True
         policy = module.policy
         if weights_partitioned(policy):  # FSDP2: the whole weights gathered into a plain copy on rank 0 (a collective)
             policy = whole_copy(policy)

@@ -1,5 +1,7 @@
 """The errors a run reports in one line: a leaf module, so that any layer can raise them."""
 
+SIGTERM_EXIT_CODE = 128 + 15  # a process stopped by SIGTERM, as a shell reports it: preempted, never success
+
 
 class ConfigError(ValueError):
     """A bad config value or input file; the message is the whole one-line explanation."""
@@ -19,3 +21,7 @@ class JudgeFailed(RuntimeError):
 
 class RewardFunctionError(RuntimeError):
     """A reward function misbehaved (raised, wrong count, non-finite value); the message names it, in one line."""
+
+
+class RunIncomplete(RuntimeError):
+    """A run that trained every rollout but lacks its exported policy or final evaluation: never "finished"."""

@@ -11,6 +11,8 @@ the updates per rollout); a Ctrl-C inside a rollout's updates leaves one that is
 
 from __future__ import annotations
 
+import os
+import pickle
 import random
 import re
 from dataclasses import dataclass
@@ -61,10 +63,16 @@ def checkpoint_order(path: Path) -> tuple[int, int]:
 
 def inspect_checkpoint(path: Path, updates_per_rollout: int) -> tuple[int, str | None]:
     """(rollouts done, None) for a whole checkpoint; (-1, why not) otherwise. Loads lazily (mmap)."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    try:  # weights_only: tensors and plain values only, so a planted pickle is refused, never run
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError as error:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+        what = found.group(1) if found else "an object that is not a tensor or a plain value"
+        return -1, f"holds {what}, which no run writes: refused without loading it"
     except Exception as error:  # truncated, not a zip, not a checkpoint
         return -1, f"does not load ({str(error).splitlines()[0][:80]})"
+    if not isinstance(checkpoint, dict):
+        return -1, "is not an rloo checkpoint"
     rollouts, steps = checkpoint.get("rloo_rollouts"), checkpoint.get("global_step")
     if rollouts is None or steps is None:
         return -1, "is not an rloo checkpoint"
@@ -79,7 +87,13 @@ def find_resume_point(spec: str | None, run_dir: Path, updates_per_rollout: int,
         return None
     if spec == "auto" or Path(spec).expanduser().is_dir():
         directory = run_dir if spec == "auto" else Path(spec).expanduser()
-        candidates = sorted((directory / "checkpoints").glob("*.ckpt"), key=checkpoint_order, reverse=True)
+        candidates = []
+        for candidate in (directory / "checkpoints").glob("*.ckpt"):
+            if candidate.exists():
+                candidates.append(candidate)
+            else:  # a link whose target was deleted (keep_checkpoints, or by hand)
+                log(f"resume: skipping {candidate.name}: it points at {os.readlink(candidate)}, which is gone")
+        candidates.sort(key=checkpoint_order, reverse=True)
         best: tuple[int, Path] | None = None
         for candidate in candidates:
             rollouts, why_not = inspect_checkpoint(candidate, updates_per_rollout)

@@ -129,6 +129,7 @@ class CommonKeys(SamplingKeys):
     seed: int = key(FIXED, low=0)
     reward: str = key(FIXED)
     reward_errors: str = key(APPLIED, choices=REWARD_ERRORS)
+    reward_timeout_s: float = key(APPLIED, low=0)
     k: int = key(FIXED, low=1)
     missing_eos_penalty: float | None = key(FIXED, low=0)
     num_ppo_epochs: int = key(FIXED, low=1)

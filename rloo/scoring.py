@@ -16,10 +16,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import numbers
 import re
+import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -65,6 +69,11 @@ def load_function(name: str) -> Callable:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ConfigError(f"reward: cannot import {module_name!r} for {name!r} ({error})") from None
+    except (Exception, SystemExit) as error:  # the module itself fails as it runs
+        detail = (str(error).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"reward: importing {module_name!r} for {name!r} raised {type(error).__name__}: {detail}"
+        ) from None
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ConfigError(f"reward: {module_name} has no function {function_name!r}")
@@ -97,24 +106,78 @@ def check_columns(reward: "Reward", available: list[str], where: str) -> None:
             )
 
 
+class Interrupted(Exception):
+    """SIGTERM arrived while a reward function ran: the caller stops the run as it would between rollouts."""
+
+
+def _call_guarded(function: Callable, args: tuple, kwargs: dict, timeout_s: float, should_stop) -> object:
+    """function(*args, **kwargs) in a daemon thread, waited for in 0.2 s slices: TimeoutError after `timeout_s`,
+    `Interrupted` as soon as `should_stop()` (SIGTERM noted by the trainer). What it raises, SystemExit included, is
+    raised here. A function that hangs is abandoned, not killed: Python cannot stop a thread."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = function(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 (handed to the caller, which judges it)
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name=f"reward {getattr(function, '__name__', function)}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive():
+        thread.join(0.2)
+        if should_stop is not None and should_stop():
+            raise Interrupted()
+        if thread.is_alive() and time.monotonic() > deadline:
+            raise TimeoutError(f"no result after {timeout_s:g} s (reward_timeout_s)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def call_reward_function(
-    name: str, function: Callable, prompts: list[str], completions: list[str], columns: dict[str, list] | None = None
+    name: str,
+    function: Callable,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, list] | None = None,
+    timeout_s: float = 0,
+    should_stop=None,
 ) -> tuple[Tensor, str | None]:
     """The function's scores `[N]` float32, nan where it failed, and what went wrong in one line (None: nothing).
     `columns`: the dataset row's other columns, one value per completion, passed by name to a function that asks
-    for them: `def exact_answer(prompts, completions, answer)`."""
+    for them: `def exact_answer(prompts, completions, answer)`. With `timeout_s` > 0 it runs under `_call_guarded`
+    (0: called directly, in the main thread, for graders that time themselves with signal.alarm). Anything it
+    raises fails it, SystemExit included; KeyboardInterrupt still stops the run."""
     n, nothing = len(completions), torch.full((len(completions),), float("nan"))
+    kwargs = columns_asked_for(function, columns or {})
     try:
-        values = function(prompts, completions, **columns_asked_for(function, columns or {}))
-    except Exception as error:  # a user's function: any error is its own
+        if timeout_s > 0:
+            values = _call_guarded(function, (prompts, completions), kwargs, timeout_s, should_stop)
+        else:
+            values = function(prompts, completions, **kwargs)
+    except Interrupted:
+        raise
+    except (Exception, SystemExit) as error:  # a user's function: any error is its own
         detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return nothing, f"reward function {name} raised {type(error).__name__}: {detail}"
-    try:
-        values = [float(v) for v in values]
-    except (TypeError, ValueError):
-        return nothing, f"reward function {name} returned {type(values).__name__}, not one float per completion"
+        return nothing, f"reward function {name} raised {type(error).__name__}: {detail}".rstrip(": ")
+    if isinstance(values, (torch.Tensor, np.ndarray)) and values.ndim == 1 and values.dtype != bool:
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        return nothing, f"reward function {name} returned {type(values).__name__}, not one number per completion"
     if len(values) != n:
         return nothing, f"reward function {name} returned {len(values)} values for {n} completions"
+    if wrong := [v for v in values if not _is_number(v)]:
+        return nothing, (
+            f"reward function {name} returned {type(wrong[0]).__name__} values ({wrong[0]!r}), not numbers "
+            "(a bool or a string is not a score: return float(...))"
+        )
+    values = [float(v) for v in values]
     bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
     scores = torch.tensor([float("nan") if i in set(bad) else v for i, v in enumerate(values)], dtype=torch.float32)
     if bad:
@@ -129,8 +192,9 @@ class Reward:
     """The weighted sum of the terms of `reward=` for decoded completions; `model_scores` supplies the reward
     model's term. Under reward_errors=mask a misbehaving function leaves nan where it failed (the caller masks)."""
 
-    def __init__(self, terms: list[RewardTerm], on_error: str):
-        self.terms, self.on_error = terms, on_error
+    def __init__(self, terms: list[RewardTerm], on_error: str, timeout_s: float = 0):
+        self.terms, self.on_error, self.timeout_s = terms, on_error, timeout_s
+        self.should_stop = None  # set by rloo.train: whether SIGTERM came (a guarded call then stops waiting)
         self.functions = {t.name: load_function(t.name) for t in terms if t.name != MODEL}
         self.last_term_means: dict[str, float] = {}
         self.last_errors: list[str] = []
@@ -149,7 +213,9 @@ class Reward:
                 values = model_scores.float().cpu()
             else:
                 function = self.functions[term.name]
-                values, error = call_reward_function(term.name, function, prompts, completions, columns)
+                values, error = call_reward_function(
+                    term.name, function, prompts, completions, columns, self.timeout_s, self.should_stop
+                )
                 if error is not None and self.on_error == "raise":
                     raise RewardFunctionError(error)
                 if error is not None:
@@ -164,5 +230,7 @@ class Reward:
         held-out evaluation reports as eval/reward/<name>."""
         values = {}
         for name, function in self.functions.items():
-            values[name.rsplit(":", 1)[-1]] = call_reward_function(name, function, prompts, completions, columns)[0]
+            values[name.rsplit(":", 1)[-1]] = call_reward_function(
+                name, function, prompts, completions, columns, self.timeout_s, self.should_stop
+            )[0]
         return values

@@ -21,9 +21,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rloo.cli import exit_on_config_error, fail, run_entry_point  # noqa: E402
 from rloo.config import ConfigError, validate_train_config  # noqa: E402
-from rloo.errors import JudgeFailed, NonFiniteError, RewardFunctionError, WriteError  # noqa: E402
-
-SIGTERM_EXIT_CODE = 128 + 15
+from rloo.errors import SIGTERM_EXIT_CODE, JudgeFailed, NonFiniteError, RewardFunctionError, RunIncomplete, WriteError  # noqa: E402
 
 
 def measured_peak(baseline_rss_mb: float) -> dict:
@@ -87,6 +85,7 @@ def run(cfg: DictConfig) -> dict:
     from rloo.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
     from rloo.memory_plan import planned_peak
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model
+    from rloo.scoring import Interrupted as RewardWaitInterrupted
     from rloo.scoring import check_columns
 
     started = time.time()  # after the imports, as wall_seconds always counted
@@ -96,6 +95,12 @@ def run(cfg: DictConfig) -> dict:
     log = logging.getLogger("rloo").info  # to the console and to the run's train.log
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    requeued = cfg.resume == "auto" or (cfg.resume is not None and Path(cfg.resume).expanduser().is_dir())
+    if requeued and (done := finished_summary(out, rollouts, cfg.eval.after)) is not None:  # nothing left to do
+        log(
+            f"resume: {out} has finished ({done['rollouts']} rollouts, policy/ exported, summary.json final); unchanged"
+        )
+        return done
     resume_point, resumed_rollouts = prepare_resume(cfg, out, updates, log)  # before anything is written or loaded
     config_name = (
         "config.yaml" if not (out / "config.yaml").exists() else f"config.resumed-{time.strftime('%H-%M-%S')}.yaml"
@@ -173,6 +178,8 @@ def run(cfg: DictConfig) -> dict:
     datamodule.first_rollout = resumed_rollouts
     datamodule.setup("fit")  # data errors surface before any model loads
     reward = reward_from_config(cfg)  # reward= beyond the reward model alone, built once
+    if reward is not None:  # a guarded reward call stops waiting once SIGTERM is noted (the trainer, built below)
+        reward.should_stop = lambda: trainer.received_sigterm
     if reward is not None:  # the columns reward functions ask for are in the data
         check_columns(reward, list(datamodule.train_rows[0]["columns"]), f"data.train ({data_src['train']['path']})")
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
@@ -237,14 +244,21 @@ def run(cfg: DictConfig) -> dict:
         return summary
 
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_point.checkpoint if resume_point else None)
+        trainer.fit(
+            module,
+            datamodule=datamodule,
+            ckpt_path=resume_point.checkpoint if resume_point else None,
+            weights_only=True,  # tensors and plain values only: a planted pickle is refused, never run
+        )
+        if not export.ran and module.state.rollouts >= rollouts:  # resumed after training had ended: Lightning runs
+            finish_ended_training(out, trainer, module, export, eval_callback, log)  # no end-of-training hooks
     except BaseException as error:  # SIGTERM, Ctrl-C (Lightning exits 1 for it), any failure: keep what there is
-        interrupted = isinstance(error, (SystemExit, KeyboardInterrupt))
+        interrupted = isinstance(error, (SystemExit, KeyboardInterrupt, RewardWaitInterrupted))
         try:
             write_summary("interrupted" if interrupted else "failed")
         except WriteError as write_error:  # the first failure is the one to raise
             log(f"error: {write_error}")
-        if isinstance(error, SIGTERMException):
+        if isinstance(error, (SIGTERMException, RewardWaitInterrupted)):
             stopped_by_sigterm(out, module, log)
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             raise WriteError(
@@ -260,10 +274,47 @@ def run(cfg: DictConfig) -> dict:
         raise JudgeFailed(
             f"{eval_callback.judge_failure}; policy/ and checkpoints are saved, summary.json has no win rate"
         )
+    missing = [
+        what
+        for what, absent in (
+            ("policy/", not (out / "policy").is_dir()),
+            ("the final evaluation", cfg.eval.after and eval_callback.final is None),
+        )
+        if absent
+    ]
+    if missing:  # never "finished" without them
+        write_summary("failed")
+        raise RunIncomplete(f"the run trained {module.state.rollouts} rollouts but has no {' and no '.join(missing)}")
     summary = write_summary("finished")
     if trainer.is_global_zero:
         print_summary(summary, log)
     return summary
+
+
+def finished_summary(out: Path, rollouts: int, final_evaluation: bool) -> dict | None:
+    """summary.json of a run in `out` that is done: finished, all `rollouts` trained, policy/ exported and the final
+    evaluation recorded (where one is asked for). None otherwise, also where the file does not parse."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    done = (
+        summary.get("status") == "finished"
+        and summary.get("rollouts", -1) >= rollouts
+        and (out / "policy" / "config.json").is_file()
+        and (summary.get("final") is not None or not final_evaluation)
+    )
+    return summary if done else None
+
+
+def finish_ended_training(out: Path, trainer, module, export, eval_callback, log) -> None:
+    """What a run killed after its last rollout had not done yet: the policy export, the final evaluation."""
+    if not (out / "policy").is_dir():
+        log(f"resume: training had ended after {module.state.rollouts} rollouts; exporting the policy now")
+        export.on_train_end(trainer, module)
+    if eval_callback.after and eval_callback.final is None:
+        log("resume: training had ended without its final evaluation; running it now")
+        eval_callback.on_train_end(trainer, module)
 
 
 def checkpoint_callbacks(cfg: DictConfig, out: Path) -> list:
@@ -295,6 +346,11 @@ def prepare_resume(cfg: DictConfig, out: Path, updates: int, log):
     if cfg.resume is None:
         return None, 0
     compare_with_resumed_run(cfg, out, log)
+    from rloo.atomic import remove_stale_temps
+
+    for directory in (out, out / "checkpoints"):  # what a kill mid-write left
+        if directory.is_dir():
+            remove_stale_temps(directory, log)
     point = find_resume_point(cfg.resume, out, updates, log)
     if point is None:
         return None, 0
@@ -369,7 +425,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
         summary = run(cfg)
     except ConfigError as error:
         exit_on_config_error(error)
-    except (WriteError, NonFiniteError, RewardFunctionError, JudgeFailed) as error:
+    except (WriteError, NonFiniteError, RewardFunctionError, JudgeFailed, RunIncomplete) as error:
         fail(error, 1)
     return objective(summary)
 

@@ -34,3 +34,28 @@ def answer_matches(prompts, completions, answer):
 
 def needs_a_missing_column(prompts, completions, solution):
     return [0.0] * len(completions)
+
+
+def exits(prompts, completions):
+    raise SystemExit(0)
+
+
+def bools(prompts, completions):
+    return [len(c) > 3 for c in completions]
+
+
+def tensor_length(prompts, completions):
+    import torch
+
+    return torch.tensor([float(len(c.split())) for c in completions])
+
+
+def hangs(prompts, completions):
+    """Never returns: marks that it was entered (the file named by RLOO_TEST_HANG_MARK), then sleeps."""
+    import os
+    import time
+    from pathlib import Path
+
+    if os.environ.get("RLOO_TEST_HANG_MARK"):
+        Path(os.environ["RLOO_TEST_HANG_MARK"]).touch()
+    time.sleep(3600)

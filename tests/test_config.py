@@ -154,6 +154,27 @@ def test_bootstrap_none_runs_without_the_embedded_task(tiny_run_assets):
     assert "model." in first_error("bootstrap=none")  # your own models and data, named
 
 
+def test_a_completion_beyond_the_policys_positions_is_refused_before_loading(tiny_run_assets):
+    import json
+
+    from rloo.config import check_model_sources
+
+    positions = json.loads((tiny_run_assets / "policy" / "config.json").read_text())["max_position_embeddings"]
+    own = [f"model.policy={tiny_run_assets / 'policy'}", f"model.reward_model={tiny_run_assets / 'reward_model'}"]
+    check_model_sources(
+        composed("bootstrap=none", *own, "data.max_prompt_length=8", f"response_length={positions - 8}")
+    )
+    with pytest.raises(ConfigError) as caught:
+        check_model_sources(
+            composed("bootstrap=none", *own, "data.max_prompt_length=8", f"response_length={positions - 7}")
+        )
+    assert str(caught.value) == (
+        f"response_length={positions - 7} after prompts of up to data.max_prompt_length=8 tokens needs "
+        f"{positions + 1} positions; model.policy='{tiny_run_assets / 'policy'}' has {positions} "
+        "(max_position_embeddings): lower one of them"
+    )
+
+
 @pytest.mark.parametrize("group", ["experiment", "debug", "bootstrap"])
 def test_every_experiment_debug_and_bootstrap_option_composes_and_validates(group, monkeypatch, tmp_path):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")

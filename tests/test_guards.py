@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from rloo.errors import ConfigError
 from rloo.objectives import leave_one_out_advantages, masked_leave_one_out_advantages
-from rloo.scoring import MODEL, Reward, RewardTerm, call_reward_function, parse_reward
+from rloo.scoring import MODEL, Interrupted, Reward, RewardTerm, call_reward_function, load_function, parse_reward
 from tests import reward_functions
 from tests.e2e import FAST, HANG_GUARD_S, ROOT, train, train_error
 
@@ -64,7 +64,15 @@ def test_reward_expressions_parse_into_weighted_terms():
         (reward_functions.raises, "raised ValueError: this reward function always fails"),
         (reward_functions.wrong_count, "returned 2 values for 3 completions"),
         (reward_functions.nan_for_odd_rows, "returned a non-finite value for 1 of 3 completions (first: nan at 1)"),
-        (reward_functions.not_numbers, "returned list, not one float per completion"),
+        (
+            reward_functions.not_numbers,
+            "returned str values ('high'), not numbers (a bool or a string is not a score: return float(...))",
+        ),
+        (
+            reward_functions.bools,
+            "returned bool values (False), not numbers (a bool or a string is not a score: return float(...))",
+        ),
+        (reward_functions.exits, "raised SystemExit: 0"),
     ],
 )
 def test_a_misbehaving_function_is_named_with_what_it_did(function, message):
@@ -72,6 +80,47 @@ def test_a_misbehaving_function_is_named_with_what_it_did(function, message):
     assert error == f"reward function tests.reward_functions:f {message}"
     assert "\n" not in error
     assert values.shape == (3,)
+
+
+def test_a_tensor_of_numbers_is_a_valid_result():
+    values, error = call_reward_function("f", reward_functions.tensor_length, ["p"] * 2, ["a b", "c"])
+    assert error is None and values.tolist() == [2.0, 1.0]
+
+
+def test_a_keyboard_interrupt_inside_a_function_still_stops_the_run():
+    def interrupted(prompts, completions):
+        raise KeyboardInterrupt
+
+    for timeout_s in (0, 5):
+        with pytest.raises(KeyboardInterrupt):
+            call_reward_function("f", interrupted, ["p"], ["a"], timeout_s=timeout_s)
+
+
+def test_a_hanging_function_fails_at_its_timeout_and_stops_waiting_on_sigterm():
+    import time
+
+    def slow(prompts, completions):
+        time.sleep(30)
+
+    started = time.monotonic()
+    values, error = call_reward_function("tests.x:slow", slow, ["p"], ["a"], timeout_s=0.5)
+    assert error == "reward function tests.x:slow raised TimeoutError: no result after 0.5 s (reward_timeout_s)"
+    assert values.isnan().all() and time.monotonic() - started < 5
+    stop_after = time.monotonic() + 0.3
+    with pytest.raises(Interrupted):
+        call_reward_function("f", slow, ["p"], ["a"], timeout_s=60, should_stop=lambda: time.monotonic() > stop_after)
+    assert time.monotonic() - started < 10
+
+
+def test_a_reward_module_that_fails_as_it_imports_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "broken_reward.py").write_text("raise RuntimeError('no grader binary on this machine')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as caught:
+        load_function("broken_reward:score")
+    assert str(caught.value) == (
+        "reward: importing 'broken_reward' for 'broken_reward:score' raised RuntimeError: "
+        "no grader binary on this machine"
+    )
 
 
 def test_a_weighted_sum_of_the_model_and_a_function_and_masking():
@@ -86,13 +135,49 @@ def test_a_weighted_sum_of_the_model_and_a_function_and_masking():
 
 # ---- runs ------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_reward_function_that_raises_stops_the_run_in_one_line(finished_run):
+@pytest.mark.parametrize(
+    "function, settings, what",
+    [
+        ("raises", [], "raised ValueError: this reward function always fails"),
+        ("exits", [], "raised SystemExit: 0"),  # SystemExit(0) inside a reward function is no success
+        ("hangs", ["reward_timeout_s=1"], "raised TimeoutError: no result after 1 s (reward_timeout_s)"),
+    ],
+)
+def test_a_reward_function_that_fails_stops_the_run_in_one_line(finished_run, function, settings, what):
     base, _ = finished_run
-    result = train(base / "fn-raises", base / "cache", "reward=tests.reward_functions:raises", "eval.before=false")
+    reward = f"reward=tests.reward_functions:{function}"
+    result = train(base / f"fn-{function}", base / "cache", reward, "eval.before=false", *settings)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert last_line(result) == (
-        "error: reward function tests.reward_functions:raises raised ValueError: this reward function always fails"
-    )
+    assert last_line(result) == f"error: reward function tests.reward_functions:{function} {what}"
+
+
+@pytest.mark.slow
+def test_masking_a_function_that_always_fails_stops_after_max_bad_steps(finished_run):
+    base, _ = finished_run
+    reward = "reward=tests.reward_functions:raises"
+    result = train(base / "fn-mask-all", base / "cache", reward, "reward_errors=mask", "max_bad_steps=2")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert last_line(result).startswith("error: 2 rollouts in a row (max_bad_steps=2) had non-finite scores")
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_reward_function_hangs_ends_the_run_within_seconds(finished_run, monkeypatch):
+    import signal
+    import time
+
+    from tests.test_interrupt import finish, start, wait_for
+
+    base, _ = finished_run
+    run, mark = base / "fn-hang-sigterm", base / "hang-entered"
+    monkeypatch.setenv("RLOO_TEST_HANG_MARK", str(mark))
+    process = start(run, base / "cache", "reward=tests.reward_functions:hangs", "eval.before=false")
+    wait_for(mark.exists, process)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    returncode, output = finish(process)
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert time.monotonic() - sent < 60  # the reward timeout is 60 s: it did not wait for it
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
 
 
 def test_a_reward_function_that_does_not_import_is_refused_before_loading(finished_run):

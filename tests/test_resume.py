@@ -2,7 +2,9 @@
 what may and may not change on resume; which checkpoint is picked; unique run dirs; logs that append."""
 
 import csv
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +71,35 @@ def test_a_run_killed_with_sigkill_and_resumed_ends_bit_identical_to_an_uninterr
 
     assert drop(straight_summary.eval_history) == drop(resumed_summary.eval_history)
     assert [e["step"] for e in straight_summary.eval_history] == [0, 4, 8, 12]  # before, at 4 and 8, after
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_training_exports_and_evaluates_when_resumed_and_a_finished_one_is_left_alone(
+    finished_run,
+):
+    """What a SIGKILL during the policy export leaves: every rollout trained and checkpointed, no policy/, no final
+    evaluation (and no summary). The resume does both and only then says finished; a requeue changes nothing."""
+    base, _ = finished_run
+    run = base / "killed-at-export"
+    first = train(run, base / "cache", "logger=csv")
+    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.rmtree(run / "policy")
+    (run / "summary.json").unlink()
+
+    resumed = train(run, base / "cache", "logger=csv", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    output = resumed.stdout + resumed.stderr
+    assert "exporting the policy now" in output and "running it now" in output
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["final"]["eval/win_rate"] is not None
+    assert (run / "policy" / "model.safetensors").exists()
+
+    before = (run / "summary.json").read_bytes(), (run / "policy" / "model.safetensors").stat().st_mtime_ns
+    again = train(run, base / "cache", "logger=csv", "resume=auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "has finished" in again.stdout + again.stderr and "unchanged" in again.stdout + again.stderr
+    after = (run / "summary.json").read_bytes(), (run / "policy" / "model.safetensors").stat().st_mtime_ns
+    assert after == before
 
 
 def test_resume_refuses_a_changed_k_in_one_line_before_loading(finished_run):
@@ -178,6 +209,60 @@ def test_the_last_whole_checkpoint_is_picked_truncated_and_mid_rollout_ones_skip
     with pytest.raises(ConfigError, match="inside rollout 4"):
         find_resume_point(str(directory / "interrupted.ckpt"), tmp_path, updates_per_rollout=4)
     assert find_resume_point("auto", tmp_path / "fresh", updates_per_rollout=4, log=skipped.append) is None
+
+
+class Payload:
+    """What a planted checkpoint carries: unpickling it would create the file `marker` (a stand-in for any code)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_planted_pickle_is_refused_without_running_it(tmp_path):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    save_checkpoint(directory / "step8.ckpt", rollouts=2, steps=8)
+    marker = tmp_path / "payload-ran"
+    torch.save({"rloo_rollouts": 99, "global_step": 396, "payload": Payload(marker)}, directory / "step99.ckpt")
+    skipped = []
+    point = find_resume_point("auto", tmp_path, updates_per_rollout=4, log=skipped.append)
+    assert point.checkpoint == directory / "step8.ckpt"
+    assert skipped == [
+        "resume: skipping step99.ckpt: it holds io.open, which no run writes: refused without loading it"
+    ]
+    with pytest.raises(ConfigError, match="which no run writes"):
+        find_resume_point(str(directory / "step99.ckpt"), tmp_path, updates_per_rollout=4)
+    assert not marker.exists()
+
+
+def test_a_dangling_last_ckpt_falls_back_to_the_newest_whole_checkpoint(tmp_path):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    save_checkpoint(directory / "step8.ckpt", rollouts=2, steps=8)
+    (directory / "last.ckpt").symlink_to("step12.ckpt")  # its target deleted
+    skipped = []
+    point = find_resume_point(str(tmp_path), tmp_path, updates_per_rollout=4, log=skipped.append)
+    assert point.checkpoint == directory / "step8.ckpt"
+    assert skipped == ["resume: skipping last.ckpt: it points at step12.ckpt, which is gone"]
+
+
+def test_temporary_files_of_killed_writers_are_removed_and_live_ones_kept(tmp_path):
+    from rloo.atomic import remove_stale_temps
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(finished.stdout)  # a process that has exited
+    (tmp_path / f".step5.ckpt.tmp-{dead}").write_bytes(b"")
+    (tmp_path / f".policy.tmp-{dead}").mkdir()
+    (tmp_path / f".policy.tmp-{dead}" / "model.safetensors").write_bytes(b"x")
+    (tmp_path / f".summary.json.tmp-{os.getpid()}").write_text("{}")  # this process is writing it
+    (tmp_path / "step5.ckpt").write_bytes(b"kept")
+    removed = []
+    remove_stale_temps(tmp_path, removed.append)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".summary.json.tmp-{os.getpid()}", "step5.ckpt"]
+    assert len(removed) == 2 and all(f"process {dead} is gone" in line for line in removed)
 
 
 def test_fixed_keys_are_refused_and_the_others_reported():

@@ -79,6 +79,8 @@ class RLOOModule(OnlineRLModule):
         rollout = self.collect(batch, timer)
         if not self.scores_are_finite(rollout) and not self.masks_bad_scores():  # guard: nothing to learn from nan
             return self.skip_rollout(rollout, timer, started)
+        if not torch.isfinite(rollout.scores).any():  # reward_errors=mask, every completion unscored: counted bad
+            self.state.rollout_was_bad = True  # (max_bad_steps in a row stop the run)
 
         # 2-5. rewards, advantages, loss and optimiser steps. R needs log pi(y_t) of the policy that sampled [N, T],
         # from a training-style forward: used once, the update's own forward provides it; reused, a forward first

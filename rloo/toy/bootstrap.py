@@ -18,10 +18,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
+from rloo.errors import SIGTERM_EXIT_CODE
 from rloo.toy.evaluation import evaluate, pair_accuracy
 from rloo.toy.preferences import make_preference_pairs
 from rloo.toy.reward_stage import RewardModelModule, collate_pairs, encode_pairs
@@ -121,7 +123,11 @@ def _fit(module: L.LightningModule, rows: list, collate, stage_cfg: dict, seed: 
         default_root_dir=out_dir,
     )
     module.model.train()  # the before-training probe left it in eval mode
-    trainer.fit(module, loader)
+    try:
+        trainer.fit(module, loader)
+    except SIGTERMException:  # Lightning's own is a SystemExit without a code, which would exit 0
+        print(f"rloo: stopped by SIGTERM while building {out_dir.name}; nothing of this stage was kept", flush=True)
+        raise SystemExit(SIGTERM_EXIT_CODE) from None
     module.model.eval()
 
 
