@@ -283,8 +283,6 @@ def check_model_sources(cfg: DictConfig) -> None:
         else:
             _check_hub_cache(spec, where, wanted)
             continue
-        if key == "policy" and (path / "config.json").exists():
-            check_context(cfg, json.loads((path / "config.json").read_text()), where)
         if key == "reward_model":
             config = json.loads((path / "config.json").read_text())
             architectures = config.get("architectures") or ["an unknown architecture"]
@@ -298,18 +296,21 @@ def check_model_sources(cfg: DictConfig) -> None:
                 raise ConfigError(f"{where} has a score head with {labels} outputs: a reward model has one")
 
 
-def check_context(cfg: DictConfig, model_config: dict, where: str) -> None:
-    """A prompt of data.max_prompt_length tokens and a completion of response_length fit the policy's positions
-    (max_position_embeddings of its config.json): beyond them its position embeddings or rotary tables run out."""
-    context = model_config.get("max_position_embeddings")
-    prompt = cfg.get("data", {}).get("max_prompt_length") if cfg.get("data") is not None else None
-    if not isinstance(context, int) or not isinstance(prompt, int):
+def check_context(cfg: DictConfig, policy: str | None, longest_prompt: int, data: str) -> None:
+    """The longest prompt of the data and a completion of response_length fit the policy's positions
+    (max_position_embeddings of a local policy's config.json): beyond them its position embeddings or rotary tables
+    run out. Checked once the prompts are tokenized, before any model loads."""
+    import json
+
+    config = Path(str(policy)).expanduser() / "config.json" if policy else None
+    if config is None or not config.is_file():
         return
-    if prompt + cfg.response_length > context:
+    context = json.loads(config.read_text()).get("max_position_embeddings")
+    if isinstance(context, int) and longest_prompt + cfg.response_length > context:
         raise ConfigError(
-            f"response_length={cfg.response_length} after prompts of up to data.max_prompt_length={prompt} "
-            f"tokens needs {prompt + cfg.response_length} positions; {where} has {context} "
-            "(max_position_embeddings): lower one of them"
+            f"response_length={cfg.response_length} after the longest prompt of {data} ({longest_prompt} tokens) "
+            f"needs {longest_prompt + cfg.response_length} positions; model.policy={str(policy)!r} has {context} "
+            "(max_position_embeddings): lower response_length or data.max_prompt_length"
         )
 
 

@@ -79,6 +79,7 @@ def run(cfg: DictConfig) -> dict:
 
     from rloo import atomic
     from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, RanksAgree, SampleTable
+    from rloo.config import check_context
     from rloo.data import PromptDataModule, SplitSpec
     from rloo.judges import build_judge
     from rloo.loggers import drop_rows_after
@@ -183,6 +184,8 @@ def run(cfg: DictConfig) -> dict:
     if reward is not None:  # the columns reward functions ask for are in the data
         check_columns(reward, list(datamodule.train_rows[0]["columns"]), f"data.train ({data_src['train']['path']})")
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
+    longest = max(len(row["prompt_ids"]) for row in datamodule.train_rows + eval_callback.rows)
+    check_context(cfg, model_src["policy"], longest, f"data.train/validation ({data_src['train']['path']})")
     eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
 
     check_lora_targets(cfg, model_src["policy"])  # before any weight loads

@@ -157,21 +157,17 @@ def test_bootstrap_none_runs_without_the_embedded_task(tiny_run_assets):
 def test_a_completion_beyond_the_policys_positions_is_refused_before_loading(tiny_run_assets):
     import json
 
-    from rloo.config import check_model_sources
+    from rloo.config import check_context
 
-    positions = json.loads((tiny_run_assets / "policy" / "config.json").read_text())["max_position_embeddings"]
-    own = [f"model.policy={tiny_run_assets / 'policy'}", f"model.reward_model={tiny_run_assets / 'reward_model'}"]
-    check_model_sources(
-        composed("bootstrap=none", *own, "data.max_prompt_length=8", f"response_length={positions - 8}")
-    )
+    policy = tiny_run_assets / "policy"
+    positions = json.loads((policy / "config.json").read_text())["max_position_embeddings"]
+    check_context(composed(f"response_length={positions - 8}"), str(policy), 8, "data.train (a.jsonl)")
     with pytest.raises(ConfigError) as caught:
-        check_model_sources(
-            composed("bootstrap=none", *own, "data.max_prompt_length=8", f"response_length={positions - 7}")
-        )
+        check_context(composed(f"response_length={positions - 7}"), str(policy), 8, "data.train (a.jsonl)")
     assert str(caught.value) == (
-        f"response_length={positions - 7} after prompts of up to data.max_prompt_length=8 tokens needs "
-        f"{positions + 1} positions; model.policy='{tiny_run_assets / 'policy'}' has {positions} "
-        "(max_position_embeddings): lower one of them"
+        f"response_length={positions - 7} after the longest prompt of data.train (a.jsonl) (8 tokens) needs "
+        f"{positions + 1} positions; model.policy='{policy}' has {positions} (max_position_embeddings): "
+        "lower response_length or data.max_prompt_length"
     )
 
 
