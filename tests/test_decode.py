@@ -88,6 +88,12 @@ def left_padded_prompts(num_rows: int, length: int, vocab_size: int, seed: int =
     return ids.masked_fill(mask == 0, PAD), mask
 
 
+def training_logprobs(model, ids, mask, completions, completion_mask, temperature):
+    """The reference: the training forward's log-probs of the completions after their prompts."""
+    full_ids, full_mask = torch.cat([ids, completions], 1), torch.cat([mask, completion_mask], 1)
+    return completion_logprobs(model, full_ids, full_mask, completions, completion_mask, temperature)
+
+
 def hf_generate(model, ids, mask, sampling, eos=EOS):
     return generate(model, ids, mask, sampling, eos, PAD, batch_size=ids.shape[0])
 
@@ -179,14 +185,7 @@ def test_logprobs_equal_training_forward(architecture, temperature, top_k, top_p
     completions, completion_mask, ended = truncate_after_stop(completions, EOS, PAD)
     if not greedy:
         assert ended.any()
-    expected = completion_logprobs(
-        model,
-        torch.cat([ids, completions], 1),
-        torch.cat([mask, completion_mask], 1),
-        completions,
-        completion_mask,
-        1.0 if greedy else temperature,
-    )
+    expected = training_logprobs(model, ids, mask, completions, completion_mask, 1.0 if greedy else temperature)
     assert logprobs.dtype == torch.float32
     torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
     assert (logprobs[completion_mask == 0] == 0).all()
@@ -306,14 +305,7 @@ def test_rows_sharing_a_prompt_cache_decode_as_if_each_had_its_own(architecture,
     assert ended.any() and lengths.min() < lengths.max()  # rows ended at different steps: dropped mid-run
     assert torch.equal(kept[:, : completions.shape[1]], completions)
     torch.testing.assert_close(logprobs, kept_logprobs[:, : logprobs.shape[1]], atol=1e-5, rtol=0)
-    expected = completion_logprobs(
-        model,
-        torch.cat([ids, completions], 1),
-        torch.cat([mask, completion_mask], 1),
-        completions,
-        completion_mask,
-        0.9,
-    )
+    expected = training_logprobs(model, ids, mask, completions, completion_mask, 0.9)
     torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
 
 
@@ -362,26 +354,12 @@ def test_bf16_runs_with_finite_logprobs(how):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
             _, completion_mask, _ = truncate_after_stop(completions, EOS, PAD)
-            expected = completion_logprobs(
-                model,
-                torch.cat([ids, completions], 1),
-                torch.cat([mask, completion_mask], 1),
-                completions,
-                completion_mask,
-                0.7,
-            )
+            expected = training_logprobs(model, ids, mask, completions, completion_mask, 0.7)
     else:
         model = model.to(torch.bfloat16)
         completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
         _, completion_mask, _ = truncate_after_stop(completions, EOS, PAD)
-        expected = completion_logprobs(
-            model,
-            torch.cat([ids, completions], 1),
-            torch.cat([mask, completion_mask], 1),
-            completions,
-            completion_mask,
-            0.7,
-        )
+        expected = training_logprobs(model, ids, mask, completions, completion_mask, 0.7)
     assert logprobs.dtype == torch.float32 and torch.isfinite(logprobs).all()
     real = completion_mask == 1
     assert (logprobs[real] < 0).all() and (logprobs[~real] == 0).all()
