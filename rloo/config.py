@@ -32,6 +32,19 @@ def num_rollouts(cfg: DictConfig, world_size: int) -> int:
     return cfg.total_episodes // (cfg.rollout_batch_size * world_size)
 
 
+def episodes_note(cfg: DictConfig, world_size: int) -> str | None:
+    """A line for a total_episodes that whole rollouts do not reach exactly (legitimate: the published 1,000,000
+    over 512-completion rollouts): how many rollouts and episodes the run trains instead. None when it divides."""
+    per_rollout = cfg.rollout_batch_size * world_size
+    if cfg.total_episodes % per_rollout == 0:
+        return None
+    rollouts = num_rollouts(cfg, world_size)
+    return (
+        f"total_episodes={cfg.total_episodes} is not a multiple of a rollout ({per_rollout} completions): "
+        f"the run trains {rollouts} rollouts, {rollouts * per_rollout} episodes"
+    )
+
+
 def rollout_sampling(cfg: DictConfig) -> SamplingConfig:
     """How rollouts sample (conf/sampling.yaml)."""
     return SamplingConfig(

@@ -58,6 +58,7 @@ def run(cfg: DictConfig) -> dict:
     from rloo.config import (
         check_model_sources,
         check_strategy_installed,
+        episodes_note,
         eval_sampling,
         num_rollouts,
         updates_per_rollout,
@@ -96,6 +97,8 @@ def run(cfg: DictConfig) -> dict:
     log = logging.getLogger("rloo").info  # to the console and to the run's train.log
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if note := episodes_note(cfg, processes):
+        log(f"rloo: warning: {note}")
     requeued = cfg.resume == "auto" or (cfg.resume is not None and Path(cfg.resume).expanduser().is_dir())
     if requeued and (done := finished_summary(out, rollouts, cfg.eval.after)) is not None:  # nothing left to do
         log(

@@ -154,6 +154,19 @@ def test_bootstrap_none_runs_without_the_embedded_task(tiny_run_assets):
     assert "model." in first_error("bootstrap=none")  # your own models and data, named
 
 
+def test_a_total_that_whole_rollouts_do_not_reach_is_said_in_one_line():
+    from rloo.config import episodes_note, num_rollouts
+
+    assert episodes_note(composed("total_episodes=1024", "rollout_batch_size=512"), 1) is None
+    cfg = composed("total_episodes=1000000", "rollout_batch_size=512")
+    assert num_rollouts(cfg, 1) == 1953
+    assert episodes_note(cfg, 1) == (
+        "total_episodes=1000000 is not a multiple of a rollout (512 completions): the run trains 1953 rollouts, "
+        "999936 episodes"
+    )
+    assert "(1024 completions)" in episodes_note(cfg, 2)  # every device's rollout
+
+
 def test_a_completion_beyond_the_policys_positions_is_refused_before_loading(tiny_run_assets):
     import json
 
