@@ -11,7 +11,19 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
+from rloo.errors import ConfigError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _from_pretrained(auto_class, name_or_path: str, **kwargs) -> PreTrainedModel:
+    """auto_class.from_pretrained, with a file that does not load (truncated weights, a broken config) said in one
+    line naming the dir (ConfigError, exit 2) instead of the loader's traceback."""
+    try:
+        return auto_class.from_pretrained(name_or_path, **kwargs)
+    except Exception as error:  # OSError, safetensors' and json's own errors, a config transformers refuses
+        detail = (str(error).strip().splitlines() or [""])[0][:160]
+        raise ConfigError(f"{name_or_path} does not load as a model: {type(error).__name__}: {detail}") from None
 
 
 def load_tokenizer(name_or_path: str, pad_token: str | None = None, chat_template: str | None = None):
@@ -27,7 +39,7 @@ def load_tokenizer(name_or_path: str, pad_token: str | None = None, chat_templat
 
 def load_policy(name_or_path: str, tokenizer=None) -> PreTrainedModel:
     """The trained policy, in fp32 (the precision plugin casts compute)."""
-    policy = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+    policy = _from_pretrained(AutoModelForCausalLM, name_or_path, dtype=torch.float32)
     if tokenizer is not None:
         _fit_embeddings(policy, tokenizer)
     return policy
@@ -35,7 +47,7 @@ def load_policy(name_or_path: str, tokenizer=None) -> PreTrainedModel:
 
 def load_reward_model(name_or_path: str, dtype: str = "float32", tokenizer=None) -> PreTrainedModel:
     """A sequence classifier with one label: its output at the last real token is the score."""
-    reward_model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1, dtype=DTYPES[dtype])
+    reward_model = _from_pretrained(AutoModelForSequenceClassification, name_or_path, num_labels=1, dtype=DTYPES[dtype])
     if tokenizer is not None:
         _fit_embeddings(reward_model, tokenizer)
         reward_model.config.pad_token_id = tokenizer.pad_token_id
@@ -44,7 +56,7 @@ def load_reward_model(name_or_path: str, dtype: str = "float32", tokenizer=None)
 
 def load_value_model(name_or_path: str, tokenizer=None) -> PreTrainedModel:
     """PPO's value model: a trainable fp32 sequence classifier (one label) initialised from a reward model."""
-    value_model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1, dtype=torch.float32)
+    value_model = _from_pretrained(AutoModelForSequenceClassification, name_or_path, num_labels=1, dtype=torch.float32)
     if tokenizer is not None:
         _fit_embeddings(value_model, tokenizer)
         value_model.config.pad_token_id = tokenizer.pad_token_id
@@ -60,7 +72,7 @@ def reference_from(
     if name_or_path is None:
         reference = copy.deepcopy(policy)
     else:
-        reference = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+        reference = _from_pretrained(AutoModelForCausalLM, name_or_path, dtype=torch.float32)
         if isinstance(policy.get_output_embeddings(), FP32Head):
             use_fp32_lm_head(reference)
     return freeze(store_frozen(reference, dtype, autocast_dtype))

@@ -154,6 +154,22 @@ def test_bootstrap_none_runs_without_the_embedded_task(tiny_run_assets):
     assert "model." in first_error("bootstrap=none")  # your own models and data, named
 
 
+def test_a_model_dir_whose_weights_do_not_load_is_one_line(tiny_run_assets, tmp_path):
+    import shutil
+
+    from rloo.models import load_policy, load_reward_model
+
+    for name, load in (("policy", load_policy), ("reward_model", load_reward_model)):
+        broken = tmp_path / name
+        shutil.copytree(tiny_run_assets / name, broken)
+        weights = broken / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])  # truncated, as by a kill without rloo.atomic
+        with pytest.raises(ConfigError) as caught:
+            load(str(broken))
+        assert str(caught.value).startswith(f"{broken} does not load as a model: SafetensorError: ")
+        assert "\n" not in str(caught.value)
+
+
 def test_a_total_that_whole_rollouts_do_not_reach_is_said_in_one_line():
     from rloo.config import episodes_note, num_rollouts
 
