@@ -182,9 +182,8 @@ def run(cfg: DictConfig) -> dict:
     datamodule.first_rollout = resumed_rollouts
     datamodule.setup("fit")  # data errors surface before any model loads
     reward = reward_from_config(cfg)  # reward= beyond the reward model alone, built once
-    if reward is not None:  # a guarded reward call stops waiting once SIGTERM is noted (the trainer, built below)
+    if reward is not None:  # the columns reward functions ask for are in the data; a guarded call stops on SIGTERM
         reward.should_stop = lambda: trainer.received_sigterm
-    if reward is not None:  # the columns reward functions ask for are in the data
         check_columns(reward, list(datamodule.train_rows[0]["columns"]), f"data.train ({data_src['train']['path']})")
     eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
     longest = max(len(row["prompt_ids"]) for row in datamodule.train_rows + eval_callback.rows)

@@ -246,41 +246,37 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     )
 
 
-def neox_config(preset: Preset, **overrides) -> GPTNeoXConfig:
-    """Pythia's architecture: rotary on 25% of head dims, parallel residual, untied embeddings, no dropout."""
-    values = dict(
+def _sizes(preset: Preset) -> dict:
+    """What every family's config takes from the preset, with the presets' tokenizer ids (PAD 0, EOS/BOS 1)."""
+    return dict(
         vocab_size=preset.vocab_size,
         hidden_size=preset.hidden_size,
         num_hidden_layers=preset.num_layers,
         num_attention_heads=preset.num_heads,
         intermediate_size=preset.intermediate_size,
         max_position_embeddings=2048,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
+
+
+def neox_config(preset: Preset, **overrides) -> GPTNeoXConfig:
+    """Pythia's architecture: rotary on 25% of head dims, parallel residual, untied embeddings, no dropout."""
+    values = _sizes(preset) | dict(
         rotary_pct=0.25,
         use_parallel_residual=True,
         tie_word_embeddings=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
     )
     return GPTNeoXConfig(**(values | overrides))
 
 
 def llama_config(preset: Preset, **overrides) -> LlamaConfig:
     """Llama 3's layout: grouped-query attention, SwiGLU MLP, RMSNorm, full rotary, tied embeddings."""
-    values = dict(
-        vocab_size=preset.vocab_size,
-        hidden_size=preset.hidden_size,
-        num_hidden_layers=preset.num_layers,
-        num_attention_heads=preset.num_heads,
-        num_key_value_heads=preset.num_kv_heads or preset.num_heads,
-        intermediate_size=preset.intermediate_size,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
+    values = _sizes(preset) | dict(
+        num_key_value_heads=preset.num_kv_heads or preset.num_heads, tie_word_embeddings=True
     )
     return LlamaConfig(**(values | overrides))
 
