@@ -212,13 +212,17 @@ def build_module(
         from rloo.models import use_activation_checkpointing
 
         use_activation_checkpointing(module.policy)
+    elif cfg.mlp_recompute:
+        from rloo.mlp_recompute import recompute_mlp_activations
+
+        module.policy.rloo_activations = recompute_mlp_activations(module.policy)  # read by fast_paths
     return module
 
 
 def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, str]]:
     """What samples and what runs the forward passes of this run, each with why: the lean decode or HF generate,
-    the packed prompt-once forward or the plain one (for the policy and reference, and for the reward model). A
-    fast path that cannot serve the model says so here; the run logs this and writes it to summary.json."""
+    the packed prompt-once forward or the plain one (for the policy and reference, and for the reward model), and what
+    the policy's backward keeps (rloo.mlp_recompute, or activation checkpointing). A fast path that cannot serve the model says so here; the run logs this and writes it to summary.json."""
     from rloo.decode import why_not_lean_decode
     from rloo.forward import packing_pays, why_not_prompt_once
 
@@ -246,7 +250,20 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
             f"each prompt once for its k={cfg.k} completions (a batch packs where that costs less than plain rows)"
         )
 
-    paths = {"sampler": sampler, "policy_forward": forward(policy)}
+    def activations() -> tuple[str, str]:
+        from rloo.mlp_recompute import why_not_recompute_mlp
+
+        if cfg.activation_checkpointing:
+            return "checkpointed", "activation_checkpointing=true: each block is recomputed whole in the backward"
+        if not cfg.mlp_recompute:
+            return "kept", "mlp_recompute=false"
+        if installed := getattr(policy, "rloo_activations", None):  # what build_module did to this very policy
+            return installed
+        if reason := why_not_recompute_mlp(policy):
+            return "kept", f"mlp_recompute=true, but {reason}"
+        return "mlp_recompute", "the MLPs keep their up-projections; the activation is recomputed in the backward"
+
+    paths = {"sampler": sampler, "policy_forward": forward(policy), "policy_activations": activations()}
     if reward_model is not None:
         paths["reward_forward"] = forward(reward_model)
     return paths

@@ -89,11 +89,13 @@ class Architecture:
         """The LM head's own parameters: none when it is the embedding (tied)."""
         return 0 if self.tied_head else self.vocab_size * self.hidden_size
 
-    def saved_per_token(self) -> int:
+    def saved_per_token(self, mlp_recompute: bool = False) -> int:
         """Values one block keeps per token for the backward: the norms' inputs, q/k/v, the attention output, the
-        MLP's input and its wide activations (GELU: 2 x intermediate; SwiGLU: gate, up, act(gate), product)."""
+        MLP's input and its wide activations (GELU: 2 x intermediate; SwiGLU: gate, up, act(gate), product). With
+        rloo.mlp_recompute, the up-projections only (GELU: h; SwiGLU: gate and up)."""
         d, i = self.hidden_size, self.intermediate_size
-        return 10 * d + 2 * i if not self.llama_like else 8 * d + self.kv_width + 4 * i
+        wide = (1 if not self.llama_like else 2) if mlp_recompute else (2 if not self.llama_like else 4)
+        return (10 * d if not self.llama_like else 8 * d + self.kv_width) + wide * i
 
 
 def _from_hf_config(values: dict) -> Architecture:
@@ -227,6 +229,7 @@ class Shape:
     response_length: int
     shared_prefix: bool  # the prompt-once forward runs (rloo.assemble.fast_paths says so for the real model)
     activation_checkpointing: bool = False
+    mlp_recompute: bool = False  # the MLPs' activations are recomputed in the backward (rloo.mlp_recompute)
     sampler: str = "lean_decode"  # lean_decode | hf_generate (which keeps every step's logits, [B, T, V])
 
 
@@ -278,7 +281,7 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     rows, prompt, response = shape.micro_batch_size, shape.prompt_length, shape.response_length
     groups = max(rows // shape.k, 1)
     tokens = groups * (prompt + shape.k * response) if shape.shared_prefix else rows * (prompt + response)
-    per_token = arch.saved_per_token() * compute
+    per_token = arch.saved_per_token(shape.mlp_recompute) * compute
     if shape.activation_checkpointing:  # each block's input is kept; one block's activations live at a time
         items["activations"] = tokens * arch.hidden_size * compute * arch.num_layers + tokens * per_token
     else:
@@ -370,6 +373,7 @@ def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]]
         response_length=int(cfg.response_length),
         shared_prefix=paths["policy_forward"][0] == "prompt_once",
         activation_checkpointing=bool(cfg.activation_checkpointing),
+        mlp_recompute=paths.get("policy_activations", ("kept", ""))[0] == "mlp_recompute",
         sampler=paths["sampler"][0],
     )
 

@@ -136,6 +136,7 @@ class CommonKeys(SamplingKeys):
     num_mini_batches: int = key(FIXED, low=1)
     shared_prefix: bool = key(APPLIED)
     fp32_lm_head: bool = key(FIXED)
+    mlp_recompute: bool = key(APPLIED)
     activation_checkpointing: bool = key(APPLIED)
     rollout_batch_size: int = key(FIXED, low=1)
     micro_batch_size: int = key(FIXED, low=1)

@@ -34,6 +34,7 @@ def test_a_gpt_neox_run_takes_both_fast_paths_and_says_so(tiny_run_assets, tmp_p
     paths = summary["fast_paths"]
     assert paths["sampler"]["ran"] == "lean_decode"
     assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
+    assert paths["policy_activations"]["ran"] == "mlp_recompute"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["fast_paths"] == paths
 
 
@@ -62,6 +63,7 @@ def test_a_llama_policy_trains_with_lora_and_a_reward_function_reading_a_column(
     assert call["answer"] == [answer_of[p] for p in call["prompts"]] and len(call["answer"]) == 8
     paths = summary["fast_paths"]
     assert paths["policy_forward"]["ran"] == "prompt_once" and "reward_forward" not in paths
+    assert paths["policy_activations"]["ran"] == "mlp_recompute"  # through LoRA's wrapped layers too
     # the lean decode serves Llama, but not through LoRA's wrapped layers: it says so
     assert paths["sampler"]["ran"] == "hf_generate" and "LoRA" in paths["sampler"]["why"]
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "policy")  # merged: loads without peft
@@ -80,6 +82,7 @@ def test_a_llama_family_run_takes_both_fast_paths_and_plans_its_memory(family, t
     paths = summary["fast_paths"]
     assert paths["sampler"]["ran"] == "lean_decode"
     assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
+    assert paths["policy_activations"]["ran"] == "mlp_recompute" and "act(gate) * up" in paths["policy_activations"]["why"]
     memory = summary["memory"]
     assert (
         memory["planned_peak_mb"] > 0
