@@ -194,13 +194,13 @@ def build_module(
 
         module = DPOModule(policy, reference, reward_model, tokenizer, algorithm_config(DPOConfig, cfg, total_rollouts))
     else:  # RLOO's step with its own baseline
-        from rloo.algorithms.raft import RAFTModule
+        from rloo.algorithms.raft import RAFTConfig, RAFTModule
         from rloo.algorithms.reinforce import ReinforceConfig, ReinforceModule, VanillaPGModule
         from rloo.algorithms.rloo import RLOOConfig, RLOOModule
 
         module_class, config_class = {
             "rloo": (RLOOModule, RLOOConfig),
-            "raft": (RAFTModule, RLOOConfig),
+            "raft": (RAFTModule, RAFTConfig),
             "reinforce": (ReinforceModule, ReinforceConfig),
             "vanilla_pg": (VanillaPGModule, RLOOConfig),
         }[cfg.algorithm]
@@ -222,7 +222,8 @@ def build_module(
 def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, str]]:
     """What samples and what runs the forward passes of this run, each with why: the lean decode or HF generate,
     the packed prompt-once forward or the plain one (for the policy and reference, and for the reward model), and what
-    the policy's backward keeps (rloo.mlp_recompute, or activation checkpointing). A fast path that cannot serve the model says so here; the run logs this and writes it to summary.json."""
+    the policy's backward keeps (rloo.mlp_recompute, or activation checkpointing). A fast path that cannot serve
+    the model says so here; the run logs this and writes it to summary.json."""
     from rloo.decode import why_not_lean_decode
     from rloo.forward import packing_pays, why_not_prompt_once
 

@@ -95,13 +95,28 @@ def check_group_choices(argv: list[str]) -> None:
                 )
 
 
+def _experiment_defaults(option: str) -> tuple[list[str], str | None]:
+    """The experiments `option` builds on (plain entries of its defaults) and the model it selects itself."""
+    defaults = OmegaConf.load(CONF_DIR / "experiment" / f"{option}.yaml").get("defaults") or []
+    bases = [str(d) for d in defaults if isinstance(d, str) and d != "_self_"]
+    model = next((d.get("override /model") for d in defaults if OmegaConf.is_dict(d) and "override /model" in d), None)
+    return bases, model
+
+
 def recipe_of(model: str) -> str | None:
-    """The experiment whose defaults select `model` (experiment/tldr_pythia1b.yaml: override /model: pythia1b)."""
-    for option in group_options("experiment"):
-        defaults = OmegaConf.load(CONF_DIR / "experiment" / f"{option}.yaml").get("defaults") or []
-        if any(OmegaConf.is_dict(d) and d.get("override /model") == model for d in defaults):
-            return option
-    return None
+    """The experiment `model=<model>` runs: of those that select the model (themselves or through the recipe they
+    build on: experiment/tldr_pythia1b_trl09.yaml has `override /model: pythia1b`), the one no other builds on
+    (tldr_pythia1b, rloo's recipe on top of TRL's published ones)."""
+    options = {option: _experiment_defaults(option) for option in group_options("experiment")}
+
+    def selected(option: str) -> str | None:
+        bases, own = options[option]
+        return own or next((m for m in map(selected, bases) if m), None)
+
+    candidates = [option for option in options if selected(option) == model]
+    built_on = {base for option in candidates for base in options[option][0]}
+    tops = [option for option in candidates if option not in built_on]
+    return tops[0] if len(tops) == 1 else None
 
 
 def expand_overrides(argv: list[str], say=None) -> list[str]:

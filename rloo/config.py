@@ -163,6 +163,11 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             "model.lora=true is not allowed with algo=dpo: its pairs are sampled from the "
             "reference, which LoRA makes the policy itself; use model.lora=false"
         )
+    if cfg.get("missing_eos_penalty") and cfg.get("missing_eos_score") is not None:
+        raise ConfigError(
+            f"missing_eos_penalty={cfg.missing_eos_penalty} and missing_eos_score={cfg.missing_eos_score}: one "
+            "missing-EOS rule at a time (subtract the penalty, or replace the score); set the other to null"
+        )
     validate_reward(cfg, algorithm == "ppo")
     validate_lora(cfg)
     validate_strategy(cfg)

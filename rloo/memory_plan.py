@@ -17,6 +17,13 @@ from rloo.forward import LOGIT_CHUNK_ELEMENTS
 
 MIB = 2**20
 SHARD_STATE = ("deepspeed_stage_2", "deepspeed_stage_2_offload")  # gradients and AdamW state only
+# ZeRO-3 partitions every module of the engine's model, the LightningModule: the frozen reference and reward model
+# too. Its working buffers, at Lightning's DeepSpeedStrategy settings (reduce_bucket_size 2e8 elements) and
+# DeepSpeed's own (stage3_prefetch_bucket_size 5e7): the parameters of the module being gathered, those prefetched
+# for the next, and the gradient bucket being reduced.
+ZERO3 = ("deepspeed_stage_3", "deepspeed_stage_3_offload")
+ZERO3_PREFETCH_ELEMENTS = 50_000_000
+ZERO3_REDUCE_BUCKET_ELEMENTS = 200_000_000
 
 
 PLANNED_MODELS = ("gpt_neox", "llama", "qwen2")  # layouts this plan counts exactly; others are planned as Llama-like
@@ -269,10 +276,11 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     world = max(shape.world_size, 1)
     shard_weights = world if shape.strategy in SHARDED_STRATEGIES else 1  # weights, gradients and AdamW state
     shard_state = world if shape.strategy in SHARDED_STRATEGIES + SHARD_STATE else 1
+    shard_frozen = world if shape.strategy in ZERO3 else 1  # rloo's FSDP2 shards the policy alone
     items = {
         "policy weights": policy_params * weight / (1 if shape.lora else shard_weights) + adapters * weight,
-        "reference weights": reference,
-        "reward model weights": reward,
+        "reference weights": reference / shard_frozen,
+        "reward model weights": reward / shard_frozen,
         "gradients": trained * weight / shard_state,
         "AdamW state": 2 * trained * weight / shard_state,
     }
@@ -280,7 +288,8 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     # qkv, attention output, MLP input, its two wide activations and the residual (about 10 D + 2 I values)
     rows, prompt, response = shape.micro_batch_size, shape.prompt_length, shape.response_length
     groups = max(rows // shape.k, 1)
-    tokens = groups * (prompt + shape.k * response) if shape.shared_prefix else rows * (prompt + response)
+    packs = shape.shared_prefix and rows >= shape.k  # a micro-batch of fewer rows than k holds no whole group
+    tokens = groups * (prompt + shape.k * response) if packs else rows * (prompt + response)
     per_token = arch.saved_per_token(shape.mlp_recompute) * compute
     if shape.activation_checkpointing:  # each block's input is kept; one block's activations live at a time
         items["activations"] = tokens * arch.hidden_size * compute * arch.num_layers + tokens * per_token
@@ -299,8 +308,14 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     if shape.sampler == "hf_generate":
         cache += 4 * batch * response * arch.vocab_size * 4
     items["KV cache"] = cache
+    if shape.strategy in ZERO3:  # the largest module gathered whole (a block, or the embedding), the next prefetched
+        gathered = max(arch.block_linear_params(), arch.vocab_size * arch.hidden_size) + ZERO3_PREFETCH_ELEMENTS
+        items["ZeRO-3 buffers"] = (gathered + ZERO3_REDUCE_BUCKET_ELEMENTS) * compute  # in the compute dtype
     mib = {key: value / MIB for key, value in items.items()}
-    static = sum(mib[key] for key in ("policy weights", "reference weights", "reward model weights", "AdamW state"))
+    static = sum(
+        mib.get(key, 0.0)
+        for key in ("policy weights", "reference weights", "reward model weights", "AdamW state", "ZeRO-3 buffers")
+    )
     update = mib["gradients"] + mib["activations"] + mib["logit chunks"]
     mib["peak"] = static + max(update, mib["KV cache"])
     return mib

@@ -118,14 +118,19 @@ def sequence_rewards(scores: Tensor, kl: Tensor, mask: Tensor, kl_coef: float) -
     return _upcast(scores) - kl_coef * masked_sum(kl, mask, dim=1)  # R = s - beta * sum_t KL_t
 
 
-def apply_missing_eos_penalty(scores: Tensor, ended_with_eos: Tensor, penalty: float | None) -> Tensor:
-    """Subtract `penalty` from scores of completions that never emitted EOS.
+def apply_missing_eos_penalty(
+    scores: Tensor, ended_with_eos: Tensor, penalty: float | None, replacement: float | None = None
+) -> Tensor:
+    """The score of a completion that never emitted EOS, penalised: `penalty` subtracted (TRL >= 0.11), or the score
+    replaced by `replacement` (TRL 0.9-0.10's penalty_reward_value). A completion left unscored (nan) stays nan.
 
-    scores [N], ended_with_eos [N] bool -> new [N] tensor; penalty None or 0 -> copy.
+    scores [N], ended_with_eos [N] bool -> new [N] tensor; neither given (or penalty 0) -> copy.
     """
+    truncated = ~ended_with_eos.bool()
+    if replacement is not None:
+        return torch.where(truncated & ~torch.isnan(scores), torch.full_like(scores, replacement), scores)
     if not penalty:
         return scores.clone()
-    truncated = ~ended_with_eos.bool()
     return scores - penalty * truncated.to(scores.dtype)
 
 

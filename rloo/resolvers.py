@@ -46,7 +46,19 @@ def sweep_job_name() -> str | None:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
     job = HydraConfig.get().job
-    return f"{job.num}_{job.override_dirname}"
+    return f"{job.num}_{one_dir_name(job.override_dirname)}"
+
+
+def one_dir_name(text: str) -> str:
+    """A multirun job's overrides as one dir name: a path-valued override (data.train.path=/a/b.jsonl) would
+    otherwise nest the job dir, where rloo.report finds no job. '/' becomes '%2F', as in a URL; the name is capped at
+    200 characters (a file system allows 255) with a hash of the whole kept, so that distinct jobs stay distinct."""
+    import hashlib
+
+    name = text.replace("%", "%25").replace("/", "%2F")
+    if len(name) > 200:
+        name = f"{name[:180]}-{hashlib.sha1(name.encode()).hexdigest()[:12]}"
+    return name
 
 
 def unique_dir(path: str) -> str:
@@ -86,6 +98,7 @@ def register_resolvers() -> None:
         ("wandb_offline", wandb_offline),
         ("sweep_group", sweep_group),
         ("sweep_job_name", sweep_job_name),
+        ("one_dir_name", one_dir_name),
         ("unique_dir", unique_dir),
         ("run_dir", run_dir),
         ("hydra_subdir", hydra_subdir),

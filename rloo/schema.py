@@ -29,9 +29,11 @@ FIXED, APPLIED = "fixed", "applied"
 
 LOSSES = ("ppo_clip", "reinforce")
 LR_SCHEDULES = ("linear", "constant", "cosine")
+LR_SCHEDULE_PER = ("optimizer_step", "rollout")
 FROZEN_DTYPES = ("float32", "bfloat16", "float16")
 OLD_LOGPROBS = ("recompute", "generation")
 SEQUENCE_RATIOS = ("sum", "mean")
+RAFT_RANKINGS = ("reward", "score")
 REWARD_ERRORS = ("raise", "mask")
 ALGORITHMS = ("rloo", "raft", "reinforce", "vanilla_pg", "ppo", "dpo")
 
@@ -132,6 +134,7 @@ class CommonKeys(SamplingKeys):
     reward_timeout_s: float = key(APPLIED, low=0)
     k: int = key(FIXED, low=1)
     missing_eos_penalty: float | None = key(FIXED, low=0)
+    missing_eos_score: float | None = key(FIXED)
     num_ppo_epochs: int = key(FIXED, low=1)
     num_mini_batches: int = key(FIXED, low=1)
     shared_prefix: bool = key(APPLIED)
@@ -147,6 +150,7 @@ class CommonKeys(SamplingKeys):
     adam_eps: float = key(APPLIED, low=0, low_open=True)
     warmup_ratio: float = key(APPLIED, low=0, high=1)
     lr_schedule: str = key(APPLIED, choices=LR_SCHEDULES)
+    lr_schedule_per: str = key(FIXED, choices=LR_SCHEDULE_PER)
     max_grad_norm: float | None = key(APPLIED, low=0, low_open=True)
     log_every: int = key(APPLIED, low=1)
     sample_every: int = key(APPLIED, low=0)
@@ -197,6 +201,11 @@ class RLOOKeys(PolicyGradientKeys):
 
 
 @dataclass
+class RAFTKeys(RLOOKeys):
+    raft_rank_by: str = key(FIXED, choices=RAFT_RANKINGS)
+
+
+@dataclass
 class ReinforceKeys(RLOOKeys):
     baseline_decay: float = key(FIXED, low=0, high=1)
 
@@ -217,7 +226,7 @@ class DPOKeys(CommonKeys):
 
 ALGORITHM_KEYS = {
     "rloo": RLOOKeys,
-    "raft": RLOOKeys,
+    "raft": RAFTKeys,
     "vanilla_pg": RLOOKeys,
     "reinforce": ReinforceKeys,
     "ppo": PPOKeys,

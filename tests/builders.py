@@ -43,8 +43,11 @@ def train_config(algorithm: str, total_rollouts: int, **keys):
     cfg = compose_train_config(overrides)
     validate_train_config(cfg)
     from rloo.algorithms.dpo import DPOConfig
+    from rloo.algorithms.raft import RAFTConfig
 
-    config_class = {"ppo": PPOConfig, "reinforce": ReinforceConfig, "dpo": DPOConfig}.get(algorithm, RLOOConfig)
+    config_class = {"ppo": PPOConfig, "reinforce": ReinforceConfig, "dpo": DPOConfig, "raft": RAFTConfig}.get(
+        algorithm, RLOOConfig
+    )
     return algorithm_config(config_class, cfg, total_rollouts)
 
 

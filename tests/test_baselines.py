@@ -91,15 +91,21 @@ def test_vanilla_pg_uses_the_reward_itself(tiny_run_assets, tokenizer):
         assert torch.equal(step["advantages"], step["rewards"].float())
 
 
-def test_raft_weights_the_best_penalised_score_of_each_prompt(tiny_run_assets, tokenizer):
+@pytest.mark.parametrize("rank_by", ["reward", "score"])
+def test_raft_weights_the_best_of_each_prompt_by_its_ranking(tiny_run_assets, tokenizer, rank_by):
     before = AutoModelForCausalLM.from_pretrained(tiny_run_assets / "policy").state_dict()
-    module, steps = fit_recorded(tiny_run_assets, tokenizer, RAFTModule, "raft", k=4)
+    # a large kl_coef, so that ranking by R and by the score differ
+    module, steps = fit_recorded(tiny_run_assets, tokenizer, RAFTModule, "raft", k=4, kl_coef=5.0, raft_rank_by=rank_by)
+    differ = False
     for step in steps:
         penalised = step["scores"] - 1.0 * (~step["ended"]).float()  # missing_eos_penalty 1.0 (conf/train.yaml)
-        groups = penalised.view(-1, 4)
+        ranked = step["rewards"] if rank_by == "reward" else penalised  # R = penalised - 5 * sum_t KL_t
+        groups = ranked.view(-1, 4)
         chosen = step["advantages"].view(-1, 4)
         assert (chosen.sum(1) == 4).all() and ((chosen == 0) | (chosen == 4)).all()
         assert torch.equal(groups[chosen == 4], groups.max(1).values)
+        differ |= not torch.equal(step["rewards"].view(-1, 4).argmax(1), penalised.view(-1, 4).argmax(1))
+    assert differ  # the two rankings chose differently somewhere: the key matters
     after = module.policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained on them
 

@@ -15,7 +15,7 @@ DIAGNOSTICS = [
     "mismatch/seq_log_ratio_max",
     "policy/clipfrac_avg",
     "policy/token_clipfrac_avg",
-    "policy/ratio",
+    "val/ratio",
     "policy/ratio_min",
     "policy/ratio_max",
 ]

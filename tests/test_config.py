@@ -41,15 +41,12 @@ def test_every_model_and_precision_composes_and_validates(model, precision, monk
 
 
 @pytest.mark.parametrize("size", ["1b", "6.9b"])
-def test_pythia_recipe_matches_the_published_hyperparameters(size):
+def test_pythia_recipe_loads_the_published_models_and_data(size):
+    """The hyperparameters, release by release: tests/test_recipes.py."""
     cfg = composed(f"model=pythia{size}")
     assert cfg.model.policy == f"cleanrl/EleutherAI_pythia-{size}-deduped__sft__tldr"
     assert cfg.model.reward_model == f"cleanrl/EleutherAI_pythia-{size}-deduped__reward__tldr"
     assert cfg.model.tokenizer == "EleutherAI/pythia-1b-deduped" and cfg.model.pad_token == "[PAD]"
-    assert (cfg.k, cfg.lr, cfg.kl_coef, cfg.response_length, cfg.temperature) == (2, 3e-6, 0.03, 53, 0.7)
-    assert (cfg.missing_eos_penalty, cfg.num_ppo_epochs, cfg.num_mini_batches) == (1.0, 2, 2)
-    assert cfg.total_episodes == 1_000_000 and cfg.generation_batch_size == 16
-    assert cfg.micro_batch_size == 16 and cfg.rollout_batch_size == 16 * 16 * 2
     assert cfg.data.name == "tldr" and cfg.data.train.path == "trl-internal-testing/tldr-preference-sft-trl-style"
     assert cfg.data.validation.path == "trl-lib/tldr" and cfg.data.max_prompt_length == 512
     assert cfg.precision.trainer == "bf16-mixed" and cfg.trainer.accelerator == "gpu" and cfg.trainer.devices == 8
@@ -64,7 +61,7 @@ def test_a_deepspeed_recipe_hands_deepspeed_the_clipping_norm_and_the_micro_batc
 
     cfg = composed(f"model=pythia{size}")
     settings = deepspeed_settings(cfg)
-    assert settings == {"gradient_clipping": cfg.max_grad_norm, "train_micro_batch_size_per_gpu": 16}
+    assert settings == {"gradient_clipping": cfg.max_grad_norm, "train_micro_batch_size_per_gpu": cfg.micro_batch_size}
     assert settings["gradient_clipping"] > 0
     assert deepspeed_settings(composed(f"model=pythia{size}", "max_grad_norm=null"))["gradient_clipping"] == 0.0
 
@@ -254,7 +251,11 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
         ("algo=a2c", "algo='a2c'", "dpo, ppo, raft, reinforce, rloo, rloo_k2, vanilla_pg"),
         ("algo=raft k=1", "k=1", "integer >= 2 with algo=raft"),
         ("algo=reinforce baseline_decay=1.5", "baseline_decay=1.5", "number in"),
-        ("experiment=tldr_gpt5", "experiment='tldr_gpt5'", "bf16_mismatch, own_model, tldr_pythia1b, tldr_pythia6.9b"),
+        (
+            "experiment=tldr_gpt5",
+            "experiment='tldr_gpt5'",
+            "own_model, tldr_pythia1b, tldr_pythia1b_trl011, tldr_pythia1b_trl09",
+        ),
         ("algo=ppo loss=reinforce", "loss", "does nothing with algo=ppo"),
         ("algo=ppo lam=1.5", "lam=1.5", "number in"),
         ("algo=ppo sequence_ratio=mean", "sequence_ratio", "does nothing with algo=ppo"),
@@ -411,3 +412,9 @@ def test_a_deepspeed_strategy_without_deepspeed_is_one_line_before_any_model_loa
     assert "trainer.strategy=deepspeed_stage_2 needs DeepSpeed" in first_error(
         "trainer=gpu", "trainer.strategy=deepspeed_stage_2"
     )
+
+
+def test_one_missing_eos_rule_at_a_time():
+    with pytest.raises(ConfigError, match="one missing-EOS rule at a time"):
+        validate_train_config(composed("missing_eos_penalty=1.0", "missing_eos_score=-1"))
+    validate_train_config(composed("missing_eos_penalty=null", "missing_eos_score=-1"))

@@ -82,7 +82,9 @@ def test_a_llama_family_run_takes_both_fast_paths_and_plans_its_memory(family, t
     paths = summary["fast_paths"]
     assert paths["sampler"]["ran"] == "lean_decode"
     assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
-    assert paths["policy_activations"]["ran"] == "mlp_recompute" and "act(gate) * up" in paths["policy_activations"]["why"]
+    assert (
+        paths["policy_activations"]["ran"] == "mlp_recompute" and "act(gate) * up" in paths["policy_activations"]["why"]
+    )
     memory = summary["memory"]
     assert (
         memory["planned_peak_mb"] > 0

@@ -238,3 +238,28 @@ def test_a_reused_rollout_shuffles_whole_groups_so_every_micro_batch_shares_its_
     )
     # per rollout: the old log-probs (one chunk of 16), then 2 epochs x 2 mini-batches x 2 micro-batches of 4
     assert len(seen) == 2 * (1 + 8) and all(seen)
+
+
+@pytest.mark.parametrize("per", ["rollout", "optimizer_step"])
+def test_the_schedule_steps_per_rollout_or_per_optimiser_step(tiny_run_assets, tokenizer, per):
+    """lr_schedule_per=rollout (TRL's RLOO): a linear decay over the rollouts, the same lr for every optimiser step of
+    one rollout; optimizer_step: over the 3 x 2 x 2 optimiser steps."""
+    lrs = []
+
+    class Lrs(L.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            lrs.append(module.lr_schedulers().get_last_lr()[0])
+
+    _, module = fit(
+        tiny_run_assets,
+        tokenizer,
+        num_rollouts=3,
+        num_ppo_epochs=2,
+        num_mini_batches=2,
+        lr_schedule="linear",
+        lr_schedule_per=per,
+        callbacks=[Lrs()],
+    )
+    steps = 3 if per == "rollout" else 12
+    assert module.lr_schedulers().last_epoch == steps
+    assert lrs == pytest.approx([1e-2 * (1 - n / steps) for n in ((1, 2, 3) if per == "rollout" else (4, 8, 12))])

@@ -575,3 +575,10 @@ def test_lr_factor_warms_up_then_follows_the_schedule():
     assert lr_factor(9, 4, 10, "constant") == 1.0
     with pytest.raises(ValueError, match="lr_schedule"):
         lr_factor(5, 4, 10, "step")
+
+
+def test_missing_eos_score_replaces_the_score_as_trl_09():
+    scores = t([1.0, 2.0, float("nan"), -3.0])
+    eos = torch.tensor([True, False, False, False])
+    out = apply_missing_eos_penalty(scores, eos, None, replacement=-1.0)
+    assert out[0] == 1.0 and out[1] == -1.0 and torch.isnan(out[2]) and out[3] == -1.0  # unscored stays unscored

@@ -76,7 +76,13 @@ def test_sharding_divides_what_each_strategy_shards():
     assert ddp == single
     assert zero2["policy weights"] == single["policy weights"] and zero2["AdamW state"] == single["AdamW state"] / 8
     assert zero3["policy weights"] == single["policy weights"] / 8 and zero3["gradients"] == single["gradients"] / 8
-    assert zero3["reference weights"] == single["reference weights"]  # frozen models are not sharded here
+    # ZeRO-3 partitions the whole LightningModule: the frozen models too; the others hold them whole
+    assert zero3["reference weights"] == single["reference weights"] / 8 == zero2["reference weights"] / 8
+    assert zero3["reward model weights"] == single["reward model weights"] / 8
+    # and it gathers: the largest module (here the 50304 x 768 embedding), DeepSpeed's 5e7-element prefetch and
+    # Lightning's 2e8-element reduce bucket, in bf16
+    assert zero3["ZeRO-3 buffers"] * 2**20 == (50304 * 768 + 50_000_000 + 200_000_000) * 2
+    assert "ZeRO-3 buffers" not in single and "ZeRO-3 buffers" not in zero2
 
 
 @pytest.mark.slow
@@ -130,7 +136,7 @@ def test_the_cli_plans_the_published_recipe_without_loading_anything(capsys):
     assert fits.returncode == 0, fits.stderr
     assert "hidden 4096, 32 layers" in fits.stdout and "deepspeed_stage_3 x 8" in fits.stdout
     assert "fits in 80 GiB" in fits.stdout and "does not fit" not in fits.stdout
-    assert "does not fit in 24 GiB" in Answer(capsys, "model=pythia6.9b", "precision=bf16", "--gpu-gib", "24").stdout
+    assert "does not fit in 16 GiB" in Answer(capsys, "model=pythia6.9b", "precision=bf16", "--gpu-gib", "16").stdout
 
 
 @pytest.mark.parametrize(

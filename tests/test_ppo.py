@@ -125,7 +125,7 @@ def test_train_algo_ppo_end_to_end(finished_run):
     logged = {key for row in rows for key, value in row.items() if value not in ("", None)}
     ppo_metrics = {
         "loss/value_avg",
-        "value/clipfrac_avg",
+        "val/clipfrac_avg",
         "value/mse",
         "value/explained_variance",
         "time/values",

@@ -144,7 +144,7 @@ def test_resume_applies_a_changed_lr_and_says_so(finished_run):
     assert "resume: lr: 0.0003 -> 0.001" in output and "total_episodes: 32 -> 48" in output
     assert f"writing to {run}" in output
     with open(run / "csv" / "metrics.csv", newline="") as f:
-        lrs = {float(r["train/rollout"]): float(r["train/lr"]) for r in csv.DictReader(f) if r["train/lr"]}
+        lrs = {float(r["train/rollout"]): float(r["lr"]) for r in csv.DictReader(f) if r["lr"]}
     assert sorted(lrs) == [1, 2, 3, 4, 5, 6]  # rollouts 1-2 kept, 3-4 of the first run superseded, then 3-6
     assert lrs[3] > lrs[2]  # the larger peak, on the new horizon's linear decay: 1e-3 * (1 - 3/6)
     assert lrs[3] == pytest.approx(1e-3 * 0.5, rel=1e-6)

@@ -181,3 +181,14 @@ def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curv
         assert f"| algo={algorithm} | 2 | {mean:.3f} [{low:.3f}, {high:.3f}] |" in table
     for name in ("win_rate_vs_episodes.png", "win_rate_vs_seconds.png"):
         assert matplotlib.image.imread(sweep_dir / name).shape[0] > 100
+
+
+def test_a_path_valued_override_names_one_job_dir_not_a_nest():
+    from rloo.resolvers import one_dir_name
+
+    name = one_dir_name("data.train.path=/data/tldr/train.jsonl,k=2")
+    assert name == "data.train.path=%2Fdata%2Ftldr%2Ftrain.jsonl,k=2" and "/" not in name
+    assert one_dir_name("k=2,lr=0.1") == "k=2,lr=0.1"  # the usual names are unchanged
+    assert one_dir_name("a=50%/b") != one_dir_name("a=50%2Fb")  # '%' is escaped too: distinct stays distinct
+    long = [one_dir_name(f"data.train.path=/{'x' * 300}/{n}.jsonl") for n in (1, 2)]
+    assert all(len(n) <= 200 for n in long) and long[0] != long[1]  # within a file name, and distinct

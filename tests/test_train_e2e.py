@@ -39,7 +39,7 @@ def test_run_dir_holds_config_logs_checkpoints_and_samples(finished_run):
     assert set(METRICS) <= logged, set(METRICS) - logged
     assert {"eval/win_rate", "eval/score"} <= logged
     # one row of train metrics per rollout, at steps 0..2, with the episode counter in completions
-    episodes = [float(r["train/episode"]) for r in rows if r.get("train/episode")]
+    episodes = [float(r["episode"]) for r in rows if r.get("episode")]
     assert episodes == [8.0, 16.0, 24.0]
     assert [float(r["train/rollout"]) for r in rows if r.get("train/rollout")] == [1.0, 2.0, 3.0]
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]

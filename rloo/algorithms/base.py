@@ -11,6 +11,7 @@ rollout, counted by `rollouts` and logged as `train/rollout`. With one update pe
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -25,7 +26,7 @@ from rloo.algorithms.schedule import StrategyAdapter, mini_batch_indices
 from rloo.errors import NonFiniteError
 from rloo.forward import completion_logprobs_and_entropy
 from rloo.lora import ADAPTER_MARK, has_adapters
-from rloo.objectives import importance_weights, logprob_mismatch, masked_mean
+from rloo.objectives import importance_weights, logprob_mismatch, masked_mean, masked_sum
 from rloo.rollout import PhaseTimer, Rollout, clock, collect_rollout
 from rloo.sampling import SamplingConfig
 from rloo.scoring import Reward
@@ -41,6 +42,7 @@ class OnlineRLConfig:
 
     k: int
     missing_eos_penalty: float | None
+    missing_eos_score: float | None
     num_ppo_epochs: int
     num_mini_batches: int
     sampling: SamplingConfig
@@ -52,6 +54,7 @@ class OnlineRLConfig:
     adam_eps: float
     warmup_ratio: float
     lr_schedule: str
+    lr_schedule_per: str  # optimizer_step | rollout
     max_grad_norm: float | None
     log_every: int
     max_bad_steps: int
@@ -103,6 +106,7 @@ class OnlineRLModule(LightningModule):
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
         self.last_mismatch: dict[str, Tensor] = {}  # per-token delta logp, sequence log-ratio (log_histograms)
         self.last_grad_norm: Tensor | None = None  # of the last optimiser step, before clipping
+        self.train_started = (time.monotonic(), 0)  # (when, episodes then) this process began training: eps
         self.reward: Reward | None = (
             None  # reward= other than the reward model alone (rloo.scoring); set by the builder
         )
@@ -214,12 +218,14 @@ class OnlineRLModule(LightningModule):
             self.manual_backward(loss * rows / (self.config.rollout_batch_size // self.config.num_mini_batches))
 
     def step_optimizer(self) -> None:
-        """One optimiser step (Lightning counts it in global_step), the schedule, and fresh gradients."""
+        """One optimiser step (Lightning counts it in global_step), the schedule (unless it counts rollouts), and
+        fresh gradients."""
         optimizer = self.optimizers()
         optimizer.step()
         if (norm := self.strategy.grad_norm_of_last_step()) is not None:
             self.last_grad_norm = norm
-        self.lr_schedulers().step()
+        if self.config.lr_schedule_per == "optimizer_step":
+            self.lr_schedulers().step()
         optimizer.zero_grad(set_to_none=True)
 
     def rollout_diagnostics(
@@ -235,7 +241,8 @@ class OnlineRLModule(LightningModule):
             f"mismatch_{key}": value
             for key, value in logprob_mismatch(rollout_policy_logprobs, rollout.generation_logprobs, mask).items()
         }
-        stats["entropy"] = masked_mean(entropy, mask)
+        stats["entropy"] = masked_mean(entropy, mask)  # of the distribution, per token (TRL: policy/entropy_avg)
+        stats["entropy_seq"] = masked_sum(-rollout_policy_logprobs, mask, dim=1).mean()  # TRL: objective/entropy
         if self.config.log_histograms:  # for the W&B histograms (rloo.callbacks.MismatchHistograms)
             delta = (rollout_policy_logprobs - rollout.generation_logprobs) * mask
             self.last_mismatch = {
@@ -250,6 +257,8 @@ class OnlineRLModule(LightningModule):
             timer.seconds, rollout=rollout_done - started, update=now - rollout_done, step=now - started
         )
         self.state.finish_rollout(len(rollout) * self.trainer.world_size, now - started)
+        if self.config.lr_schedule_per == "rollout":  # TRL's RLOO: once per rollout, after all its optimiser steps
+            self.lr_schedulers().step()
         self.check_guard()
         self.last_rollout, self.last_targets = rollout, targets
 
@@ -323,7 +332,7 @@ class OnlineRLModule(LightningModule):
         return adamw_with_schedule(
             self.trained_parameters(),
             cfg.lr,
-            cfg.total_rollouts * cfg.updates_per_rollout,
+            cfg.total_rollouts * (cfg.updates_per_rollout if cfg.lr_schedule_per == "optimizer_step" else 1),
             cfg.warmup_ratio,
             cfg.lr_schedule,
             cfg.weight_decay,
@@ -352,6 +361,7 @@ class OnlineRLModule(LightningModule):
         """On resume: the random states of the checkpoint (as late as possible: nothing draws after this before the
         next rollout), and a learning rate changed since the checkpoint, applied from here on and said."""
         self.state.restore_rng()
+        self.train_started = (time.monotonic(), self.state.episodes)
         for scheduler in self.trainer.lr_scheduler_configs:
             scheduler = scheduler.scheduler
             if scheduler.base_lrs != [self.config.lr] * len(scheduler.base_lrs):

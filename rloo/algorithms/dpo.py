@@ -59,7 +59,9 @@ class DPOModule(OnlineRLModule):
         rollout = self.collect(batch, timer, sampler=self.reference)
         if not self.scores_are_finite(rollout) and not self.masks_bad_scores():  # guard: no labels from nan
             return self.skip_rollout(rollout, timer, started)
-        scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
+        scores = apply_missing_eos_penalty(
+            rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty, cfg.missing_eos_score
+        )
         targets = DPOTargets(*preference_pairs(scores, cfg.k))
         rollout_done = clock()
 

@@ -4,21 +4,26 @@ against the rollout."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor
 
 from rloo.memory import peak_rss_mb
 from rloo.rollout import Rollout
 
-# metric names of the statistics RLOO and PPO report
+# metric names of the statistics RLOO and PPO report: TRL's where the quantity is TRL's (docs/configuration.md maps
+# every one)
 METRIC_NAMES = {
-    "entropy": "objective/entropy",
+    "entropy": "policy/entropy_avg",
+    "entropy_seq": "objective/entropy",
     "loss": "loss/policy_avg",
     "clipfrac": "policy/clipfrac_avg",
     "token_clipfrac": "policy/token_clipfrac_avg",
     "approxkl": "policy/approxkl_avg",
     "first_epoch_clipfrac": "policy/clipfrac_first_epoch",
-    "ratio": "policy/ratio",
+    "ratio": "val/ratio",
+    "ratio_var": "val/ratio_var",
     "ratio_min": "policy/ratio_min",
     "ratio_max": "policy/ratio_max",
     "is_weight": "is/weight_mean",
@@ -34,17 +39,23 @@ METRIC_NAMES = {
 
 class StepStats:
     """Statistics of the micro-batches of one step, averaged over their rows; the keys of `EXTREMES` keep the
-    min (or max) instead. Values stay tensors until `means()`, so a step syncs with the device once."""
+    min (or max) instead, and those of `VARIANCES` also give `<key>_var`, the unbiased variance of their micro-batch
+    values (TRL's val/ratio_var; 0 with one micro-batch). Values stay tensors until `means()`, so a step syncs with
+    the device once."""
 
     EXTREMES = {"ratio_min": torch.minimum, "ratio_max": torch.maximum}
+    VARIANCES = ("ratio",)
 
     def __init__(self):
         self.sums: dict[str, Tensor] = {}
         self.rows: dict[str, int] = {}
+        self.values: dict[str, list[Tensor]] = {}
 
     def add(self, stats: dict[str, Tensor], rows: int) -> None:
         for key, value in stats.items():
             value = value.detach().float()
+            if key in self.VARIANCES:
+                self.values.setdefault(key, []).append(value)
             if key in self.EXTREMES:
                 self.sums[key] = self.EXTREMES[key](self.sums[key], value) if key in self.sums else value
             else:
@@ -52,9 +63,12 @@ class StepStats:
                 self.rows[key] = self.rows.get(key, 0) + rows
 
     def means(self) -> dict[str, float]:
-        return {
+        means = {
             key: (value if key in self.EXTREMES else value / self.rows[key]).item() for key, value in self.sums.items()
         }
+        for key, values in self.values.items():
+            means[f"{key}_var"] = torch.stack(values).var().item() if len(values) > 1 else 0.0
+        return means
 
 
 def common_metrics(module, rollout: Rollout) -> dict[str, float | Tensor]:
@@ -63,10 +77,13 @@ def common_metrics(module, rollout: Rollout) -> dict[str, float | Tensor]:
     metrics = {
         "completions/mean_length": rollout.lengths.float().mean(),
         "completions/eos_frac": rollout.ended_with_eos.float().mean(),
-        "train/lr": module.lr_schedulers().get_last_lr()[0],
+        "completions/clipped_ratio": 1.0 - rollout.ended_with_eos.float().mean(),  # cut at response_length
+        "val/num_eos_tokens": rollout.ended_with_eos.float().sum(),  # this device's (averaged over devices)
+        "lr": module.lr_schedulers().get_last_lr()[0],
         "train/rollout": float(state.rollouts),
         "guard/skipped_steps": float(state.skipped_updates),
-        "train/episode": float(state.episodes),
+        "episode": float(state.episodes),
+        "eps": episodes_per_second(module),
         "train/epoch": state.episodes / max(num_train_prompts(module) * module.config.k, 1),
         "time/tokens_per_second": tokens / max(timings.get("step", 0.0), 1e-9),
         "memory/peak_rss_mb": peak_rss_mb(),  # this process so far (averaged over ranks when logged)
@@ -99,6 +116,13 @@ def log_metrics(module, metrics: dict, batch_size: int) -> None:
         for logger in module.loggers:
             logger.log_metrics(row, step=rollouts)
             logger.save()
+
+
+def episodes_per_second(module) -> float:
+    """TRL's eps: completions trained on per second of wall time since this process began training (evaluations
+    and checkpoints included), all devices."""
+    started, episodes_then = module.train_started
+    return (module.state.episodes - episodes_then) / max(time.monotonic() - started, 1e-9)
 
 
 def num_train_prompts(module) -> int:

@@ -100,7 +100,9 @@ class PPOModule(OnlineRLModule):
 
         # 2. per-token rewards: r_t = -beta KL_t, plus the (penalised) score at the last real token
         kl = kl_per_token(old_logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask  # [N, T]
-        scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
+        scores = apply_missing_eos_penalty(
+            rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty, cfg.missing_eos_score
+        )
         rewards = per_token_rewards(scores, kl, mask, cfg.kl_coef)
 
         # 3. GAE advantages and value targets; advantages whitened over the real tokens of the batch
@@ -168,6 +170,6 @@ class PPOModule(OnlineRLModule):
             "value/mse": masked_mean((targets.values - targets.returns) ** 2, mask),  # rollout-time value error
             "value/explained_variance": explained_variance(targets.values, targets.returns, mask),
         }
-        names = METRIC_NAMES | {"value_loss": "loss/value_avg", "value_clipfrac": "value/clipfrac_avg"}
+        names = METRIC_NAMES | {"value_loss": "loss/value_avg", "value_clipfrac": "val/clipfrac_avg"}
         metrics.update({names[key]: value for key, value in stats.items()})
         log_metrics(self, metrics, batch_size=len(rollout))

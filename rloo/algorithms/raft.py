@@ -5,19 +5,32 @@ k completions per prompt, keep the one the reward model scores best, and fine-tu
     A_i = k if completion i has the highest score of its prompt's k (the first of equal ones), else 0
 
 so the REINFORCE loss mean_i(-A_i * sum_t log pi(y_i,t)) over all rows is the mean negative log-likelihood of the
-best completions. The ranking uses the score after the missing-EOS penalty; the KL term is logged, not ranked by.
+best completions.
+
+"Best" by `raft_rank_by`: `reward` (the default) ranks by the reward every method of the paper's comparison
+maximises, R = score - kl_coef * sum_t KL_t, so kl_coef holds RAFT near the reference as it holds RLOO; `score`
+ranks by the reward-model score alone (after the missing-EOS rule), as Dong et al. rank, and kl_coef then changes
+nothing RAFT learns (one run of Table 1 in miniature drifted to a KL of 21.6 nats that way, docs/baselines.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor
 
-from rloo.algorithms.rloo import RLOOModule, unscored_sit_out
+from rloo.algorithms.rloo import RLOOConfig, RLOOModule, unscored_sit_out
 from rloo.objectives import best_of_k_advantages
+
+
+@dataclass(frozen=True)
+class RAFTConfig(RLOOConfig):
+    raft_rank_by: str  # reward (R, KL-penalised) | score
 
 
 class RAFTModule(RLOOModule):
     """RLOO's step, trained on the best of each prompt's k completions."""
 
     def advantages(self, rewards: Tensor, scores: Tensor) -> Tensor:
-        return unscored_sit_out(best_of_k_advantages(scores, self.config.k), scores)
+        ranked = rewards if self.config.raft_rank_by == "reward" else scores  # an unscored completion: nan in both
+        return unscored_sit_out(best_of_k_advantages(ranked, self.config.k), scores)

@@ -159,7 +159,9 @@ class RLOOModule(OnlineRLModule):
         """R = score - beta * sum_t KL_t and the leave-one-out A, for whole prompt groups."""
         cfg, mask = self.config, rollout.completion_mask
         kl_tokens = kl_per_token(logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask  # KL_t, 0 on padding
-        scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
+        scores = apply_missing_eos_penalty(
+            rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty, cfg.missing_eos_score
+        )
         rewards = sequence_rewards(scores, kl_tokens, mask, cfg.kl_coef)  # R_i = s_i - beta * sum_t KL_t
         advantages = self.advantages(rewards, scores)
         if cfg.normalize_advantages:
@@ -210,7 +212,9 @@ class RLOOModule(OnlineRLModule):
     # ---- metrics -------------------------------------------------------------------------------------
     def log_step(self, rollout: Rollout, targets: RLOOTargets, stats: dict) -> None:
         cfg = self.config
-        scores = apply_missing_eos_penalty(rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty)
+        scores = apply_missing_eos_penalty(
+            rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty, cfg.missing_eos_score
+        )
         metrics = common_metrics(self, rollout) | {
             "objective/scores": scores.nanmean(),  # nan only where reward_errors=mask left a completion unscored
             "objective/kl": targets.kl.mean(),
@@ -219,6 +223,8 @@ class RLOOModule(OnlineRLModule):
             "objective/advantage_std": targets.advantages.std(),
         }
         if cfg.k > 1:  # one completion per prompt (algo=reinforce, vanilla_pg) has no group
-            metrics["objective/frac_reward_zero_std"] = (group_reward_std(scores, cfg.k) < 1e-6).float().mean()
+            group_std = group_reward_std(scores, cfg.k)  # [prompts]
+            metrics["reward_std"] = group_std.nanmean()
+            metrics["frac_reward_zero_std"] = (group_std < 1e-6).float().mean()
         metrics.update({METRIC_NAMES[key]: value for key, value in stats.items()})
         log_metrics(self, metrics, batch_size=len(rollout))
