@@ -12,7 +12,7 @@ from rloo.bench.presets import PRESETS
 from rloo.memory_plan import Shape, estimate
 from rloo.mlp_recompute import recompute_mlp_activations, why_not_recompute_mlp
 from tests.test_decode import ARCHITECTURES, tiny_model
-from tests.test_plan import ADAPTED, architecture
+from tests.test_plan import architecture, full_model_shape
 
 
 def forward_and_grads(model, ids, autocast: bool):
@@ -101,17 +101,11 @@ def test_an_mlp_of_another_form_is_named():
 @pytest.mark.parametrize("preset", ["pythia-160m", "llama-1b"])
 def test_the_plan_keeps_one_wide_activation_less_per_layer_gelu_and_two_gated(preset):
     arch = architecture(PRESETS[preset])
-    base = dict(
+    base = full_model_shape(
         precision="32-true",
         frozen_dtype="float32",
         strategy="auto",
         world_size=1,
-        lora=False,
-        lora_r=16,
-        lora_targets=ADAPTED,
-        separate_reference=True,
-        has_reward_model=True,
-        k=2,
         micro_batch_size=4,
         generation_batch_size=4,
         prompt_length=16,

@@ -52,23 +52,32 @@ def test_parameter_counts_are_the_models_own():
     assert mib["AdamW state"] == 2 * mib["gradients"] == 2 * mib["policy weights"]
 
 
+def full_model_shape(**changes) -> dict:
+    """Shape's fields for a bf16 run of the whole model (no LoRA) with a reference and a reward model, `changes` on
+    top (strategy and world_size left to the caller)."""
+    return (
+        dict(
+            precision="bf16-mixed",
+            frozen_dtype="bfloat16",
+            lora=False,
+            lora_r=16,
+            lora_targets=ADAPTED,
+            separate_reference=True,
+            has_reward_model=True,
+            k=2,
+            micro_batch_size=16,
+            generation_batch_size=16,
+            prompt_length=512,
+            response_length=53,
+            shared_prefix=True,
+        )
+        | changes
+    )
+
+
 def test_sharding_divides_what_each_strategy_shards():
     arch = architecture(PRESETS["pythia-160m"])
-    base = dict(
-        precision="bf16-mixed",
-        frozen_dtype="bfloat16",
-        lora=False,
-        lora_r=16,
-        lora_targets=ADAPTED,
-        separate_reference=True,
-        has_reward_model=True,
-        k=2,
-        micro_batch_size=16,
-        generation_batch_size=16,
-        prompt_length=512,
-        response_length=53,
-        shared_prefix=True,
-    )
+    base = full_model_shape()
     single = estimate(arch, Shape(strategy="auto", world_size=1, **base))
     ddp = estimate(arch, Shape(strategy="ddp", world_size=8, **base))
     zero2 = estimate(arch, Shape(strategy="deepspeed_stage_2", world_size=8, **base))
