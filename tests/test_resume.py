@@ -24,7 +24,7 @@ from tests.test_interrupt import finish, start, wait_for
 
 # 12 rollouts of 8 completions, a checkpoint each and an evaluation every 4 (its history must survive the kill too)
 RUN = ["total_episodes=96", "checkpoint_every=1", "keep_checkpoints=-1", "eval_every=4", "lr=3e-3", "logger=csv"]
-MEASURED = ("time/", "eval/seconds", "memory/")  # seconds and memory: the machine's, not the run's
+MEASURED = ("time/", "eval/seconds", "memory/", "eps")  # seconds, memory, episodes per second: the machine's
 
 
 def metric_rows(run_dir):
