@@ -26,7 +26,13 @@ from rloo.algorithms.schedule import StrategyAdapter, mini_batch_indices
 from rloo.errors import NonFiniteError
 from rloo.forward import completion_logprobs_and_entropy
 from rloo.lora import ADAPTER_MARK, has_adapters
-from rloo.objectives import importance_weights, logprob_mismatch, masked_mean, masked_sum
+from rloo.objectives import (
+    apply_missing_eos_penalty,
+    importance_weights,
+    logprob_mismatch,
+    masked_mean,
+    masked_sum,
+)
 from rloo.rollout import PhaseTimer, Rollout, clock, collect_rollout
 from rloo.sampling import SamplingConfig
 from rloo.scoring import Reward
@@ -216,6 +222,14 @@ class OnlineRLModule(LightningModule):
         self.strategy.before_backward(last_of_mini_batch)
         with self.optimizers().toggle_model(sync_grad=last_of_mini_batch):  # DDP's switch
             self.manual_backward(loss * rows / (self.config.rollout_batch_size // self.config.num_mini_batches))
+
+    def penalised_scores(self, rollout: Rollout) -> Tensor:
+        """The rollout's scores after the missing-EOS rule (missing_eos_penalty subtracted, or missing_eos_score in
+        place of the score), [N]."""
+        cfg = self.config
+        return apply_missing_eos_penalty(
+            rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty, cfg.missing_eos_score
+        )
 
     def step_optimizer(self) -> None:
         """One optimiser step (Lightning counts it in global_step), the schedule (unless it counts rollouts), and

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from rloo.algorithms.base import OnlineRLConfig, OnlineRLModule
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
-from rloo.objectives import apply_missing_eos_penalty, dpo_loss, masked_sum, preference_pairs
+from rloo.objectives import dpo_loss, masked_sum, preference_pairs
 from rloo.rollout import PhaseTimer, Rollout, clock
 
 
@@ -59,9 +59,7 @@ class DPOModule(OnlineRLModule):
         rollout = self.collect(batch, timer, sampler=self.reference)
         if not self.scores_are_finite(rollout) and not self.masks_bad_scores():  # guard: no labels from nan
             return self.skip_rollout(rollout, timer, started)
-        scores = apply_missing_eos_penalty(
-            rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty, cfg.missing_eos_score
-        )
+        scores = self.penalised_scores(rollout)
         targets = DPOTargets(*preference_pairs(scores, cfg.k))
         rollout_done = clock()
 

@@ -24,7 +24,6 @@ from rloo.algorithms.base import OnlineRLModule, PolicyGradientConfig
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
 from rloo.forward import token_values
 from rloo.objectives import (
-    apply_missing_eos_penalty,
     clipped_value_loss,
     explained_variance,
     gae_advantages,
@@ -100,9 +99,7 @@ class PPOModule(OnlineRLModule):
 
         # 2. per-token rewards: r_t = -beta KL_t, plus the (penalised) score at the last real token
         kl = kl_per_token(old_logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask  # [N, T]
-        scores = apply_missing_eos_penalty(
-            rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty, cfg.missing_eos_score
-        )
+        scores = self.penalised_scores(rollout)
         rewards = per_token_rewards(scores, kl, mask, cfg.kl_coef)
 
         # 3. GAE advantages and value targets; advantages whitened over the real tokens of the batch

@@ -21,7 +21,6 @@ from torch import Tensor
 from rloo.algorithms.base import OnlineRLModule, PolicyGradientConfig
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
 from rloo.objectives import (
-    apply_missing_eos_penalty,
     group_reward_std,
     kl_per_token,
     leave_one_out_advantages,
@@ -159,9 +158,7 @@ class RLOOModule(OnlineRLModule):
         """R = score - beta * sum_t KL_t and the leave-one-out A, for whole prompt groups."""
         cfg, mask = self.config, rollout.completion_mask
         kl_tokens = kl_per_token(logprobs, rollout.ref_logprobs, cfg.kl_estimator) * mask  # KL_t, 0 on padding
-        scores = apply_missing_eos_penalty(
-            rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty, cfg.missing_eos_score
-        )
+        scores = self.penalised_scores(rollout)
         rewards = sequence_rewards(scores, kl_tokens, mask, cfg.kl_coef)  # R_i = s_i - beta * sum_t KL_t
         advantages = self.advantages(rewards, scores)
         if cfg.normalize_advantages:
@@ -212,9 +209,7 @@ class RLOOModule(OnlineRLModule):
     # ---- metrics -------------------------------------------------------------------------------------
     def log_step(self, rollout: Rollout, targets: RLOOTargets, stats: dict) -> None:
         cfg = self.config
-        scores = apply_missing_eos_penalty(
-            rollout.scores, rollout.ended_with_eos, cfg.missing_eos_penalty, cfg.missing_eos_score
-        )
+        scores = self.penalised_scores(rollout)
         metrics = common_metrics(self, rollout) | {
             "objective/scores": scores.nanmean(),  # nan only where reward_errors=mask left a completion unscored
             "objective/kl": targets.kl.mean(),
