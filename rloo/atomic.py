@@ -32,9 +32,11 @@ def write_text(path: Path, text: str, what: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except OSError as error:
+    except BaseException as error:  # a signal's exception too: no temp file left behind
         tmp.unlink(missing_ok=True)
-        raise WriteError(f"could not write {what} to {path}: {error.strerror or error}") from None
+        if isinstance(error, OSError):
+            raise WriteError(f"could not write {what} to {path}: {error.strerror or error}") from None
+        raise
 
 
 def save_pretrained(model, tokenizer, directory: Path, what: str) -> None:

@@ -39,10 +39,11 @@ class HeldOutEval(Callback):
         samples_path: Path | None,
         table_rows: int = 64,
         log=print,
+        judge_timeout_s: float = 0,
     ):
         self.rows, self.sampling, self.batch_size, self.judge = rows, sampling, batch_size, judge
         self.before, self.after, self.every, self.log_fn = before, after, every, log
-        self.samples_path, self.table_rows = samples_path, table_rows
+        self.samples_path, self.table_rows, self.judge_timeout_s = samples_path, table_rows, judge_timeout_s
         self.initial: dict[str, float] | None = None
         self.final: dict[str, float] | None = None
         self.history: list[dict] = []  # {"step", **summary} of every evaluation, in order
@@ -71,6 +72,8 @@ class HeldOutEval(Callback):
                 module.reward_model,
                 module.device,
                 reward=module.reward,
+                judge_timeout_s=self.judge_timeout_s,
+                should_stop=lambda: trainer.received_sigterm,
             )
         per_row, samples = {k: v[:real] for k, v in per_row.items()}, samples[:real]
         if world > 1:  # shards differ by at most one row: pad with nan, gather, keep the rows that exist

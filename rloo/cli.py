@@ -177,14 +177,44 @@ def compose_train_config(overrides: list[str]) -> DictConfig:
         return compose("train", overrides=expand_overrides(overrides))
 
 
+# ---- the run dir ----------------------------------------------------------------------------------------------
+RUN_OUTPUTS = ("summary.json", "checkpoints", "policy", "csv", "verdicts.jsonl", "reward_model")  # any entry point's
+RUN_DIR_KEYS = ("hydra.run.dir", "paths.output_dir")
+
+
+def check_run_dir(argv: list[str]) -> None:
+    """Before Hydra makes or writes into the run dir: the dir it will be in can be written (Hydra's own error is a
+    traceback), and an explicit run dir that holds another run's outputs is refused unless `resume=` continues that
+    run: a fresh run there would merge its metrics into the old timeline and overwrite its summary."""
+    import os
+
+    resuming = any(arg.startswith("resume=") and arg.partition("=")[2] not in ("null", "None", "") for arg in argv)
+    explicit = [(key, value) for key, sep, value in (arg.partition("=") for arg in argv) if sep and key in RUN_DIR_KEYS]
+    for key, value in explicit or [("hydra.run.dir", "outputs")]:
+        if "${" in value:  # an interpolation: Hydra resolves it
+            continue
+        path = Path(value).expanduser()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            where = f"{key}={value!r}" if explicit else "the run dir (outputs/ here)"
+            raise ConfigError(f"{where}: {existing} is not a writable dir (a read-only file system or no permission)")
+        if explicit and not resuming and (held := [name for name in RUN_OUTPUTS if (path / name).exists()]):
+            raise ConfigError(
+                f"{key}={value!r} holds another run's outputs ({', '.join(held)}): resume=auto continues that run; "
+                "give a new dir for a new one"
+            )
+
+
 # ---- entry points ---------------------------------------------------------------------------------------------
 def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
     """What the command line alone tells, before Hydra composes or makes a run dir: the expanded overrides, or a
-    ConfigError for an unknown group option, a key the algorithm does not read, or a resume= that is not there."""
+    ConfigError for an unknown group option, a key the algorithm does not read, a resume= that is not there, or a run
+    dir that cannot be written or holds another run (check_run_dir)."""
     argv = expand_overrides(argv, say) if train else argv
     check_group_choices(argv)
     if train:
         check_override_keys(argv)
+    check_run_dir(argv)
     from rloo.resume import check_resume_argument
 
     for arg in argv:

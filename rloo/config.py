@@ -301,6 +301,8 @@ def check_model_sources(cfg: DictConfig) -> None:
         else:
             _check_hub_cache(spec, where, wanted)
             continue
+        if key in ("policy", "reference"):
+            check_causal_lm(path, where)
         if key == "reward_model":
             config = json.loads((path / "config.json").read_text())
             architectures = config.get("architectures") or ["an unknown architecture"]
@@ -312,6 +314,26 @@ def check_model_sources(cfg: DictConfig) -> None:
                 )
             if labels != 1:
                 raise ConfigError(f"{where} has a score head with {labels} outputs: a reward model has one")
+
+
+GENERATIVE_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def check_causal_lm(path: Path, where: str) -> None:
+    """A local model dir given as a policy is a causal LM by its config.json (a reward model's dir is not: loaded
+    as a causal LM it gets a random LM head, and samples noise without a word). A config without `architectures`
+    passes: transformers decides from model_type."""
+    import json
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return
+    architectures = json.loads(config.read_text()).get("architectures") or []
+    if architectures and not any(a.endswith(GENERATIVE_HEADS) for a in architectures):
+        raise ConfigError(
+            f"{where} is a {architectures[0]}, not a causal LM: a policy generates text (a reward model's dir belongs "
+            "in model.reward_model)"
+        )
 
 
 def check_context(cfg: DictConfig, policy: str | None, longest_prompt: int, data: str) -> None:
@@ -372,6 +394,7 @@ SHARED_KEYS = (
     "eval.batch_size",
     "eval.greedy",
     "eval.max_new_tokens",
+    "eval.judge_timeout_s",
     "data.max_prompt_length",
     "model.frozen_dtype",
 )
@@ -388,7 +411,7 @@ def validate_eval_config(cfg: DictConfig) -> None:
     validate_sampling(cfg)
     for key in ("policy", "opponent"):
         if cfg.get(key) is not None:
-            policy_location(str(cfg[key]), key)
+            check_causal_lm(Path(policy_location(str(cfg[key]), key)), f"{key}={cfg[key]!r}")
     if cfg.policy is None and cfg.model.policy is None and cfg.get("bootstrap") is None:
         raise ConfigError(
             "policy=None is not allowed here: a run dir, a save_pretrained dir or a hub id (or set model.policy)"

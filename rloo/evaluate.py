@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,9 +21,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from rloo.cli import exit_on_config_error, run_entry_point  # noqa: E402
+from rloo.cli import exit_on_config_error, fail, run_entry_point  # noqa: E402
 from rloo.config import ConfigError, policy_location, validate_eval_config  # noqa: E402
-from rloo.errors import WriteError  # noqa: E402
+from rloo.errors import SIGTERM_EXIT_CODE, JudgeFailed, WriteError  # noqa: E402
+
+CTRL_C_EXIT_CODE = 128 + 2  # as a shell reports a process ended by SIGINT
+
+
+class StoppedBySigterm(BaseException):
+    """Raised in the main thread by rloo.evaluate's SIGTERM handler: the evaluation stops where it is."""
+
+
+def stop_on_sigterm(signum, frame):
+    raise StoppedBySigterm()
 
 
 def run(cfg: DictConfig) -> dict:
@@ -98,7 +109,16 @@ def run(cfg: DictConfig) -> dict:
             del opponent
         policy = load_policy(policy_src, tokenizer).to(fabric.device).eval()
         per_row, samples = evaluate_policy(
-            policy, tokenizer, rows, sampling, cfg.eval.batch_size, judge, reward_model, fabric.device, others
+            policy,
+            tokenizer,
+            rows,
+            sampling,
+            cfg.eval.batch_size,
+            judge,
+            reward_model,
+            fabric.device,
+            others,
+            judge_timeout_s=cfg.eval.judge_timeout_s,
         )
     atomic.write_text(out / "verdicts.jsonl", "".join(json.dumps(row) + "\n" for row in samples), "the verdicts")
 
@@ -146,14 +166,27 @@ def print_summary(summary: dict, log=print) -> None:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def hydra_main(cfg: DictConfig) -> float | None:
+    """One evaluation. verdicts.jsonl and summary.json are written whole at its end, so an evaluation stopped by
+    SIGTERM (exit 143) or Ctrl-C (exit 130) leaves neither, nor a torn file; an API judge's cache keeps the verdicts
+    it got, so the next run asks only for the rest."""
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         validate_eval_config(cfg)
         summary = run(cfg)
     except ConfigError as error:
         exit_on_config_error(error)
-    except WriteError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+    except (WriteError, JudgeFailed) as error:
+        fail(error, 1)
+    except (StoppedBySigterm, KeyboardInterrupt) as error:
+        sigterm = isinstance(error, StoppedBySigterm)
+        print(
+            f"rloo.evaluate: stopped by {'SIGTERM' if sigterm else 'Ctrl-C'}; no verdicts.jsonl or summary.json "
+            f"written in {cfg.paths.output_dir}",
+            file=sys.stderr,
+        )
+        sys.exit(SIGTERM_EXIT_CODE if sigterm else CTRL_C_EXIT_CODE)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return summary.get("win_rate")
 
 

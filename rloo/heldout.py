@@ -11,7 +11,7 @@ import torch
 
 from rloo.data import left_pad
 from rloo.forward import reward_scores
-from rloo.judges import Judge, win_rate_summary
+from rloo.judges import Judge, judge_pairs, win_rate_summary
 from rloo.rollout import chunked, sample_completions
 from rloo.sampling import SamplingConfig
 
@@ -49,12 +49,15 @@ def evaluate_policy(
     device: torch.device | str = "cpu",
     others: list[str] | None = None,
     reward=None,
+    judge_timeout_s: float = 0,
+    should_stop=None,
 ) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """Complete, score and judge `rows`; the candidate is judged against `others` (default: the references).
 
     Returns per-row tensors (score: nan without a reward model; outcome: 1 / 0.5 / 0, -1 invalid, nan without a
     judge; length; eos; reward/<name> for each reward function of `reward`, a rloo.scoring.Reward, which gets the
-    rows' columns as in training) and one record per row for the JSONL / W&B table.
+    rows' columns as in training) and one record per row for the JSONL / W&B table. The judge runs under guard
+    (rloo.judges.judge_pairs: `judge_timeout_s`, `should_stop` says SIGTERM came).
     """
     done = complete(policy, tokenizer, rows, sampling, batch_size, device)
     n = len(rows)
@@ -64,7 +67,11 @@ def evaluate_policy(
     prompts, references = [row["prompt"] for row in rows], [row["reference"] for row in rows]
     head_to_head = others is not None
     others = others if head_to_head else references
-    verdicts = judge.judge(prompts, done["texts"], others) if judge is not None else [None] * n
+    verdicts = (
+        judge_pairs(judge, prompts, done["texts"], others, judge_timeout_s, should_stop)
+        if judge is not None
+        else [None] * n
+    )
     outcome = [float("nan") if v is None else INVALID if v.outcome is None else v.outcome for v in verdicts]
     per_row = {
         "score": scores.float(),

@@ -38,8 +38,16 @@ def load_tokenizer(name_or_path: str, pad_token: str | None = None, chat_templat
 
 
 def load_policy(name_or_path: str, tokenizer=None) -> PreTrainedModel:
-    """The trained policy, in fp32 (the precision plugin casts compute)."""
+    """The trained policy, in fp32 (the precision plugin casts compute). A policy with a non-finite weight (a
+    diverged run's save) is refused in one line: it would sample garbage and be scored as if it were a policy."""
     policy = _from_pretrained(AutoModelForCausalLM, name_or_path, dtype=torch.float32)
+    with torch.no_grad():
+        broken = [name for name, p in policy.named_parameters() if not torch.isfinite(p).all()]
+    if broken:
+        raise ConfigError(
+            f"{name_or_path} has non-finite weights in {len(broken)} of {len(list(policy.parameters()))} tensors "
+            f"(first: {broken[0]}): a policy must be finite to be sampled"
+        )
     if tokenizer is not None:
         _fit_embeddings(policy, tokenizer)
     return policy

@@ -61,6 +61,7 @@ class EvalKeys:
     batch_size: int = key(APPLIED, low=1)
     greedy: bool = key(APPLIED)
     max_new_tokens: int = key(APPLIED, low=1)
+    judge_timeout_s: float = key(APPLIED, low=0)
     before: bool = key(APPLIED)  # training only
     after: bool = key(APPLIED)  # training only
 

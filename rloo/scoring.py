@@ -18,8 +18,6 @@ import inspect
 import math
 import numbers
 import re
-import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +26,7 @@ import torch
 from torch import Tensor
 
 from rloo.errors import ConfigError, RewardFunctionError
+from rloo.user_code import Interrupted, call_guarded, one_line
 
 MODEL = "model"
 REWARD_ERRORS = ("raise", "mask")
@@ -106,36 +105,6 @@ def check_columns(reward: "Reward", available: list[str], where: str) -> None:
             )
 
 
-class Interrupted(Exception):
-    """SIGTERM arrived while a reward function ran: the caller stops the run as it would between rollouts."""
-
-
-def _call_guarded(function: Callable, args: tuple, kwargs: dict, timeout_s: float, should_stop) -> object:
-    """function(*args, **kwargs) in a daemon thread, waited for in 0.2 s slices: TimeoutError after `timeout_s`,
-    `Interrupted` as soon as `should_stop()` (SIGTERM noted by the trainer). What it raises, SystemExit included, is
-    raised here. A function that hangs is abandoned, not killed: Python cannot stop a thread."""
-    outcome: dict = {}
-
-    def target():
-        try:
-            outcome["value"] = function(*args, **kwargs)
-        except BaseException as error:  # noqa: BLE001 (handed to the caller, which judges it)
-            outcome["error"] = error
-
-    thread = threading.Thread(target=target, name=f"reward {getattr(function, '__name__', function)}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout_s
-    while thread.is_alive():
-        thread.join(0.2)
-        if should_stop is not None and should_stop():
-            raise Interrupted()
-        if thread.is_alive() and time.monotonic() > deadline:
-            raise TimeoutError(f"no result after {timeout_s:g} s (reward_timeout_s)")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
 def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
@@ -151,21 +120,22 @@ def call_reward_function(
 ) -> tuple[Tensor, str | None]:
     """The function's scores `[N]` float32, nan where it failed, and what went wrong in one line (None: nothing).
     `columns`: the dataset row's other columns, one value per completion, passed by name to a function that asks
-    for them: `def exact_answer(prompts, completions, answer)`. With `timeout_s` > 0 it runs under `_call_guarded`
-    (0: called directly, in the main thread, for graders that time themselves with signal.alarm). Anything it
-    raises fails it, SystemExit included; KeyboardInterrupt still stops the run."""
+    for them: `def exact_answer(prompts, completions, answer)`. With `timeout_s` > 0 it runs under guard
+    (rloo.user_code; 0: called directly, in the main thread, for graders that time themselves with signal.alarm).
+    Anything it raises fails it, SystemExit included; KeyboardInterrupt still stops the run."""
     n, nothing = len(completions), torch.full((len(completions),), float("nan"))
     kwargs = columns_asked_for(function, columns or {})
     try:
         if timeout_s > 0:
-            values = _call_guarded(function, (prompts, completions), kwargs, timeout_s, should_stop)
+            values = call_guarded(function, (prompts, completions), kwargs, timeout_s, should_stop, f"reward {name}")
         else:
             values = function(prompts, completions, **kwargs)
     except Interrupted:
         raise
     except (Exception, SystemExit) as error:  # a user's function: any error is its own
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return nothing, f"reward function {name} raised {type(error).__name__}: {detail}".rstrip(": ")
+        if isinstance(error, TimeoutError):
+            error = TimeoutError(f"{error} (reward_timeout_s)")
+        return nothing, f"reward function {name} raised {one_line(error)}"
     if isinstance(values, (torch.Tensor, np.ndarray)) and values.ndim == 1 and values.dtype != bool:
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):

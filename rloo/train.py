@@ -87,8 +87,8 @@ def run(cfg: DictConfig) -> dict:
     from rloo.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
     from rloo.memory_plan import planned_peak
     from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model
-    from rloo.scoring import Interrupted as RewardWaitInterrupted
     from rloo.scoring import check_columns
+    from rloo.user_code import Interrupted as UserCodeInterrupted
 
     started = time.time()  # after the imports, as wall_seconds always counted
     reset_peak_rss()  # peak_rss_mb is this run's, also where a sweep's runs share one process
@@ -131,6 +131,7 @@ def run(cfg: DictConfig) -> dict:
         every=cfg.eval_every,
         samples_path=out / "eval_samples.jsonl",
         log=log,
+        judge_timeout_s=cfg.eval.judge_timeout_s,
     )
     # in list order at each hook. on_train_end: the policy exported, the summary so far (write_summary below), then
     # the final evaluation. After each rollout: evaluation and samples, then the checkpoint that includes them.
@@ -258,12 +259,12 @@ def run(cfg: DictConfig) -> dict:
         if not export.ran and module.state.rollouts >= rollouts:  # resumed after training had ended: Lightning runs
             finish_ended_training(out, trainer, module, export, eval_callback, log)  # no end-of-training hooks
     except BaseException as error:  # SIGTERM, Ctrl-C (Lightning exits 1 for it), any failure: keep what there is
-        interrupted = isinstance(error, (SystemExit, KeyboardInterrupt, RewardWaitInterrupted))
+        interrupted = isinstance(error, (SystemExit, KeyboardInterrupt, UserCodeInterrupted))
         try:
             write_summary("interrupted" if interrupted else "failed")
         except WriteError as write_error:  # the first failure is the one to raise
             log(f"error: {write_error}")
-        if isinstance(error, (SIGTERMException, RewardWaitInterrupted)):
+        if isinstance(error, (SIGTERMException, UserCodeInterrupted)):
             stopped_by_sigterm(out, module, log)
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             raise WriteError(

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from rloo.errors import ConfigError
+
 ENTRY_POINTS = ["rloo.train", "rloo.evaluate", "rloo.sft", "rloo.reward", "rloo.plan", "rloo.report", "rloo.bench"]
 
 
@@ -37,3 +39,33 @@ def test_a_bad_argument_is_one_line_and_exit_2(module, bad, capsys, monkeypatch)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
+
+
+def test_a_run_dir_that_cannot_be_written_is_one_line_before_hydra(tmp_path):
+    """/proc/1 is not writable, even for root (a read-only dir as a user meets it); a file in the way neither."""
+    from rloo.cli import check_run_dir
+
+    with pytest.raises(ConfigError, match=r"^hydra.run.dir='/proc/1/run': /proc/1 is not a writable dir"):
+        check_run_dir(["hydra.run.dir=/proc/1/run"])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a writable dir"):
+        check_run_dir([f"paths.output_dir={tmp_path / 'file' / 'run'}"])
+    check_run_dir([f"hydra.run.dir={tmp_path / 'new' / 'run'}"])  # a dir to be made under a writable one
+
+
+@pytest.mark.parametrize("output", ["summary.json", "checkpoints", "csv", "verdicts.jsonl"])
+def test_a_fresh_run_into_a_dir_holding_another_run_is_refused_unless_resumed(tmp_path, output, monkeypatch, capsys):
+    """Else its metrics would join the old run's timeline and its summary replace the old one."""
+    from rloo.cli import check_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / output).mkdir() if "." not in output else (run / output).write_text("{}")
+    before = sorted(p.name for p in run.rglob("*"))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert run_module("rloo.train", f"hydra.run.dir={run}") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and f"holds another run's outputs ({output})" in err[0] and "resume=auto" in err[0]
+    assert sorted(p.name for p in run.rglob("*")) == before  # Hydra wrote nothing there
+    check_run_dir([f"hydra.run.dir={run}", "resume=auto"])
+    check_run_dir([f"hydra.run.dir={tmp_path / 'other'}"])

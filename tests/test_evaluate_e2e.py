@@ -121,3 +121,84 @@ def test_openai_judge_through_evaluate_on_a_loopback_server(finished_run, server
         *(p.read_text() for p in tmp_path.rglob("*") if p.is_file()),
     ):
         assert secret not in text
+
+
+def test_a_reward_model_or_a_nan_policy_is_refused_in_one_line(finished_run, tmp_path, monkeypatch, capsys):
+    """A reward model's dir would load as a causal LM with a random head and a diverged (nan) policy samples
+    garbage: both were scored without a word. The first is refused from config.json, before anything loads."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_cli import run_module
+
+    base, _ = finished_run
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setenv("RLOO_CACHE_DIR", str(base / "cache"))
+    reward_model = next((base / "cache").glob("toy-*/reward_model"))
+    assert run_module("rloo.evaluate", f"hydra.run.dir={tmp_path / 'rm'}", f"policy={reward_model}") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "is a GPTNeoXForSequenceClassification, not a causal LM" in err[0]
+
+    policy = AutoModelForCausalLM.from_pretrained(base / "run" / "policy")
+    with torch.no_grad():
+        policy.gpt_neox.layers[0].mlp.dense_h_to_4h.weight[0, 0] = float("nan")
+    policy.save_pretrained(tmp_path / "nan-policy")
+    args = [f"hydra.run.dir={tmp_path / 'nan'}", f"policy={tmp_path / 'nan-policy'}", "bootstrap=fast"]
+    assert run_module("rloo.evaluate", *args, "eval.num_prompts=4", "response_length=8") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(err) == 1 and "has non-finite weights in 1 of" in err[0] and "layers.0.mlp.dense_h_to_4h" in err[0]
+    assert not (tmp_path / "nan" / "summary.json").exists()
+
+
+def test_an_evaluation_makes_its_own_run_dir_and_no_other(tmp_path, monkeypatch):
+    """Hydra resolved the training run dir (which makes itself) while composing rloo.evaluate's: two empty dirs
+    under outputs/<date>/ and outputs/multirun/<date>/ per evaluation."""
+    from tests.test_cli import run_module
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.chdir(tmp_path)
+    assert run_module("rloo.evaluate", f"policy={tmp_path / 'nope'}") == 2
+    made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_dir() and ".hydra" not in p.parts)
+    assert len(made) == 4 and made[:2] == ["outputs", "outputs/evaluate"], made
+
+
+def test_a_plugin_judge_that_exits_fails_the_evaluation_in_one_line(finished_run, tmp_path, monkeypatch, capsys):
+    """SystemExit(0) inside a judge ended the process with exit 0 before: now exit 1 naming the judge."""
+    from tests.test_cli import run_module
+
+    base, _ = finished_run
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setenv("RLOO_CACHE_DIR", str(base / "cache"))
+    args = [f"hydra.run.dir={tmp_path / 'eval'}", "bootstrap=fast", "eval.num_prompts=4", "response_length=8"]
+    assert run_module("rloo.evaluate", *args, "judge._target_=tests.plugin_judges.Exits") == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == ["error: judge Exits raised SystemExit: 0"]
+    assert not (tmp_path / "eval" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_plugin_judge_hangs_ends_the_evaluation_within_seconds(finished_run, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.e2e import ROOT
+
+    base, _ = finished_run
+    mark = tmp_path / "entered"
+    env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "HF_HUB_OFFLINE": "1", "RLOO_TEST_HANG_MARK": str(mark)}
+    command = [sys.executable, "-m", "rloo.evaluate", f"hydra.run.dir={tmp_path / 'eval'}", "bootstrap=fast"]
+    command += ["eval.num_prompts=4", "response_length=8", "judge._target_=tests.plugin_judges.Hangs"]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not mark.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert mark.exists(), process.communicate()[0][-3000:]
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 128 + signal.SIGTERM and time.monotonic() - sent < 10, output[-3000:]
+    assert "rloo.evaluate: stopped by SIGTERM" in output and "Traceback" not in output
+    assert not (tmp_path / "eval" / "verdicts.jsonl").exists() and not (tmp_path / "eval" / "summary.json").exists()
+    assert not [p for p in (tmp_path / "eval").iterdir() if ".tmp-" in p.name]

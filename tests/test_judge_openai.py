@@ -13,7 +13,8 @@ import traceback
 import pytest
 
 from rloo.config import ConfigError
-from rloo.judges import win_rate_summary
+from rloo.errors import JudgeFailed
+from rloo.judges import judge_pairs, win_rate_summary
 from rloo.judges.openai import CACHE_FILE, JudgeError, OpenAIJudge
 from rloo.judges.prompts import TLDR_COMPARISON, render_comparison
 from tests.builders import judge_from_conf
@@ -310,3 +311,16 @@ def test_request_body(server):
     clone = pickle.loads(pickle.dumps(judge))  # settings survive; locks and caches are rebuilt
     assert repr(clone) == repr(judge) and clone.cache_key(body["messages"]) == judge.cache_key(body["messages"])
     assert make_judge(url, temperature=0.0).cache_key(body["messages"]) != judge.cache_key(body["messages"])
+
+
+def test_a_refused_key_stops_an_evaluation_in_one_line_through_the_guard(server, monkeypatch):
+    """A 401 under judge_pairs, as rloo.train and rloo.evaluate call judges: JudgeFailed, whose one line the entry
+    points print before exit 1 (a traceback before)."""
+    url, state = server
+    monkeypatch.setenv(ENV, SECRET)
+    state.respond = lambda i, body, headers: (401, {}, json.dumps({"error": {"message": f"bad key {SECRET}"}}), 0.0)
+    with pytest.raises(JudgeFailed) as info:
+        judge_pairs(make_judge(url), ["p1", "p2"], ["a", "b"], ["c", "d"], timeout_s=30)
+    message = str(info.value)
+    assert message.startswith("judge OpenAIJudge raised JudgeError: HTTP 401 from ") and "\n" not in message
+    assert SECRET not in message

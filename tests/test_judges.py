@@ -6,12 +6,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPTNeoXForCausalLM
 
+from rloo.errors import JudgeFailed
 from rloo.heldout import INVALID, summarize_eval
-from rloo.judges import swap_orders, win_rate_summary
+from rloo.judges import Judge, judge_pairs, swap_orders, win_rate_summary
 from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, parse_preference, render_comparison
 from rloo.models import load_reward_model, load_tokenizer
 from rloo.toy.judge import OracleJudge
 from rloo.toy.task import oracle_judge
+from rloo.user_code import Interrupted
+from tests import plugin_judges
 from tests.builders import judge_from_conf
 from tests.conftest import tiny_config
 
@@ -178,3 +181,52 @@ def test_hf_judge_with_a_position_biased_model_follows_the_order(hf_judge_model)
 def test_hf_judge_refuses_labels_that_are_not_one_token(hf_judge_model):
     with pytest.raises(ValueError, match="judge.labels"):
         judge_from_conf("hf", path=str(hf_judge_model), labels=("Summary A is better", "B")).setup()
+
+
+# ---- plug-in judges under guard (rloo.judges.judge_pairs) ------------------------------------------------------
+PAIRS = (["p1", "p2", "p3"], ["long answer", "a", "same"], ["short", "longer", "same"])
+
+
+@pytest.mark.parametrize(
+    "judge, message",
+    [
+        (plugin_judges.Raises(), "judge Raises raised RuntimeError: the grader crashed"),
+        (plugin_judges.Exits(), "judge Exits raised SystemExit: 0"),
+        (plugin_judges.WrongCount(), "judge WrongCount returned 2 verdicts for 3 pairs"),
+        (plugin_judges.Floats(), "judge Floats returned float (1.0), not a rloo.judges.Verdict"),
+        (plugin_judges.BoolOutcomes(), "judge BoolOutcomes returned a Verdict with outcome True: allowed 1.0 (win)"),
+    ],
+)
+@pytest.mark.parametrize("timeout_s", [0, 30])
+def test_a_misbehaving_judge_fails_in_one_line_naming_what_it_did(judge, message, timeout_s):
+    with pytest.raises(JudgeFailed) as caught:
+        judge_pairs(judge, *PAIRS, timeout_s=timeout_s)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_a_well_behaved_plugin_judge_passes_through_the_guard():
+    assert [v.outcome for v in judge_pairs(plugin_judges.Longest(), *PAIRS, timeout_s=30)] == [1.0, 0.0, 0.5]
+
+
+def test_a_hanging_judge_fails_at_its_timeout_and_stops_waiting_on_sigterm():
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(
+        JudgeFailed, match=r"judge Hangs raised TimeoutError: no result after 0.5 s \(eval.judge_timeout_s\)"
+    ):
+        judge_pairs(plugin_judges.Hangs(), *PAIRS, timeout_s=0.5)
+    assert time.monotonic() - started < 5
+    stop_after = time.monotonic() + 0.3
+    with pytest.raises(Interrupted):
+        judge_pairs(plugin_judges.Hangs(), *PAIRS, timeout_s=60, should_stop=lambda: time.monotonic() > stop_after)
+    assert time.monotonic() - started < 10
+
+
+def test_a_keyboard_interrupt_inside_a_judge_still_stops_the_run():
+    class Interrupts(Judge):
+        def judge(self, prompts, candidates, others):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        judge_pairs(Interrupts(), *PAIRS, timeout_s=30)

@@ -6,6 +6,9 @@ import math
 import random
 from dataclasses import dataclass
 
+from rloo.errors import JudgeFailed
+from rloo.user_code import Interrupted, call_guarded, one_line
+
 OUTCOMES = {1.0: "win", 0.5: "tie", 0.0: "loss", None: "invalid"}
 
 
@@ -55,6 +58,42 @@ class Judge:
 
     def judge(self, prompts: list[str], candidates: list[str], others: list[str]) -> list[Verdict]:
         raise NotImplementedError
+
+
+def judge_pairs(
+    judge: Judge, prompts: list[str], candidates: list[str], others: list[str], timeout_s: float = 0, should_stop=None
+) -> list[Verdict]:
+    """`judge.judge(...)` under guard (rloo.user_code): one Verdict per pair, or `JudgeFailed` in one line naming the
+    judge and what it did (raised anything, SystemExit included; ran past `timeout_s`, eval.judge_timeout_s; returned
+    the wrong count or something not a Verdict with outcome 1, 0.5, 0 or None). `Interrupted` when SIGTERM came.
+    timeout_s=0: called directly in the main thread, without the guard."""
+    name = type(judge).__name__
+    try:
+        if timeout_s > 0:
+            verdicts = call_guarded(judge.judge, (prompts, candidates, others), {}, timeout_s, should_stop, name)
+        else:
+            verdicts = judge.judge(prompts, candidates, others)
+    except Interrupted:
+        raise
+    except (Exception, SystemExit) as error:  # a judge's failure is its own; KeyboardInterrupt stops the run
+        if isinstance(error, TimeoutError):
+            error = TimeoutError(f"{error} (eval.judge_timeout_s) for {len(prompts)} pairs")
+        raise JudgeFailed(f"judge {name} raised {one_line(error)}") from None
+    if isinstance(verdicts, (str, bytes, dict)) or not hasattr(verdicts, "__len__"):
+        raise JudgeFailed(f"judge {name} returned {type(verdicts).__name__}, not a list of one Verdict per pair")
+    if len(verdicts) != len(prompts):
+        raise JudgeFailed(f"judge {name} returned {len(verdicts)} verdicts for {len(prompts)} pairs")
+    for verdict in verdicts:
+        if not isinstance(verdict, Verdict):
+            raise JudgeFailed(
+                f"judge {name} returned {type(verdict).__name__} ({verdict!r:.40}), not a rloo.judges.Verdict"
+            )
+        if verdict.outcome not in OUTCOMES or isinstance(verdict.outcome, bool):
+            raise JudgeFailed(
+                f"judge {name} returned a Verdict with outcome {verdict.outcome!r}: allowed 1.0 (win), 0.5 (tie), "
+                "0.0 (loss), None (invalid)"
+            )
+    return list(verdicts)
 
 
 def swap_orders(seed: int, prompts: list[str], candidates: list[str], others: list[str]) -> list[bool]:

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
+from rloo import atomic
 from rloo.errors import SIGTERM_EXIT_CODE
 from rloo.toy.evaluation import evaluate, pair_accuracy
 from rloo.toy.preferences import make_preference_pairs
@@ -150,8 +151,7 @@ def train_sft_policy(bootstrap_cfg, tokenizer, examples: list[dict], out_dir) ->
     probe = rows[:512]  # a fixed subset for the before/after loss
     loss_initial = _mean_sft_loss(model, probe, collate)
     _fit(SFTModule(model, sft["lr"], warmup_ratio=sft["warmup_ratio"]), rows, collate, sft, seed, Path(out_dir))
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    atomic.save_pretrained(model, tokenizer, Path(out_dir), "the SFT policy")  # whole or absent
     return {"sft_loss_initial": loss_initial, "sft_loss_final": _mean_sft_loss(model, probe, collate)}
 
 
@@ -181,8 +181,7 @@ def train_reward_model(bootstrap_cfg, tokenizer, pairs: list[dict], out_dir, pol
         seed,
         Path(out_dir),
     )
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    atomic.save_pretrained(model, tokenizer, Path(out_dir), "the reward model")
     return {"rm_train_accuracy": pair_accuracy(model, tokenizer, pairs[:1024])}
 
 

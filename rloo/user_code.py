@@ -1,0 +1,53 @@
+"""User code run under guard: reward functions (`reward=module:function`) and plug-in judges (`judge._target_`).
+
+They run in a daemon thread that the caller waits for in 0.2 s slices: past `timeout_s` the call fails with
+TimeoutError, and as soon as `should_stop()` says SIGTERM came the caller gets `Interrupted` and stops the run as
+it would between rollouts. Whatever the code raises, SystemExit included, is raised in the caller, which judges it
+as the code's failure; KeyboardInterrupt (Ctrl-C reaches the main thread, which is waiting) still stops the run.
+A call that hangs is abandoned, not killed: Python cannot stop a thread.
+
+Both import and run code named in the config: they must come from a trusted source.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+
+class Interrupted(Exception):
+    """SIGTERM arrived while user code ran: the caller stops the run as it would between rollouts."""
+
+
+def call_guarded(
+    function: Callable, args: tuple, kwargs: dict, timeout_s: float, should_stop=None, what: str | None = None
+) -> object:
+    """function(*args, **kwargs) under guard (see the module); `what` names it in the thread and the timeout."""
+    outcome: dict = {}
+    what = what or getattr(function, "__name__", repr(function))
+
+    def target():
+        try:
+            outcome["value"] = function(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 (handed to the caller, which judges it)
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name=what, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive():
+        thread.join(0.2)
+        if should_stop is not None and should_stop():
+            raise Interrupted()
+        if thread.is_alive() and time.monotonic() > deadline:
+            raise TimeoutError(f"no result after {timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def one_line(error: BaseException) -> str:
+    """`TypeName: first line of the message` (the type alone where the message is empty)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
