@@ -166,6 +166,18 @@ def check_override_keys(argv: list[str]) -> None:
                 raise unknown_key_error(key, algorithm)
 
 
+def check_added_keys(argv: list[str]) -> None:
+    """rloo.evaluate, rloo.sft, rloo.reward: a `+key` adds a key no config has, which nothing reads, except a
+    plug-in judge's own arguments (+judge.<name>=...) and Hydra's settings."""
+    for arg in argv:
+        key, sep, _ = arg.partition("=")
+        if sep and key.startswith("+") and not key.lstrip("+").startswith(("judge.", "hydra.")):
+            raise ConfigError(
+                f"{key.lstrip('+')} is not a config key of this entry point (+key adds a key nothing reads; only "
+                "+judge.<argument> for a plug-in judge)"
+            )
+
+
 def compose_train_config(overrides: list[str]) -> DictConfig:
     """conf/train.yaml with command-line style overrides, outside a Hydra run (the benchmark worker, tests)."""
     from hydra import compose, initialize_config_dir
@@ -214,6 +226,8 @@ def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
     check_group_choices(argv)
     if train:
         check_override_keys(argv)
+    else:
+        check_added_keys(argv)
     check_run_dir(argv)
     from rloo.resume import check_resume_argument
 

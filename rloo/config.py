@@ -236,11 +236,25 @@ def validate_reward(cfg: DictConfig, ppo: bool) -> None:
     for term in terms:
         if term.name != MODEL:
             load_function(term.name)
+    if all(t.name == MODEL for t in terms):
+        refuse_inert(cfg, "reward_timeout_s", f"reward={cfg.reward!r}", "it times reward functions")
     if any(t.name == MODEL for t in terms) and cfg.model.reward_model is None and cfg.get("bootstrap") is None:
         raise ConfigError(
             f"reward={cfg.reward!r} uses the reward model but model.reward_model is null: give one, "
             "or score with functions only"
         )
+
+
+def refuse_inert(cfg: DictConfig, key: str, setting: str, what_it_does: str) -> None:
+    """`key` does nothing under `setting`: set away from its default (conf/train.yaml, conf/sampling.yaml), it is
+    refused rather than ignored."""
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    default = OmegaConf.select(
+        OmegaConf.merge(*(OmegaConf.load(conf / f) for f in ("train.yaml", "sampling.yaml"))), key
+    )
+    value = OmegaConf.select(cfg, key)
+    if value is not None and value != default:
+        raise ConfigError(f"{key}={value} does nothing with {setting} ({what_it_does}); remove it")
 
 
 JUDGE_NEEDS = {"rloo.toy.judge.OracleJudge": "data=toy (the oracle scores the embedded task only)"}
@@ -250,6 +264,7 @@ def validate_judge_config(cfg: DictConfig) -> None:
     """The `judge` group: a known judge whose settings construct (nothing loads), usable on this data."""
     judge_cfg = cfg.get("judge")
     if not judge_cfg or judge_cfg.get("_target_") is None:
+        refuse_inert(cfg, "eval.judge_timeout_s", "judge=none", "it times the judge")
         return
     target = judge_cfg._target_
     if target in JUDGE_NEEDS and cfg.data.name != "toy":

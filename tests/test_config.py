@@ -418,3 +418,27 @@ def test_one_missing_eos_rule_at_a_time():
     with pytest.raises(ConfigError, match="one missing-EOS rule at a time"):
         validate_train_config(composed("missing_eos_penalty=1.0", "missing_eos_score=-1"))
     validate_train_config(composed("missing_eos_penalty=null", "missing_eos_score=-1"))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["judge=none", "eval.judge_timeout_s=5"], "eval.judge_timeout_s=5 does nothing with judge=none"),
+        (["reward_timeout_s=5"], "reward_timeout_s=5 does nothing with reward='model'"),
+    ],
+)
+def test_a_timeout_for_code_the_run_does_not_call_is_refused(overrides, message):
+    assert first_error(*overrides).startswith(message)
+    validate_train_config(composed("judge=none", "eval.judge_timeout_s=1800"))  # the default itself is no setting
+    validate_train_config(
+        composed("reward=tests.reward_functions:length", "reward_timeout_s=5", "eval.judge_timeout_s=9")
+    )
+
+
+def test_an_added_key_nothing_reads_is_refused_outside_training():
+    """rloo.evaluate, rloo.sft and rloo.reward (preflight with train=False)."""
+    from rloo.cli import preflight
+
+    with pytest.raises(ConfigError, match=r"^typo is not a config key of this entry point"):
+        preflight(["+typo=1"], train=False)
+    assert preflight(["+judge.threshold=0.5"], train=False) == ["+judge.threshold=0.5"]  # a plug-in judge's argument
