@@ -200,7 +200,7 @@ class RolloutCheckpoints(Callback):
 
     def save(self, trainer, module) -> None:
         name = f"step{trainer.global_step}.ckpt" if self.keep != 0 else "last.ckpt"
-        trainer.save_checkpoint(self.directory / name)
+        trainer.save_checkpoint(self.directory / name, weights_only=False)  # the optimiser and loops too
         self.last_time = time.monotonic()
         if trainer.is_global_zero and self.keep != 0:
             atomic.symlink(name, self.directory / "last.ckpt")
