@@ -147,15 +147,57 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def t_975(df: float) -> float:
+    """Student's t two-sided 95% quantile at the largest tabled degrees of freedom <= df (conservative between
+    entries); the normal's 1.96 beyond the table."""
+    return T_975[max(d for d in T_975 if d <= df)] if df <= max(T_975) else 1.96
+
+
 def seed_interval(values: list[float]) -> tuple[float, float, float]:
     """Mean and 95% interval over seeds (Student's t on their standard error); one seed: no interval."""
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, mean, mean
-    df = len(values) - 1
-    t = T_975[max(d for d in T_975 if d <= df)] if df <= max(T_975) else 1.96
-    half = t * statistics.stdev(values) / len(values) ** 0.5
+    half = t_975(len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
     return mean, mean - half, mean + half
+
+
+def difference_interval(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its 95% interval (Welch: unequal variances and seed counts, Welch-Satterthwaite
+    degrees of freedom). Whether two methods differ is read here: two 95% intervals that touch can still come from
+    means whose difference excludes 0. Needs two seeds on each side."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    difference = statistics.fmean(a) - statistics.fmean(b)
+    if va + vb == 0:
+        return difference, difference, difference
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = t_975(max(df, 1)) * (va + vb) ** 0.5
+    return difference, difference - half, difference + half
+
+
+def final_rates(rows: list[dict]) -> dict[str, list[float]]:
+    """The final win rates of the finished jobs, by setting."""
+    rates: dict[str, list[float]] = {}
+    for r in rows:
+        if r["status"] == "ok" and r.get("win_rate") is not None:
+            rates.setdefault(r["setting"], []).append(r["win_rate"])
+    return rates
+
+
+def differences_markdown(rows: list[dict]) -> str:
+    """Every pair of settings with two seeds or more, the better first: the difference of their mean final win rates
+    and its 95% interval (difference_interval); "yes" where the interval excludes 0."""
+    rates = {s: v for s, v in final_rates(rows).items() if len(v) >= 2}
+    ranked = sorted(rates, key=lambda s: -statistics.fmean(rates[s]))
+    lines = [
+        "| better | worse | difference of mean final win rates [95% CI, Welch] | separated |",
+        "|---|---|---|---|",
+    ]
+    for i, a in enumerate(ranked):
+        for b in ranked[i + 1 :]:
+            diff, low, high = difference_interval(rates[a], rates[b])
+            lines.append(f"| {a} | {b} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {'yes' if low > 0 else 'no'} |")
+    return "\n".join(lines) + "\n"
 
 
 def by_setting(rows: list[dict]) -> list[dict]:
@@ -281,6 +323,7 @@ def report(multirun_dir: Path) -> list[dict]:
     plot_against_k(rows, "win_rate", "final win rate (95% CI)", multirun_dir / "win_rate_vs_k.png")
     plot_against_k(rows, "kl", f"KL (mean of last {TAIL_STEPS} steps)", multirun_dir / "kl_vs_k.png")
     (multirun_dir / "settings.md").write_text(settings_markdown(by_setting(rows)))
+    (multirun_dir / "differences.md").write_text(differences_markdown(rows))
     plot_curves(rows, "episodes", "episodes (completions trained on)", multirun_dir / "win_rate_vs_episodes.png")
     plot_curves(rows, "train_seconds", "seconds of training (no evaluation)", multirun_dir / "win_rate_vs_seconds.png")
     return rows
@@ -309,9 +352,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = report(multirun_dir)
     print(markdown(rows))
     print(settings_markdown(by_setting(rows)))
+    print(differences_markdown(rows))
     print(
         f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished; wrote report.md, "
-        f"report.csv, settings.md, win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, "
+        f"report.csv, settings.md, differences.md, win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, "
         f"win_rate_vs_seconds.png in {multirun_dir}"
     )
 

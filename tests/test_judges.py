@@ -8,7 +8,7 @@ from transformers import AutoTokenizer, GPTNeoXForCausalLM
 
 from rloo.errors import JudgeFailed
 from rloo.heldout import INVALID, summarize_eval
-from rloo.judges import Judge, judge_pairs, swap_orders, win_rate_summary
+from rloo.judges import Judge, Verdict, judge_pairs, swap_orders, win_rate_summary
 from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, parse_preference, render_comparison
 from rloo.models import load_reward_model, load_tokenizer
 from rloo.toy.judge import OracleJudge
@@ -230,3 +230,20 @@ def test_a_keyboard_interrupt_inside_a_judge_still_stops_the_run():
 
     with pytest.raises(KeyboardInterrupt):
         judge_pairs(Interrupts(), *PAIRS, timeout_s=30)
+
+
+def test_a_guarded_judge_runs_in_the_callers_grad_mode_and_autocast():
+    """Both are per thread: the guard's thread takes them from the evaluation's."""
+    seen = {}
+
+    class Records(Judge):
+        def judge(self, prompts, candidates, others):
+            seen["grad"] = torch.is_grad_enabled()
+            seen["autocast"] = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")
+            return [Verdict(0.5)] * len(prompts)
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        judge_pairs(Records(), *PAIRS, timeout_s=30)
+    assert seen == {"grad": False, "autocast": torch.bfloat16}
+    judge_pairs(Records(), *PAIRS, timeout_s=30)
+    assert seen == {"grad": True, "autocast": False}

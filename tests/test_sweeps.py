@@ -179,6 +179,12 @@ def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curv
 
         mean, low, high = seed_interval(rates)
         assert f"| algo={algorithm} | 2 | {mean:.3f} [{low:.3f}, {high:.3f}] |" in table
+    from rloo.report import difference_interval
+
+    better, worse = sorted(finals, key=lambda a: -sum(finals[a]))
+    diff, low, high = difference_interval(finals[better], finals[worse])
+    row = f"| algo={better} | algo={worse} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {'yes' if low > 0 else 'no'} |"
+    assert row in (sweep_dir / "differences.md").read_text()
     for name in ("win_rate_vs_episodes.png", "win_rate_vs_seconds.png"):
         assert matplotlib.image.imread(sweep_dir / name).shape[0] > 100
 
@@ -192,3 +198,15 @@ def test_a_path_valued_override_names_one_job_dir_not_a_nest():
     assert one_dir_name("a=50%/b") != one_dir_name("a=50%2Fb")  # '%' is escaped too: distinct stays distinct
     long = [one_dir_name(f"data.train.path=/{'x' * 300}/{n}.jsonl") for n in (1, 2)]
     assert all(len(n) <= 200 for n in long) and long[0] != long[1]  # within a file name, and distinct
+
+
+def test_the_difference_of_two_methods_has_welchs_interval():
+    from rloo.report import difference_interval
+
+    # equal seeds and spreads: variances 0.001 each, se sqrt(2 * 0.001 / 5) = 0.02, Welch df = 8, t(8) = 2.306
+    diff, low, high = difference_interval([0.7, 0.72, 0.68, 0.74, 0.66], [0.6, 0.62, 0.58, 0.64, 0.56])
+    assert diff == pytest.approx(0.1) and high - diff == pytest.approx(2.306 * 0.02) and low > 0
+    # 2 and 4 seeds: va = 0.02 / 2 = 0.01, vb = 0.016667 / 4 = 0.0041667; df = 0.0141667^2 / (0.01^2 / 1 +
+    # 0.0041667^2 / 3) = 1.897, which the table takes as 1 (t = 12.706); se = sqrt(0.0141667) = 0.119024
+    diff, low, high = difference_interval([0.6, 0.8], [0.1, 0.2, 0.3, 0.4])
+    assert diff == pytest.approx(0.45) and diff - low == pytest.approx(12.706 * 0.119024, rel=1e-5) and low < 0

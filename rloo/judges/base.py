@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from dataclasses import dataclass
+
+import torch
 
 from rloo.errors import JudgeFailed
 from rloo.user_code import Interrupted, call_guarded, one_line
@@ -60,6 +63,21 @@ class Judge:
         raise NotImplementedError
 
 
+def in_callers_torch_modes(function):
+    """`function` to be run in another thread with this thread's grad mode and autocast (both are per thread): a
+    judge with a model computes as it would have in the evaluation's own thread."""
+    grad = torch.is_grad_enabled()
+    autocasts = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+
+    def call(*args, **kwargs):
+        with torch.set_grad_enabled(grad), contextlib.ExitStack() as stack:
+            for device_type, dtype in autocasts:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+            return function(*args, **kwargs)
+
+    return call
+
+
 def judge_pairs(
     judge: Judge, prompts: list[str], candidates: list[str], others: list[str], timeout_s: float = 0, should_stop=None
 ) -> list[Verdict]:
@@ -70,7 +88,8 @@ def judge_pairs(
     name = type(judge).__name__
     try:
         if timeout_s > 0:
-            verdicts = call_guarded(judge.judge, (prompts, candidates, others), {}, timeout_s, should_stop, name)
+            call = in_callers_torch_modes(judge.judge)
+            verdicts = call_guarded(call, (prompts, candidates, others), {}, timeout_s, should_stop, name)
         else:
             verdicts = judge.judge(prompts, candidates, others)
     except Interrupted:
