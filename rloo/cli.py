@@ -194,12 +194,26 @@ RUN_OUTPUTS = ("summary.json", "checkpoints", "policy", "csv", "verdicts.jsonl",
 RUN_DIR_KEYS = ("hydra.run.dir", "paths.output_dir")
 
 
+def further_rank() -> bool:
+    """This process is a rank other than the first of a multi-process run: one Lightning launched into the run dir the
+    first rank has begun writing (LOCAL_RANK), or one of several a scheduler started at once (NODE_RANK, RANK,
+    SLURM_PROCID)."""
+    import os
+
+    return any(
+        os.environ.get(name, "0") not in ("0", "") for name in ("LOCAL_RANK", "NODE_RANK", "RANK", "SLURM_PROCID")
+    )
+
+
 def check_run_dir(argv: list[str]) -> None:
     """Before Hydra makes or writes into the run dir: the dir it will be in can be written (Hydra's own error is a
     traceback), and an explicit run dir that holds another run's outputs is refused unless `resume=` continues that
-    run: a fresh run there would merge its metrics into the old timeline and overwrite its summary."""
+    run: a fresh run there would merge its metrics into the old timeline and overwrite its summary. The first rank
+    alone checks that: the others join the dir it has begun."""
     import os
 
+    if any(arg.partition("=")[0] in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help") for arg in argv):
+        return  # Hydra prints and runs nothing: no run dir is made
     resuming = any(arg.startswith("resume=") and arg.partition("=")[2] not in ("null", "None", "") for arg in argv)
     explicit = [(key, value) for key, sep, value in (arg.partition("=") for arg in argv) if sep and key in RUN_DIR_KEYS]
     for key, value in explicit or [("hydra.run.dir", "outputs")]:
@@ -210,7 +224,12 @@ def check_run_dir(argv: list[str]) -> None:
         if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
             where = f"{key}={value!r}" if explicit else "the run dir (outputs/ here)"
             raise ConfigError(f"{where}: {existing} is not a writable dir (a read-only file system or no permission)")
-        if explicit and not resuming and (held := [name for name in RUN_OUTPUTS if (path / name).exists()]):
+        if (
+            explicit
+            and not resuming
+            and not further_rank()
+            and (held := [n for n in RUN_OUTPUTS if (path / n).exists()])
+        ):
             raise ConfigError(
                 f"{key}={value!r} holds another run's outputs ({', '.join(held)}): resume=auto continues that run; "
                 "give a new dir for a new one"

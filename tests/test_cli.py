@@ -68,4 +68,16 @@ def test_a_fresh_run_into_a_dir_holding_another_run_is_refused_unless_resumed(tm
     assert len(err) == 1 and f"holds another run's outputs ({output})" in err[0] and "resume=auto" in err[0]
     assert sorted(p.name for p in run.rglob("*")) == before  # Hydra wrote nothing there
     check_run_dir([f"hydra.run.dir={run}", "resume=auto"])
+    check_run_dir([f"hydra.run.dir={run}", "--cfg", "job"])  # prints the config, writes nothing
     check_run_dir([f"hydra.run.dir={tmp_path / 'other'}"])
+
+
+def test_only_the_first_rank_refuses_a_run_dir_that_holds_outputs(tmp_path, monkeypatch):
+    """Lightning's DDP launch runs `python -m rloo.train` again for rank 1, into the dir rank 0 has begun writing."""
+    from rloo.cli import check_run_dir
+
+    (tmp_path / "csv").mkdir()
+    with pytest.raises(ConfigError, match="holds another run's outputs"):
+        check_run_dir([f"hydra.run.dir={tmp_path}"])
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    check_run_dir([f"hydra.run.dir={tmp_path}"])

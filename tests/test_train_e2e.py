@@ -166,7 +166,7 @@ def test_fsdp2_on_two_cpu_processes_trains_the_policy_ddp_trains_and_resumes_bit
     runs = {}
     for name, *extra in (
         ("fsdp2", "trainer.strategy=fsdp2"),
-        ("ddp", "trainer.strategy=ddp"),
+        ("ddp_reference", "trainer.strategy=ddp"),  # its own dir: test_ddp_on_two_cpu_processes has "ddp"
         (
             "fsdp2_resumed",
             "trainer.strategy=fsdp2",
@@ -180,8 +180,8 @@ def test_fsdp2_on_two_cpu_processes_trains_the_policy_ddp_trains_and_resumes_bit
         assert (summary["rollouts"], summary["episodes"], summary["optimizer_steps"]) == (2, 32, 8)
         runs[name] = AutoModelForCausalLM.from_pretrained(base / name / "policy").state_dict()
     initial = AutoModelForCausalLM.from_pretrained(next((base / "cache").glob("*/policy"))).state_dict()
-    moved = max((runs["ddp"][k] - initial[k]).abs().max().item() for k in initial)
-    apart = max((runs["ddp"][k] - runs["fsdp2"][k]).abs().max().item() for k in initial)
+    moved = max((runs["ddp_reference"][k] - initial[k]).abs().max().item() for k in initial)
+    apart = max((runs["ddp_reference"][k] - runs["fsdp2"][k]).abs().max().item() for k in initial)
     assert moved > 1e-3 and apart < 1e-5, (moved, apart)
     assert all(torch.equal(runs["fsdp2"][k], runs["fsdp2_resumed"][k]) for k in initial)
     checkpoint = torch.load(base / "fsdp2" / "checkpoints" / "step4.ckpt", weights_only=False)
