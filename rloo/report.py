@@ -175,19 +175,19 @@ def difference_interval(a: list[float], b: list[float]) -> tuple[float, float, f
     return difference, difference - half, difference + half
 
 
-def final_rates(rows: list[dict]) -> dict[str, list[float]]:
-    """The final win rates of the finished jobs, by setting."""
-    rates: dict[str, list[float]] = {}
+def finished_by_setting(rows: list[dict]) -> dict[str, list[dict]]:
+    """The finished jobs that report a final win rate, grouped by setting (their overrides other than seed)."""
+    groups: dict[str, list[dict]] = {}
     for r in rows:
         if r["status"] == "ok" and r.get("win_rate") is not None:
-            rates.setdefault(r["setting"], []).append(r["win_rate"])
-    return rates
+            groups.setdefault(r["setting"], []).append(r)
+    return groups
 
 
 def differences_markdown(rows: list[dict]) -> str:
     """Every pair of settings with two seeds or more, the better first: the difference of their mean final win rates
     and its 95% interval (difference_interval); "yes" where the interval excludes 0."""
-    rates = {s: v for s, v in final_rates(rows).items() if len(v) >= 2}
+    rates = {s: [j["win_rate"] for j in jobs] for s, jobs in finished_by_setting(rows).items() if len(jobs) >= 2}
     ranked = sorted(rates, key=lambda s: -statistics.fmean(rates[s]))
     lines = [
         "| better | worse | difference of mean final win rates [95% CI, Welch] | separated |",
@@ -203,12 +203,8 @@ def differences_markdown(rows: list[dict]) -> str:
 def by_setting(rows: list[dict]) -> list[dict]:
     """The finished jobs grouped by their overrides other than seed: one row per setting (a method, say), the final
     win rate as mean and 95% interval over its seeds, the other columns as means."""
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        if r["status"] == "ok" and r.get("win_rate") is not None:
-            groups.setdefault(r["setting"], []).append(r)
     table = []
-    for setting, jobs in groups.items():
+    for setting, jobs in finished_by_setting(rows).items():
         mean, low, high = seed_interval([j["win_rate"] for j in jobs])
         averaged = {
             key: statistics.fmean(values) if (values := [j[key] for j in jobs if j.get(key) is not None]) else None

@@ -126,15 +126,12 @@ def call_reward_function(
     n, nothing = len(completions), torch.full((len(completions),), float("nan"))
     kwargs = columns_asked_for(function, columns or {})
     try:
-        if timeout_s > 0:
-            values = call_guarded(function, (prompts, completions), kwargs, timeout_s, should_stop, f"reward {name}")
-        else:
-            values = function(prompts, completions, **kwargs)
+        values = call_guarded(
+            function, (prompts, completions), kwargs, timeout_s, should_stop, f"reward {name}", "reward_timeout_s"
+        )
     except Interrupted:
         raise
     except (Exception, SystemExit) as error:  # a user's function: any error is its own
-        if isinstance(error, TimeoutError):
-            error = TimeoutError(f"{error} (reward_timeout_s)")
         return nothing, f"reward function {name} raised {one_line(error)}"
     if isinstance(values, (torch.Tensor, np.ndarray)) and values.ndim == 1 and values.dtype != bool:
         values = values.tolist()

@@ -21,11 +21,14 @@ class Interrupted(Exception):
 
 
 def call_guarded(
-    function: Callable, args: tuple, kwargs: dict, timeout_s: float, should_stop=None, what: str | None = None
+    function: Callable, args: tuple, kwargs: dict, timeout_s: float, should_stop, what: str, timeout_key: str
 ) -> object:
-    """function(*args, **kwargs) under guard (see the module); `what` names it in the thread and the timeout."""
+    """function(*args, **kwargs) under guard (see the module), in a thread named `what`; the TimeoutError names the
+    config key that sets the limit (`timeout_key`). timeout_s=0: called directly in the main thread, unguarded (for
+    code that times itself with signal.alarm, which works in the main thread only)."""
+    if timeout_s <= 0:
+        return function(*args, **kwargs)
     outcome: dict = {}
-    what = what or getattr(function, "__name__", repr(function))
 
     def target():
         try:
@@ -41,7 +44,7 @@ def call_guarded(
         if should_stop is not None and should_stop():
             raise Interrupted()
         if thread.is_alive() and time.monotonic() > deadline:
-            raise TimeoutError(f"no result after {timeout_s:g} s")
+            raise TimeoutError(f"no result after {timeout_s:g} s ({timeout_key})")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

@@ -86,17 +86,14 @@ def judge_pairs(
     the wrong count or something not a Verdict with outcome 1, 0.5, 0 or None). `Interrupted` when SIGTERM came.
     timeout_s=0: called directly in the main thread, without the guard."""
     name = type(judge).__name__
+    call = in_callers_torch_modes(judge.judge) if timeout_s > 0 else judge.judge  # a thread: carry the torch modes
     try:
-        if timeout_s > 0:
-            call = in_callers_torch_modes(judge.judge)
-            verdicts = call_guarded(call, (prompts, candidates, others), {}, timeout_s, should_stop, name)
-        else:
-            verdicts = judge.judge(prompts, candidates, others)
+        verdicts = call_guarded(
+            call, (prompts, candidates, others), {}, timeout_s, should_stop, name, "eval.judge_timeout_s"
+        )
     except Interrupted:
         raise
     except (Exception, SystemExit) as error:  # a judge's failure is its own; KeyboardInterrupt stops the run
-        if isinstance(error, TimeoutError):
-            error = TimeoutError(f"{error} (eval.judge_timeout_s) for {len(prompts)} pairs")
         raise JudgeFailed(f"judge {name} raised {one_line(error)}") from None
     if isinstance(verdicts, (str, bytes, dict)) or not hasattr(verdicts, "__len__"):
         raise JudgeFailed(f"judge {name} returned {type(verdicts).__name__}, not a list of one Verdict per pair")
