@@ -9,9 +9,11 @@ transformers implementation:
 - Llama and Qwen2 (`modeling_llama`, `modeling_qwen2`): separate q/k/v projections (Qwen2's with biases), grouped-query
   attention (fewer key/value heads than query heads), full rotary, RMSNorm in float32, SwiGLU MLP, tied or untied head;
 prefill each distinct left-padded prompt in one forward, then one token per step, dropping rows from the batch once
-they end. Per layer the cache is in two parts, k|v side by side: the prompt's (`[U, kv_heads, P, 2 * head_dim]`, one
+they end. Per layer the cache is in two parts, each with a head's keys then its values (`[.., kv_heads, 2, T,
+head_dim]`: reading the keys reads no value bytes): the prompt's (`[U, kv_heads, 2, P, head_dim]`, one
 per distinct prompt, read once per step by all k rows of the prompt) and each row's own completion
-(`[B, kv_heads, max_new, 2 * head_dim]`); one softmax spans both. On CPU, float32 linear layers run through oneDNN.
+(`[B, kv_heads, max_new, 2 * head_dim]`); one softmax spans both. On CPU, float32 linear layers run through oneDNN, their weights
+reordered once per call into its blocked layout.
 Sampling follows HF's order: logits / temperature -> top-k -> top-p -> softmax -> a draw: torch.multinomial as
 HF does (sampler=multinomial, the same random stream), or the cheaper inverse-CDF draw (sampler=inverse_cdf).
 Plain torch + transformers; no Lightning or Hydra.
@@ -84,6 +86,7 @@ class _Body(NamedTuple):
     final_norm: Callable[[Tensor], Tensor]
     layer_forward: Callable
     cache_dtype: torch.dtype
+    head: Callable[[Tensor], Tensor]  # final-normed hidden `[B, D]` -> logits `[B, V]` (`_head`)
 
 
 def supports_lean_decode(model) -> bool:
@@ -133,9 +136,9 @@ def why_not_lean_decode(model) -> str | None:
 
 
 class _Proj(NamedTuple):
-    """One linear layer's weights and the product that applies them (see `_product`)."""
+    """One linear layer's weights and the product that applies them (see `_linear`)."""
 
-    weight: Tensor
+    weight: Tensor  # the module's own, or a copy in oneDNN's blocked layout
     bias: Tensor | None
     product: Callable
 
@@ -147,29 +150,38 @@ def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def _product(weight: Tensor) -> Callable:
-    """The linear product the loop uses for a weight: oneDNN's for float32 weights on CPU outside autocast, else
-    F.linear.
-
-    On 2 cores (AMD EPYC, torch 2.13) oneDNN's float32 linear took 0.55-0.75 of F.linear's time (MKL) at every
-    batch size from 1 to 800 rows, and 0.4 of it for a 50k-row LM head at 8 rows; its results differ in the last
-    bits (about 2e-6 on unit-scale outputs). Sampling is no-grad, so autograd is not needed. Elsewhere (GPU,
-    bfloat16, autocast, a torch without oneDNN) the loop keeps F.linear."""
-    usable = (
+def onednn_applies(weight: Tensor) -> bool:
+    """Whether the loop runs this weight's products through oneDNN: float32 on CPU, outside autocast, with a torch
+    that has oneDNN's linear and its weight reorder."""
+    return (
         weight.device.type == "cpu"
         and weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
-    return _onednn_linear if usable else F.linear
 
 
-def _linear(module) -> _Proj:
-    return _Proj(module.weight, module.bias, _product(module.weight))
+def _linear(module, rows: int) -> _Proj:
+    """The linear product the loop uses for a module: where `onednn_applies`, oneDNN's, with the weight reordered
+    into oneDNN's blocked layout for products of about `rows` rows; else F.linear on the module's weight.
+
+    oneDNN's float32 linear on a plain weight repacks it on every call: at 8 rows it read the 160m-class layers at
+    about half the memory bandwidth (2 cores, AMD EPYC, torch 2.13: the 49 products of one decode step took 29-33 ms
+    from plain weights, 18 ms from reordered ones, and F.linear (MKL) 53-63 ms). The reorder copies the weights once
+    per call of `lean_generate` (they change with every update), about 25 ms for 124M parameters, and the copies are
+    freed when it returns. Results are those of oneDNN's product on the plain weight (bit-identical at 3 rows and
+    more) and differ from F.linear's in the last bits (about 2e-6 on unit-scale outputs). Sampling is no-grad, so
+    autograd is not needed. Elsewhere (GPU, bfloat16, autocast, a torch without oneDNN) the loop keeps F.linear."""
+    if onednn_applies(module.weight):
+        packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows)
+        return _Proj(packed, module.bias, _onednn_linear)
+    return _Proj(module.weight, module.bias, F.linear)
 
 
-def _body(model) -> _Body:
+def _body(model, rows: int) -> _Body:
+    """The loop's view of `model`, its linear products set up for `rows`-row batches (`_linear`)."""
     if isinstance(model, GPTNeoXForCausalLM):
         neox = model.gpt_neox
 
@@ -180,10 +192,10 @@ def _body(model) -> _Body:
             _NeoXLayer(
                 norm(layer.input_layernorm),
                 norm(layer.post_attention_layernorm),
-                _linear(layer.attention.query_key_value),
-                _linear(layer.attention.dense),
-                _linear(layer.mlp.dense_h_to_4h),
-                _linear(layer.mlp.dense_4h_to_h),
+                _linear(layer.attention.query_key_value, rows),
+                _linear(layer.attention.dense, rows),
+                _linear(layer.mlp.dense_h_to_4h, rows),
+                _linear(layer.mlp.dense_4h_to_h, rows),
                 layer.mlp.act,
                 layer.use_parallel_residual,
             )
@@ -204,20 +216,21 @@ def _body(model) -> _Body:
             neox.rotary_emb,
             final_norm,
             _neox_layer_forward,
-            _linear_dtype(layers[0].qkv.weight),
+            _linear_dtype(neox.layers[0].attention.query_key_value.weight),
+            _head(model, rows),
         )
     body = model.model
     layers = [
         _LlamaLayer(
             (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
             (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
-            _linear(layer.self_attn.q_proj),
-            _linear(layer.self_attn.k_proj),
-            _linear(layer.self_attn.v_proj),
-            _linear(layer.self_attn.o_proj),
-            _linear(layer.mlp.gate_proj),
-            _linear(layer.mlp.up_proj),
-            _linear(layer.mlp.down_proj),
+            _linear(layer.self_attn.q_proj, rows),
+            _linear(layer.self_attn.k_proj, rows),
+            _linear(layer.self_attn.v_proj, rows),
+            _linear(layer.self_attn.o_proj, rows),
+            _linear(layer.mlp.gate_proj, rows),
+            _linear(layer.mlp.up_proj, rows),
+            _linear(layer.mlp.down_proj, rows),
             layer.mlp.act_fn,
         )
         for layer in body.layers
@@ -237,7 +250,8 @@ def _body(model) -> _Body:
         body.rotary_emb,
         lambda x: _rms_norm(x, *final),
         _llama_layer_forward,
-        _linear_dtype(layers[0].q.weight),
+        _linear_dtype(body.layers[0].self_attn.q_proj.weight),
+        _head(model, rows),
     )
 
 
@@ -326,17 +340,22 @@ def _llama_layer_forward(
     return x + layer.down(layer.act(layer.gate(normed)) * layer.up(normed))
 
 
-def _last_logits(model, body: _Body, hidden: Tensor) -> Tensor:
-    """LM head on the last position only: `[B, T, D]` -> `[B, V]`, through the loop's product (`_product`) where
-    that is the head's own arithmetic: a plain linear head, or an FP32Head whose weights and input are float32
-    already, outside autocast. Any other head (FP32Head upcasting bfloat16) runs as is."""
-    normed, head = body.final_norm(hidden[:, -1]), model.lm_head
+def _head(model, rows: int) -> Callable[[Tensor], Tensor]:
+    """The LM head, through the loop's product (`_linear`) where that is the head's own arithmetic: a plain linear
+    head, or an FP32Head whose weights and input are float32 already (a float32 body), outside autocast. Any other
+    head (FP32Head upcasting bfloat16) runs as is."""
+    head = model.lm_head
     as_linear = type(head) is torch.nn.Linear or (
         isinstance(head, FP32Head)
-        and head.weight.dtype == normed.dtype == torch.float32
-        and not torch.is_autocast_enabled(normed.device.type)
+        and head.weight.dtype == model.get_input_embeddings().weight.dtype == torch.float32
+        and not torch.is_autocast_enabled(head.weight.device.type)
     )
-    return _linear(head)(normed) if as_linear else head(normed)
+    return _linear(head, rows) if as_linear else head
+
+
+def _last_logits(body: _Body, hidden: Tensor) -> Tensor:
+    """LM head on the last position only: `[B, T, D]` -> `[B, V]`."""
+    return body.head(body.final_norm(hidden[:, -1]))
 
 
 def filter_logits(scores: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -419,8 +438,8 @@ def _group_members(inverse: Tensor) -> Tensor:
     return member
 
 
-def _prefill(model, body: _Body, prompt_ids: Tensor, prompt_mask: Tensor, cos_table: Tensor, sin_table: Tensor):
-    """One forward over left-padded prompts `[U, P]`: per layer the prompt's k|v `[U, kv_heads, P, 2*hd]`, and the
+def _prefill(body: _Body, prompt_ids: Tensor, prompt_mask: Tensor, cos_table: Tensor, sin_table: Tensor):
+    """One forward over left-padded prompts `[U, P]`: per layer the prompt's keys and values `[U, kv_heads, 2, P, hd]`, and the
     logits `[U, V]` after the last prompt token."""
     hidden = F.embedding(prompt_ids, body.embed)  # [U, P, D]
     positions = position_ids_for(prompt_mask)  # [U, P]
@@ -432,16 +451,16 @@ def _prefill(model, body: _Body, prompt_ids: Tensor, prompt_mask: Tensor, cos_ta
 
     def attend(q: Tensor, kv: Tensor) -> Tensor:  # the whole prompt at once: store its k|v, attend causally
         cache = caches[-1]
-        cache.copy_(kv)
+        cache.copy_(kv.unflatten(-1, (2, hd)).transpose(2, 3))  # [U, kv_heads, P, 2, hd] -> [U, kv_heads, 2, P, hd]
         return F.scaled_dot_product_attention(
-            q, cache[..., :hd], cache[..., hd:], attn_mask=mask, scale=hd**-0.5, enable_gqa=gqa
+            q, cache[:, :, 0], cache[:, :, 1], attn_mask=mask, scale=hd**-0.5, enable_gqa=gqa
         )
 
     for layer in body.layers:
-        size = (len(prompt_ids), shape.kv_heads, prompt_ids.shape[1], 2 * hd)
+        size = (len(prompt_ids), shape.kv_heads, 2, prompt_ids.shape[1], hd)
         caches.append(torch.empty(size, dtype=body.cache_dtype, device=prompt_ids.device))
         hidden = body.layer_forward(hidden, layer, shape, cos, sin, attend)
-    return caches, _last_logits(model, body, hidden)
+    return caches, _last_logits(body, hidden)
 
 
 class _Groups(NamedTuple):
@@ -471,27 +490,28 @@ def _gather_from_groups(x: Tensor, groups: _Groups) -> Tensor:
 
 
 def _decode_attend(q: Tensor, kv: Tensor, prompt_kv: Tensor, own_kv: Tensor, groups: _Groups) -> Tensor:
-    """One new token per slot: q `[B, H, 1, hd]` attends to its group's prompt cache `[U, kv_heads, P, 2*hd]`,
-    read once for the whole group, and to its own completion so far (`own_kv` `[B, kv_heads, T, 2*hd]`, where
+    """One new token per slot: q `[B, H, 1, hd]` attends to its group's prompt cache `[U, kv_heads, 2, P, hd]`,
+    read once for the whole group, and to its own completion so far (`own_kv` `[B, kv_heads, 2, T, hd]`, where
     the new k|v `[B, kv_heads, 1, 2*hd]` is stored first).
 
     One softmax over both parts (their scores concatenated), so the result is attention over prompt + completion,
     as if each row held a copy of its prompt's cache; with k rows per prompt the prompt's keys and values are read
     once instead of k times, and not copied k times."""
     step, hd = groups.step, q.shape[-1]
-    own_kv[:, :, step] = kv[:, :, 0]
+    own_kv[:, :, :, step] = kv[:, :, 0].unflatten(-1, (2, hd))
     slots, heads = q.shape[:2]
     kv_heads = own_kv.shape[1]
     q = (q * hd**-0.5).reshape(slots, kv_heads, heads // kv_heads, hd)  # [B, kv_heads, rep, hd]
-    own_keys, own_values = own_kv[:, :, : step + 1, :hd], own_kv[:, :, : step + 1, hd:]
-    prompt_scores = torch.matmul(_scatter_to_groups(q, groups, len(prompt_kv)), prompt_kv[..., :hd].transpose(-1, -2))
+    own_keys, own_values = own_kv[:, :, 0, : step + 1], own_kv[:, :, 1, : step + 1]  # [B, kv_heads, T, hd]
+    prompt_keys, prompt_values = prompt_kv[:, :, 0], prompt_kv[:, :, 1]  # [U, kv_heads, P, hd]
+    prompt_scores = torch.matmul(_scatter_to_groups(q, groups, len(prompt_kv)), prompt_keys.transpose(-1, -2))
     prompt_scores = (
         _gather_from_groups(prompt_scores, groups).float() + groups.prompt_bias[groups.slot_group, None, None]
     )
     scores = torch.cat((prompt_scores, torch.matmul(q, own_keys.transpose(-1, -2)).float()), dim=-1)
     probs = torch.softmax(scores, dim=-1).to(q.dtype)  # [B, kv_heads, rep, P + step + 1]
-    prompt_len = prompt_kv.shape[2]
-    prompt_out = torch.matmul(_scatter_to_groups(probs[..., :prompt_len], groups, len(prompt_kv)), prompt_kv[..., hd:])
+    prompt_len = prompt_keys.shape[2]
+    prompt_out = torch.matmul(_scatter_to_groups(probs[..., :prompt_len], groups, len(prompt_kv)), prompt_values)
     out = _gather_from_groups(prompt_out, groups) + torch.matmul(probs[..., prompt_len:], own_values)
     return out.reshape(slots, heads, 1, hd)
 
@@ -517,7 +537,7 @@ def lean_generate(
     """
     if sampling.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
-    body = _body(model)
+    body = _body(model, len(prompt_ids))
     num_rows, prompt_len = prompt_ids.shape
     device, max_new = prompt_ids.device, sampling.max_new_tokens
     stop_id = eos_token_id if sampling.stop_at_eos else None
@@ -527,7 +547,7 @@ def lean_generate(
 
     # one prefill per distinct prompt; its cache is shared by the prompt's rows, each row caching its own completion
     first, inverse = _prompt_groups(prompt_ids, prompt_mask)  # [U], [N]
-    prompt_kvs, group_logits = _prefill(model, body, prompt_ids[first], prompt_mask[first], cos_table, sin_table)
+    prompt_kvs, group_logits = _prefill(body, prompt_ids[first], prompt_mask[first], cos_table, sin_table)
     logits = group_logits[inverse]  # [N, V]
     member = _group_members(inverse)  # [N]
     group_size = int(member.max()) + 1
@@ -539,7 +559,7 @@ def lean_generate(
     prompt_bias.masked_fill_(group_masks == 0, float("-inf"))  # [U, P]
     shape = body.shape
     own_kvs = [
-        torch.empty(num_rows, shape.kv_heads, max_new, 2 * shape.head_dim, dtype=body.cache_dtype, device=device)
+        torch.empty(num_rows, shape.kv_heads, 2, max_new, shape.head_dim, dtype=body.cache_dtype, device=device)
         for _ in body.layers
     ]
 
@@ -595,6 +615,6 @@ def lean_generate(
         for layer, prompt_kv, own_kv in zip(body.layers, prompt_kvs, own_kvs):
             attend = partial(_decode_attend, prompt_kv=prompt_kv, own_kv=own_kv, groups=groups)
             hidden = body.layer_forward(hidden, layer, shape, cos, sin, attend)
-        logits = _last_logits(model, body, hidden)  # [B, V]
+        logits = _last_logits(body, hidden)  # [B, V]
         next_position += 1
     return completion_ids[:, :width], generation_logprobs[:, :width]

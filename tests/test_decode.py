@@ -17,10 +17,11 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from rloo.bench.presets import PRESETS, neox_config
 from rloo.decode import (
     _group_members,
+    _linear,
     _onednn_linear,
-    _product,
     filter_logits,
     lean_generate,
+    onednn_applies,
     supports_lean_decode,
     why_not_lean_decode,
 )
@@ -318,14 +319,35 @@ def test_group_members_count_each_prompts_rows_in_row_order():
 
 
 def test_linear_products_use_onednn_only_for_float32_on_cpu_outside_autocast():
-    weight = torch.randn(6, 4)
-    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    assert _product(weight) is (_onednn_linear if onednn else torch.nn.functional.linear)
-    assert _product(weight.bfloat16()) is torch.nn.functional.linear
+    linear = torch.nn.Linear(4, 6)
+    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    assert onednn_applies(linear.weight) is onednn
+    assert not onednn_applies(linear.weight.bfloat16())
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert _product(weight) is torch.nn.functional.linear
-    x, bias = torch.randn(3, 2, 4), torch.randn(6)
-    torch.testing.assert_close(_product(weight)(x, weight, bias), x @ weight.T + bias, atol=1e-6, rtol=0)
+        assert not onednn_applies(linear.weight)
+        assert _linear(linear, rows=3).product is torch.nn.functional.linear
+    proj = _linear(linear, rows=3)
+    assert proj.product is (_onednn_linear if onednn else torch.nn.functional.linear)
+    assert proj.weight.is_mkldnn is onednn  # a reordered copy, not the module's weight
+    for rows in (1, 3, 8, 13):  # the layout is chosen for 3 rows; any count multiplies the same
+        x = torch.randn(rows, 2, 4)
+        torch.testing.assert_close(proj(x), x @ linear.weight.T + linear.bias, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("architecture", ["neox", "llama"])
+def test_each_call_decodes_with_the_weights_as_they_are_then(architecture):
+    """The reordered weights are copies made per call: after an update, the next call follows the new weights."""
+    model = tiny_model(architecture)
+    ids, mask = left_padded_prompts(4, 5, model.config.vocab_size)
+    config = sampling_config(max_new_tokens=6, greedy=True, stop_at_eos=False)
+    before, _ = lean_generate(model, ids, mask, config, EOS, PAD)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    after, _ = lean_generate(model, ids, mask, config, EOS, PAD)
+    assert torch.equal(after, hf_generate(model, ids, mask, config))
+    assert not torch.equal(before, after)
 
 
 @pytest.mark.parametrize("architecture", ["neox", "llama", "qwen2"])
