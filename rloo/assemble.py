@@ -224,7 +224,7 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
     the packed prompt-once forward or the plain one (for the policy and reference, and for the reward model), and what
     the policy's backward keeps (rloo.mlp_recompute, or activation checkpointing). A fast path that cannot serve
     the model says so here; the run logs this and writes it to summary.json."""
-    from rloo.decode import why_not_lean_decode
+    from rloo.decode import onednn_applies, why_not_lean_decode
     from rloo.forward import packing_pays, why_not_prompt_once
 
     if not cfg.lean_decode:
@@ -232,7 +232,15 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
     elif reason := why_not_lean_decode(policy):
         sampler = ("hf_generate", f"lean_decode=true, but the lean decode cannot serve this policy: {reason}")
     else:
-        sampler = ("lean_decode", "KV-cache loop that drops finished rows")
+        precision, accelerator = cfg.precision.trainer, cfg.trainer.accelerator
+        if precision == "32-true" and accelerator == "cpu" and onednn_applies(policy.get_input_embeddings().weight):
+            products = "float32 linear layers through oneDNN, from weights reordered once per rollout"
+        else:
+            products = (
+                f"linear layers through F.linear (oneDNN's reordered weights serve float32 on CPU only; this run is "
+                f"{precision} on {accelerator})"
+            )
+        sampler = ("lean_decode", f"KV-cache loop that drops finished rows; {products}")
 
     def forward(model) -> tuple[str, str]:
         if not cfg.shared_prefix:

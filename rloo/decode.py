@@ -9,11 +9,10 @@ transformers implementation:
 - Llama and Qwen2 (`modeling_llama`, `modeling_qwen2`): separate q/k/v projections (Qwen2's with biases), grouped-query
   attention (fewer key/value heads than query heads), full rotary, RMSNorm in float32, SwiGLU MLP, tied or untied head;
 prefill each distinct left-padded prompt in one forward, then one token per step, dropping rows from the batch once
-they end. Per layer the cache is in two parts, each with a head's keys then its values (`[.., kv_heads, 2, T,
-head_dim]`: reading the keys reads no value bytes): the prompt's (`[U, kv_heads, 2, P, head_dim]`, one
-per distinct prompt, read once per step by all k rows of the prompt) and each row's own completion
-(`[B, kv_heads, max_new, 2 * head_dim]`); one softmax spans both. On CPU, float32 linear layers run through oneDNN, their weights
-reordered once per call into its blocked layout.
+they end. Per layer the cache is in two parts, each holding a head's keys and then its values (so reading the keys
+reads no value bytes): the prompt's (`[U, kv_heads, 2, P, head_dim]`, one per distinct prompt, read once per step by
+all k rows of the prompt) and each row's own completion (`[B, kv_heads, 2, max_new, head_dim]`); one softmax spans
+both. On CPU, float32 linear layers run through oneDNN, their weights reordered once per call into its blocked layout.
 Sampling follows HF's order: logits / temperature -> top-k -> top-p -> softmax -> a draw: torch.multinomial as
 HF does (sampler=multinomial, the same random stream), or the cheaper inverse-CDF draw (sampler=inverse_cdf).
 Plain torch + transformers; no Lightning or Hydra.
@@ -439,8 +438,8 @@ def _group_members(inverse: Tensor) -> Tensor:
 
 
 def _prefill(body: _Body, prompt_ids: Tensor, prompt_mask: Tensor, cos_table: Tensor, sin_table: Tensor):
-    """One forward over left-padded prompts `[U, P]`: per layer the prompt's keys and values `[U, kv_heads, 2, P, hd]`, and the
-    logits `[U, V]` after the last prompt token."""
+    """One forward over left-padded prompts `[U, P]`: per layer the prompt's keys and values
+    `[U, kv_heads, 2, P, hd]`, and the logits `[U, V]` after the last prompt token."""
     hidden = F.embedding(prompt_ids, body.embed)  # [U, P, D]
     positions = position_ids_for(prompt_mask)  # [U, P]
     cos, sin = cos_table[positions], sin_table[positions]  # [U, P, rot]

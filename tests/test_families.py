@@ -33,6 +33,7 @@ def test_a_gpt_neox_run_takes_both_fast_paths_and_says_so(tiny_run_assets, tmp_p
     summary = one_rollout(tiny_run_assets, tmp_path / "run")
     paths = summary["fast_paths"]
     assert paths["sampler"]["ran"] == "lean_decode"
+    assert "oneDNN, from weights reordered once per rollout" in paths["sampler"]["why"]
     assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
     assert paths["policy_activations"]["ran"] == "mlp_recompute"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["fast_paths"] == paths
@@ -160,3 +161,24 @@ def test_a_column_a_reward_function_needs_and_the_data_lacks_is_one_line_before_
     message = str(caught.value)
     assert "reward: tests.reward_functions:needs_a_missing_column asks for solution" in message
     assert "answer" in message and not (tmp_path / "run" / "policy").exists()
+
+
+OFF = "linear layers through F.linear (oneDNN's reordered weights serve float32 on CPU only; this run is "
+
+
+@pytest.mark.parametrize(
+    "overrides, product",
+    [
+        ((), "float32 linear layers through oneDNN, from weights reordered once per rollout"),
+        (("precision=bf16",), OFF + "bf16-mixed on cpu)"),
+        (("precision=bf16-true",), OFF + "bf16-true on cpu)"),
+        (("trainer=gpu",), OFF + "32-true on gpu)"),
+    ],
+)
+def test_the_sampler_names_its_linear_product(policy, overrides, product):
+    """The lean decode's reordered-weight product serves float32 on CPU only; elsewhere the run says it is off."""
+    from rloo.assemble import fast_paths
+    from rloo.cli import compose_train_config
+
+    sampler = fast_paths(compose_train_config(list(overrides)), policy, None)["sampler"]
+    assert sampler[0] == "lean_decode" and sampler[1].endswith(product)
