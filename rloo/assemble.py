@@ -219,12 +219,23 @@ def build_module(
     return module
 
 
+def decode_reorders_weights(cfg: DictConfig) -> bool:
+    """Whether the lean decode runs its linear layers through oneDNN from reordered float32 weights
+    (`rloo.decode._linear`): a 32-true run on CPU, with a torch that has oneDNN's product and reorder."""
+    import torch
+
+    from rloo.decode import onednn_applies
+
+    float32_on_cpu = cfg.precision.trainer == "32-true" and cfg.trainer.accelerator == "cpu"
+    return float32_on_cpu and onednn_applies(torch.empty(0))
+
+
 def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, str]]:
     """What samples and what runs the forward passes of this run, each with why: the lean decode or HF generate,
     the packed prompt-once forward or the plain one (for the policy and reference, and for the reward model), and what
     the policy's backward keeps (rloo.mlp_recompute, or activation checkpointing). A fast path that cannot serve
     the model says so here; the run logs this and writes it to summary.json."""
-    from rloo.decode import onednn_applies, why_not_lean_decode
+    from rloo.decode import why_not_lean_decode
     from rloo.forward import packing_pays, why_not_prompt_once
 
     if not cfg.lean_decode:
@@ -232,13 +243,12 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
     elif reason := why_not_lean_decode(policy):
         sampler = ("hf_generate", f"lean_decode=true, but the lean decode cannot serve this policy: {reason}")
     else:
-        precision, accelerator = cfg.precision.trainer, cfg.trainer.accelerator
-        if precision == "32-true" and accelerator == "cpu" and onednn_applies(policy.get_input_embeddings().weight):
+        if decode_reorders_weights(cfg):
             products = "float32 linear layers through oneDNN, from weights reordered once per rollout"
         else:
             products = (
                 f"linear layers through F.linear (oneDNN's reordered weights serve float32 on CPU only; this run is "
-                f"{precision} on {accelerator})"
+                f"{cfg.precision.trainer} on {cfg.trainer.accelerator})"
             )
         sampler = ("lean_decode", f"KV-cache loop that drops finished rows; {products}")
 

@@ -1,7 +1,8 @@
 """The memory plan of a training config, before anything loads: each model's weights, gradients, AdamW state, one
-micro-batch's activations, the LM head's logit chunks and the rollout's KV cache, per device, from the config and the
-policy's architecture alone. `python -m rloo.plan` prints it; rloo.train writes its peak into summary.json beside
-the measured one. An estimate: allocator overhead and framework buffers come on top (on CPU, a few hundred MiB).
+micro-batch's activations, the LM head's logit chunks and the rollout's KV cache (and, float32 on CPU, the decode's
+reordered weights), per device, from the config and the policy's architecture alone. `python -m rloo.plan` prints
+it; rloo.train writes its peak into summary.json beside the measured one. An estimate: allocator overhead and
+framework buffers come on top (on CPU, a few hundred MiB).
 """
 
 from __future__ import annotations
@@ -238,6 +239,7 @@ class Shape:
     activation_checkpointing: bool = False
     mlp_recompute: bool = False  # the MLPs' activations are recomputed in the backward (rloo.mlp_recompute)
     sampler: str = "lean_decode"  # lean_decode | hf_generate (which keeps every step's logits, [B, T, V])
+    decode_weight_copy: bool = False  # the lean decode's reordered copy of the linear weights (float32 on CPU)
 
 
 def _bytes(dtype: str) -> int:
@@ -308,6 +310,8 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     if shape.sampler == "hf_generate":
         cache += 4 * batch * response * arch.vocab_size * 4
     items["KV cache"] = cache
+    if shape.decode_weight_copy:  # rloo.decode._linear: every linear weight and the head, float32, while sampling
+        items["decode weights"] = (linear + arch.vocab_size * arch.hidden_size) * 4
     if shape.strategy in ZERO3:  # the largest module gathered whole (a block, or the embedding), the next prefetched
         gathered = max(arch.block_linear_params(), arch.vocab_size * arch.hidden_size) + ZERO3_PREFETCH_ELEMENTS
         items["ZeRO-3 buffers"] = (gathered + ZERO3_REDUCE_BUCKET_ELEMENTS) * compute  # in the compute dtype
@@ -317,7 +321,8 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
         for key in ("policy weights", "reference weights", "reward model weights", "AdamW state", "ZeRO-3 buffers")
     )
     update = mib["gradients"] + mib["activations"] + mib["logit chunks"]
-    mib["peak"] = static + max(update, mib["KV cache"])
+    rollout = mib["KV cache"] + mib.get("decode weights", 0.0)
+    mib["peak"] = static + max(update, rollout)
     return mib
 
 
@@ -367,6 +372,7 @@ def planned_fast_paths(cfg, arch: Architecture) -> dict[str, tuple[str, str]]:
 
 
 def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]] | None = None) -> Shape:
+    from rloo.assemble import decode_reorders_weights
     from rloo.scoring import MODEL, parse_reward
 
     paths = paths if paths is not None else planned_fast_paths(cfg, arch)
@@ -390,6 +396,7 @@ def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]]
         activation_checkpointing=bool(cfg.activation_checkpointing),
         mlp_recompute=paths.get("policy_activations", ("kept", ""))[0] == "mlp_recompute",
         sampler=paths["sampler"][0],
+        decode_weight_copy=paths["sampler"][0] == "lean_decode" and decode_reorders_weights(cfg),
     )
 
 

@@ -7,7 +7,8 @@
 
 It reads only the config and the policy's architecture (rloo/memory_plan.py) and prints, per device: the sampler
 and forwards the run will take, weights of each model, gradients, AdamW state, the activations of one micro-batch's
-forward and backward, the decode's KV cache and the LM head's logit chunks, then the peak and whether it fits.
+forward and backward, the decode's KV cache (float32 on CPU: and its reordered weights) and the LM head's logit
+chunks, then the peak and whether it fits.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -214,3 +215,24 @@ def test_an_unknown_model_type_is_planned_with_a_warning(tmp_path, capsys):
     assert answer.returncode == 0, answer.stderr
     assert "warning: model_type 'phi3' is not one this plan knows" in answer.stdout
     assert "sampler: hf_generate" in answer.stdout and "policy forward: plain" in answer.stdout
+
+
+def test_the_rollout_counts_the_decodes_reordered_weights_where_the_run_reorders():
+    """A float32 run on CPU samples from a reordered copy of every linear weight and the head (rloo.decode._linear);
+    the rollout's memory is that copy plus the KV cache, and the plan reads whether it is made from the config."""
+    from rloo.cli import compose_train_config
+    from rloo.memory_plan import shape_from_config
+
+    preset = PRESETS["pythia-160m"]
+    arch = architecture(preset)
+    shape = bench_shape(preset)
+    plain, copied = estimate(arch, shape), estimate(arch, replace(shape, decode_weight_copy=True))
+    linear, _ = arch.body_params()
+    assert "decode weights" not in plain
+    assert copied["decode weights"] * 2**20 == 4 * (linear + arch.vocab_size * arch.hidden_size)
+    update = copied["gradients"] + copied["activations"] + copied["logit chunks"]
+    rollout = copied["KV cache"] + copied["decode weights"]
+    assert copied["peak"] - plain["peak"] == pytest.approx(max(update, rollout) - max(update, copied["KV cache"]))
+    assert shape_from_config(compose_train_config([]), arch).decode_weight_copy
+    assert not shape_from_config(compose_train_config(["precision=bf16"]), arch).decode_weight_copy
+    assert not shape_from_config(compose_train_config(["lean_decode=false"]), arch).decode_weight_copy
