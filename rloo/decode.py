@@ -12,7 +12,8 @@ prefill each distinct left-padded prompt in one forward, then one token per step
 they end. Per layer the cache is in two parts, each holding a head's keys and then its values (so reading the keys
 reads no value bytes): the prompt's (`[U, kv_heads, 2, P, head_dim]`, one per distinct prompt, read once per step by
 all k rows of the prompt) and each row's own completion (`[B, kv_heads, 2, max_new, head_dim]`); one softmax spans
-both. On CPU, float32 linear layers run through oneDNN, their weights reordered once per call into its blocked layout.
+both. On CPU, float32 linear layers run through oneDNN, their weights reordered into its blocked layout once per
+rollout or evaluation pass (`prepared_weights`).
 Sampling follows HF's order: logits / temperature -> top-k -> top-p -> softmax -> a draw: torch.multinomial as
 HF does (sampler=multinomial, the same random stream), or the cheaper inverse-CDF draw (sampler=inverse_cdf).
 Plain torch + transformers; no Lightning or Hydra.
@@ -169,18 +170,21 @@ def _linear(module, rows: int) -> _Proj:
     oneDNN's float32 linear on a plain weight repacks it on every call: at 8 rows it read the 160m-class layers at
     about half the memory bandwidth (2 cores, AMD EPYC, torch 2.13: the 49 products of one decode step took 29-33 ms
     from plain weights, 18 ms from reordered ones, and F.linear (MKL) 53-63 ms). The reorder copies the weights once
-    per call of `lean_generate` (they change with every update), 0.16-0.22 s for Pythia-160m's, and the copies are
-    freed when it returns. Results are those of oneDNN's product on the plain weight (bit-identical at 3 rows and
-    more) and differ from F.linear's in the last bits (about 2e-6 on unit-scale outputs). Sampling is no-grad, so
-    autograd is not needed. Elsewhere (GPU, bfloat16, autocast, a torch without oneDNN) the loop keeps F.linear."""
+    per rollout or evaluation pass (`prepared_weights`; they change with every update), 0.16-0.22 s for
+    Pythia-160m's, and the copies are freed once it has sampled. Results are those of oneDNN's product on the plain
+    weight (bit-identical at 3 rows and more) and differ from F.linear's in the last bits (about 2e-6 on unit-scale
+    outputs). Sampling is no-grad, so autograd is not needed. Elsewhere (GPU, bfloat16, autocast, a torch without
+    oneDNN) the loop keeps F.linear."""
     if onednn_applies(module.weight):
         packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows)
         return _Proj(packed, module.bias, _onednn_linear)
     return _Proj(module.weight, module.bias, F.linear)
 
 
-def _body(model, rows: int) -> _Body:
-    """The loop's view of `model`, its linear products set up for `rows`-row batches (`_linear`)."""
+def prepared_weights(model, rows: int) -> _Body:
+    """The model's weights as the loop reads them, its linear products set up for batches of about `rows` rows
+    (`_linear`: on CPU in float32, reordered copies). Made once for every `lean_generate` call of one rollout or
+    evaluation pass; made again once the weights change."""
     if isinstance(model, GPTNeoXForCausalLM):
         neox = model.gpt_neox
 
@@ -525,6 +529,7 @@ def lean_generate(
     pad_token_id: int,
     *,
     drop_finished: bool = True,
+    weights: _Body | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sample completions like `rloo.rollout.generate` (HF generate) with a hand-written KV-cache loop.
 
@@ -533,10 +538,11 @@ def lean_generate(
     log softmax(logits / temperature) of each sampled token (temperature 1 when greedy), 0 after the row ended.
     drop_finished=False keeps ended rows in the forward, fed pad as generate does (the reference the tests compare
     against); either way only live rows draw, in row order, so both settings consume the random stream alike.
+    weights: `prepared_weights(model, rows)` made before, for several calls with the same weights; None: made here.
     """
     if sampling.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
-    body = _body(model, len(prompt_ids))
+    body = weights if weights is not None else prepared_weights(model, len(prompt_ids))
     num_rows, prompt_len = prompt_ids.shape
     device, max_new = prompt_ids.device, sampling.max_new_tokens
     stop_id = eos_token_id if sampling.stop_at_eos else None

@@ -123,10 +123,15 @@ def generate_with_logprobs(
     greedy): compared with a training forward they measure the rollout / training mismatch.
     """
     chunks = []
+    lean = sampling.lean_decode and decode.supports_lean_decode(policy)
+    # the weights as the lean decode reads them (on CPU in float32, reordered copies): once for every chunk
+    weights = decode.prepared_weights(policy, min(batch_size, prompt_ids.shape[0])) if lean else None
     for start in range(0, prompt_ids.shape[0], batch_size):
         ids, mask = prompt_ids[start : start + batch_size], prompt_mask[start : start + batch_size]
-        if sampling.lean_decode and decode.supports_lean_decode(policy):
-            chunks.append(decode.lean_generate(policy, ids, mask, sampling, eos_token_id, pad_token_id))
+        if lean:
+            chunks.append(
+                decode.lean_generate(policy, ids, mask, sampling, eos_token_id, pad_token_id, weights=weights)
+            )
         else:
             chunks.append(_hf_generate_with_logprobs(policy, ids, mask, sampling, eos_token_id, pad_token_id))
     width = max(c[0].shape[1] for c in chunks)

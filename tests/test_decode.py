@@ -400,3 +400,24 @@ def test_runs_the_models_own_lm_head():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         completions, _ = lean_generate(model, ids, mask, sampling_config(max_new_tokens=6), EOS, PAD)
     assert len(dtypes) == completions.shape[1] and set(dtypes) == {torch.float32}
+
+
+def test_a_pass_of_several_chunks_prepares_the_weights_once(monkeypatch):
+    """generate_with_logprobs reorders the weights once for all its lean_generate calls; each chunk decodes as it
+    would alone."""
+    import rloo.decode
+    from rloo.rollout import generate_with_logprobs
+
+    model = tiny_model("neox")
+    ids, mask = left_padded_prompts(10, 5, model.config.vocab_size)
+    config = sampling_config(max_new_tokens=6, greedy=True, stop_at_eos=False)
+    made = []
+    prepare = rloo.decode.prepared_weights
+    monkeypatch.setattr(rloo.decode, "prepared_weights", lambda *a: made.append(a[1:]) or prepare(*a))
+    completions, logprobs = generate_with_logprobs(model, ids, mask, config, EOS, PAD, batch_size=4)
+    assert made == [(4,)]
+    for start in (0, 4, 8):  # chunks of 4, 4 and 2 rows
+        alone, alone_logprobs = lean_generate(model, ids[start : start + 4], mask[start : start + 4], config, EOS, PAD)
+        assert torch.equal(completions[start : start + 4], alone)
+        torch.testing.assert_close(logprobs[start : start + 4], alone_logprobs, atol=1e-6, rtol=0)
+    assert len(made) == 4  # each call alone prepares its own
