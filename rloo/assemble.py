@@ -92,7 +92,7 @@ def policy_and_reference(cfg: DictConfig, policy, reference_path: str | None):
         else reference_from(policy, reference_path, cfg.model.frozen_dtype, autocast_dtype(cfg.precision.trainer))
     )
     if cfg.model.lora:
-        targets = resolve_targets(cfg.lora.target_modules, policy.config.model_type)
+        targets = resolve_targets(cfg.lora.target_modules, policy.config)
         add_adapters(policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, targets)
     return policy, reference
 
@@ -114,7 +114,7 @@ def check_lora_targets(cfg: DictConfig, policy_path: str) -> None:
             for name, module in AutoModelForCausalLM.from_config(config).named_modules()
             if isinstance(module, torch.nn.Linear)
         ]
-    targets = resolve_targets(cfg.lora.target_modules, config.model_type)
+    targets = resolve_targets(cfg.lora.target_modules, config)
     if missing := unmatched_targets(targets, names):
         layer_names = sorted({name.rsplit(".", 1)[-1] for name in names})
         raise ConfigError(
@@ -240,7 +240,7 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
 
     if not cfg.lean_decode:
         sampler = ("hf_generate", "lean_decode=false")
-    elif reason := why_not_lean_decode(policy):
+    elif reason := why_not_lean_decode(policy, cfg.data.max_prompt_length + cfg.response_length):
         sampler = ("hf_generate", f"lean_decode=true, but the lean decode cannot serve this policy: {reason}")
     else:
         if decode_reorders_weights(cfg):
@@ -257,7 +257,7 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
             return "plain", "shared_prefix=false"
         if cfg.k < 2:
             return "plain", f"k={cfg.k}: no completions share a prompt"
-        if reason := why_not_prompt_once(model):
+        if reason := why_not_prompt_once(model, cfg.data.max_prompt_length + cfg.response_length):
             return "plain", f"shared_prefix=true, but the prompt-once forward cannot serve this model: {reason}"
         prompt, response = cfg.data.max_prompt_length, cfg.response_length
         if not packing_pays(model, prompt, response, cfg.k):

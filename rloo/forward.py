@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from rloo import families
 from rloo.objectives import entropy_from_logits, token_logprobs
 from rloo.sampling import position_ids_for
 from rloo.sharding import weights_partitioned
@@ -35,34 +36,53 @@ def completion_logits(model: PreTrainedModel, input_ids: Tensor, attention_mask:
 
 
 def _head_is_plain(model: PreTrainedModel) -> bool:
-    """The logits are head(hidden): no soft-capping or scaling after the head (Gemma 2, Cohere) that only the model's
-    own forward applies."""
-    config = model.config
+    """The logits are head(hidden), soft-capped where the config caps them (`_logit_head`): no scaling after the head
+    (Cohere's logit_scale) that only the model's own forward applies."""
     return (
         isinstance(model.get_output_embeddings(), torch.nn.Linear)  # not an adapter-wrapped head
-        and not getattr(config, "final_logit_softcapping", None)
-        and getattr(config, "logit_scale", 1.0) in (None, 1.0)
+        and getattr(model.config, "logit_scale", 1.0) in (None, 1.0)
     )
 
 
-SHARED_PREFIX_MODELS = ("gpt_neox", "llama", "qwen2")  # bodies the packed forward is tested on (tests/test_rollout.py)
+class SoftCappedHead(torch.nn.Module):
+    """cap * tanh(head(h) / cap), in the head's dtype, as the models with `final_logit_softcapping` (Gemma 2) cap their
+    logits; `weight`, `bias` and `out_features` are the head's, for the chunked log-prob pass."""
+
+    def __init__(self, head: torch.nn.Linear, cap: float):
+        super().__init__()
+        self.head, self.cap = head, cap
+        self.weight, self.bias, self.out_features = head.weight, head.bias, head.out_features
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return torch.tanh(self.head(hidden) / self.cap) * self.cap
+
+
+def _logit_head(model: PreTrainedModel):
+    """The LM head as the model's own forward applies it: soft-capped where the config says so."""
+    head, cap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
+    return SoftCappedHead(head, cap) if cap else head
+
+
 PACKED_MASK_ATTENTION = ("sdpa", "eager")  # attention implementations that take an arbitrary 4-D mask
 
 
-def why_not_prompt_once(model: PreTrainedModel) -> str | None:
-    """None where the packed prompt-once forward serves `model`'s body; else why not."""
-    if model.config.model_type not in SHARED_PREFIX_MODELS:
-        return f"it is tested on {', '.join(SHARED_PREFIX_MODELS)}, not {model.config.model_type}"
+def why_not_prompt_once(model: PreTrainedModel, sequence_length: int | None) -> str | None:
+    """None where the packed prompt-once forward serves `model`'s body (a family of rloo/families/, tested in
+    tests/test_rollout.py) for rows of `sequence_length` tokens (prompt + completion); else why not."""
+    if reason := families.why_not(model, sequence_length):
+        return reason
     if model.config._attn_implementation not in PACKED_MASK_ATTENTION:
         return f"attention {model.config._attn_implementation} takes no 4-D mask (sdpa and eager do)"
     return None
 
 
-def shares_prompts(model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int) -> bool:
-    """Rows come in groups of `group_size` with the same (left-padded) prompt, on a body the packed forward
-    supports: then the prompt can run once per group."""
+def shares_prompts(
+    model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int, sequence_length: int | None = None
+) -> bool:
+    """Rows (of `sequence_length` tokens: None, unknown) come in groups of `group_size` with the same (left-padded)
+    prompt, on a body the packed forward supports: then the prompt can run once per group."""
     n = prompt_ids.shape[0]
-    if group_size < 2 or n % group_size or why_not_prompt_once(model) is not None:
+    if group_size < 2 or n % group_size or why_not_prompt_once(model, sequence_length) is not None:
         return False
     ids, mask = prompt_ids.view(n // group_size, group_size, -1), prompt_mask.view(n // group_size, group_size, -1)
     return bool((ids == ids[:, :1]).all() & (mask == mask[:, :1]).all())  # one host sync
@@ -132,7 +152,8 @@ def body_hidden_states(
     """
     body, prompt_len = model.base_model, input_ids.shape[1] - completion_len
     packed = group_size > 1 and packing_pays(model, prompt_len, completion_len, group_size)
-    if not (packed and shares_prompts(model, input_ids[:, :prompt_len], attention_mask[:, :prompt_len], group_size)):
+    prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
+    if not (packed and shares_prompts(model, prompt_ids, prompt_mask, group_size, input_ids.shape[1])):
         hidden = body(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -268,7 +289,7 @@ def completion_logprobs_and_entropy(
         return token_logprobs(logits, completion_ids) * completion_mask, entropy
     hidden = completion_hidden_states(model, input_ids, attention_mask, t, group_size)
     logprobs, entropy = chunked_logprobs_and_entropy(
-        model.get_output_embeddings(), hidden, completion_ids.reshape(-1), temperature, with_entropy
+        _logit_head(model), hidden, completion_ids.reshape(-1), temperature, with_entropy
     )
     return logprobs.view(n, t) * completion_mask, None if entropy is None else entropy.view(n, t) * completion_mask
 

@@ -17,20 +17,18 @@ from torch import nn
 
 ADAPTER_MARK = "lora_"  # in the name of every adapter parameter
 
-# lora.target_modules=auto: the attention and MLP projections of each family, by config.json's model_type
-LLAMA_LIKE = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-TARGETS_BY_MODEL_TYPE = {
-    "gpt_neox": ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
-    **{family: LLAMA_LIKE for family in ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text")},
-}
 ALL_LINEAR = "all-linear"  # peft: every linear layer but the output head
 
 
-def resolve_targets(spec, model_type: str) -> list[str] | str:
-    """lora.target_modules as peft takes it: `auto` (the family's projections; every linear layer for a family not
-    listed), `all-linear`, or a list of layer names as given."""
+def resolve_targets(spec, config) -> list[str] | str:
+    """lora.target_modules as peft takes it for a policy of this config (a transformers config or config.json's
+    dict): `auto` (the attention and MLP projections of its family in rloo/families/; every linear layer for a model
+    of no family there), `all-linear`, or a list of layer names as given."""
     if spec == "auto":
-        return list(TARGETS_BY_MODEL_TYPE.get(model_type, ())) or ALL_LINEAR
+        from rloo.families import family_of_config
+
+        family = family_of_config(config)
+        return list(family.projections) if family is not None else ALL_LINEAR
     return spec if spec == ALL_LINEAR else list(spec)
 
 

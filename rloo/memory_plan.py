@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rloo.assemble import autocast_dtype, world_size
 from rloo.config import SHARDED_STRATEGIES
+from rloo.families import architecture_from_config, family_named, gpt_neox, known_model_types, llama
+from rloo.families.base import Architecture
 from rloo.forward import LOGIT_CHUNK_ELEMENTS
 
 MIB = 2**20
@@ -25,123 +27,6 @@ SHARD_STATE = ("deepspeed_stage_2", "deepspeed_stage_2_offload")  # gradients an
 ZERO3 = ("deepspeed_stage_3", "deepspeed_stage_3_offload")
 ZERO3_PREFETCH_ELEMENTS = 50_000_000
 ZERO3_REDUCE_BUCKET_ELEMENTS = 200_000_000
-
-
-PLANNED_MODELS = ("gpt_neox", "llama", "qwen2")  # layouts this plan counts exactly; others are planned as Llama-like
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """The shapes that set the memory of a decoder-only causal LM. The defaults are GPT-NeoX's (Pythia): fused qkv,
-    one key/value head per head, an untied head, biases on every linear layer, a two-matrix GELU MLP. Llama and
-    Qwen2 have separate q/k/v projections, grouped-query attention (num_kv_heads < num_heads), a SwiGLU MLP
-    (gate, up, down), RMSNorm, usually a tied head (SmolLM2, Qwen2 small sizes) and biases on q/k/v (Qwen2) or on
-    none (Llama)."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    intermediate_size: int
-    model_type: str = "gpt_neox"
-    num_heads: int = 0  # 0: unknown (GPT-NeoX: k and v are as wide as the hidden state anyway)
-    num_kv_heads: int = 0  # 0: one per query head
-    head_dim: int = 0  # 0: hidden_size // num_heads
-    tied_head: bool = False
-    biased: tuple[str, ...] = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
-    config: dict | None = field(default=None, compare=False)  # the config.json it was read from, if any
-
-    @property
-    def llama_like(self) -> bool:
-        return self.model_type != "gpt_neox"
-
-    @property
-    def head_size(self) -> int:
-        return self.head_dim or self.hidden_size // max(self.num_heads, 1)
-
-    @property
-    def kv_width(self) -> int:
-        """Keys plus values per token and layer (elements): what the decode's cache holds."""
-        if not self.num_heads:
-            return 2 * self.hidden_size
-        return 2 * (self.num_kv_heads or self.num_heads) * self.head_size
-
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) of each linear layer of one block, by the model's own names (the names LoRA targets)."""
-        d, i = self.hidden_size, self.intermediate_size
-        if not self.llama_like:
-            return {"query_key_value": (d, 3 * d), "dense": (d, d), "dense_h_to_4h": (d, i), "dense_4h_to_h": (i, d)}
-        queries, kv = self.num_heads * self.head_size, self.kv_width // 2
-        return {
-            "q_proj": (d, queries),
-            "k_proj": (d, kv),
-            "v_proj": (d, kv),
-            "o_proj": (queries, d),
-            "gate_proj": (d, i),
-            "up_proj": (d, i),
-            "down_proj": (i, d),
-        }
-
-    def block_linear_params(self) -> int:
-        return sum(
-            n_in * n_out + (n_out if name in self.biased else 0) for name, (n_in, n_out) in self.linear_shapes().items()
-        )
-
-    def body_params(self) -> tuple[int, int]:
-        """(linear-layer parameters, the rest: embedding and norms) of the transformer body."""
-        d = self.hidden_size
-        # GPT-NeoX: two LayerNorms per block (weight and bias) and a final one; Llama: two RMSNorms and a final one
-        norms = self.num_layers * 2 * d + d if self.llama_like else self.num_layers * 4 * d + 2 * d
-        return self.num_layers * self.block_linear_params(), self.vocab_size * d + norms
-
-    def head_params(self) -> int:
-        """The LM head's own parameters: none when it is the embedding (tied)."""
-        return 0 if self.tied_head else self.vocab_size * self.hidden_size
-
-    def saved_per_token(self, mlp_recompute: bool = False) -> int:
-        """Values one block keeps per token for the backward: the norms' inputs, q/k/v, the attention output, the
-        MLP's input and its wide activations (GELU: 2 x intermediate; SwiGLU: gate, up, act(gate), product). With
-        rloo.mlp_recompute, the up-projections only (GELU: h; SwiGLU: gate and up)."""
-        d, i = self.hidden_size, self.intermediate_size
-        wide = (1 if not self.llama_like else 2) if mlp_recompute else (2 if not self.llama_like else 4)
-        return (10 * d if not self.llama_like else 8 * d + self.kv_width) + wide * i
-
-
-def _from_hf_config(values: dict) -> Architecture:
-    model_type = values.get("model_type", "")
-    heads = values.get("num_attention_heads", 0)
-    if model_type == "gpt_neox":
-        biased = (
-            ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h") if values.get("attention_bias", True) else ()
-        )
-        return Architecture(
-            values["vocab_size"],
-            values["hidden_size"],
-            values["num_hidden_layers"],
-            values["intermediate_size"],
-            "gpt_neox",
-            heads,
-            tied_head=bool(values.get("tie_word_embeddings", False)),
-            biased=biased,
-            config=values,
-        )
-    if model_type == "qwen2":
-        biased = ("q_proj", "k_proj", "v_proj")
-    else:
-        biased = ("q_proj", "k_proj", "v_proj", "o_proj") if values.get("attention_bias") else ()
-        biased += ("gate_proj", "up_proj", "down_proj") if values.get("mlp_bias") else ()
-    return Architecture(
-        values["vocab_size"],
-        values["hidden_size"],
-        values["num_hidden_layers"],
-        values["intermediate_size"],
-        model_type,
-        heads,
-        values.get("num_key_value_heads") or heads,
-        values.get("head_dim") or values["hidden_size"] // heads,
-        bool(values.get("tie_word_embeddings", model_type != "gpt_neox")),
-        biased,
-        config=values,
-    )
 
 
 # Pythia sizes (Biderman et al. 2023): vocabulary (padded), hidden, layers, MLP width
@@ -182,26 +67,34 @@ def _hf_config(policy: str) -> dict | None:
     return None
 
 
+def _pythia(vocab_size: int, hidden_size: int, num_layers: int, intermediate_size: int, heads: int = 0):
+    """A GPT-NeoX layout from its sizes alone (no config.json to plan from)."""
+    values = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        intermediate_size=intermediate_size,
+        num_attention_heads=heads,
+    )
+    return replace(gpt_neox.architecture(values), config=None)
+
+
 def architecture_of(policy: str | None, bootstrap: dict | None) -> Architecture:
-    """From the policy's config (local dir, packaged file, hub cache), a Pythia size in a hub id, or the embedded
-    task's bootstrap settings."""
+    """From the policy's config (local dir, packaged file, hub cache), read by its family (rloo/families/), a
+    Pythia size in a hub id, or the embedded task's bootstrap settings."""
     if policy is None:
         if bootstrap is None:
             raise ValueError("model.policy is null and there is no bootstrap: no architecture to plan for")
         arch = bootstrap["architecture"]
-        return Architecture(
-            bootstrap["tokenizer"]["vocab_size"],
-            arch["hidden_size"],
-            arch["num_layers"],
-            arch["intermediate_size"],
-            num_heads=arch.get("num_heads", 0),
-        )
+        sizes = (arch["hidden_size"], arch["num_layers"], arch["intermediate_size"], arch.get("num_heads", 0))
+        return _pythia(bootstrap["tokenizer"]["vocab_size"], *sizes)
     values = _hf_config(str(policy))
     if values is not None:
-        return _from_hf_config(values)
+        # a model_type of no family: planned with the Llama layout (warnings_for says so)
+        return architecture_from_config(values) or llama.architecture(values)
     size = re.search(r"pythia-(\d+(?:\.\d+)?[mb])", policy.lower())
     if size and size.group(1) in PYTHIA:
-        return Architecture(*PYTHIA[size.group(1)])
+        return _pythia(*PYTHIA[size.group(1)])
     raise ValueError(
         f"model.policy={policy!r}: no local config.json and not a known Pythia size; "
         "give a local save_pretrained dir to plan for it"
@@ -209,10 +102,10 @@ def architecture_of(policy: str | None, bootstrap: dict | None) -> Architecture:
 
 
 def warnings_for(arch: Architecture) -> list[str]:
-    if arch.model_type in PLANNED_MODELS:
+    if family_named(arch.model_type) is not None:
         return []
     return [
-        f"warning: model_type {arch.model_type!r} is not one this plan knows ({', '.join(PLANNED_MODELS)}); planned "
+        f"warning: model_type {arch.model_type!r} is not one this plan knows ({known_model_types()}); planned "
         "with the Llama layout from its config.json (q/k/v/o, SwiGLU, RMSNorm): treat the figures as rough"
     ]
 
@@ -256,7 +149,7 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     adapters = (
         sum(
             shape.lora_r * (n_in + n_out)
-            for name, (n_in, n_out) in arch.linear_shapes().items()
+            for name, (n_in, n_out, _) in arch.linear_shapes.items()
             if name in shape.lora_targets
         )
         * arch.num_layers
@@ -330,8 +223,8 @@ def lora_targets(cfg, arch: Architecture) -> list[str]:
     """The layers LoRA adapts, by the model's own names (auto: the family's projections; all-linear: every one)."""
     from rloo.lora import resolve_targets
 
-    targets = resolve_targets(cfg.lora.target_modules, arch.model_type)
-    return list(arch.linear_shapes()) if isinstance(targets, str) else targets
+    targets = resolve_targets(cfg.lora.target_modules, arch.config or {"model_type": arch.model_type})
+    return list(arch.linear_shapes) if isinstance(targets, str) else targets
 
 
 def planned_fast_paths(cfg, arch: Architecture) -> dict[str, tuple[str, str]]:

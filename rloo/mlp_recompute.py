@@ -21,9 +21,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-# the MLP forms recomputed here, by the names the families give their layers (each as the family's forward reads)
-GATED = ("gate_proj", "up_proj", "down_proj", "act_fn")  # down(act(gate(x)) * up(x)): Llama, Qwen, Mistral, Gemma
-UP_ACT_DOWN = (("dense_h_to_4h", "act", "dense_4h_to_h"), ("c_fc", "act", "c_proj"))  # GPT-NeoX, GPT-2 (+ dropout)
+from rloo.families import family_of
+from rloo.families.base import MLPForm
 
 
 class _Recipes:
@@ -65,16 +64,21 @@ def _unpack(packed):
         return remake().as_strided(shape, stride, offset)
 
 
-def _gated_forward(self, x: Tensor) -> Tensor:
-    """down(act(gate(x)) * up(x)), keeping g and u: act(g) and the product are recomputed from them."""
-    gate, up = self.gate_proj(x), self.up_proj(x)
-    with _Recipes() as recipes:
-        activated = recipes.add(self.act_fn(gate), lambda: self.act_fn(gate))
-        product = recipes.add(activated * up, lambda: self.act_fn(gate) * up)
-        return self.down_proj(product)
+def _gated_forward(names: tuple[str, ...]):
+    gate_name, up_name, down_name, act_name = names
+
+    def forward(self, x: Tensor) -> Tensor:
+        """down(act(gate(x)) * up(x)), keeping g and u: act(g) and the product are recomputed from them."""
+        gate, up, act = getattr(self, gate_name)(x), getattr(self, up_name)(x), getattr(self, act_name)
+        with _Recipes() as recipes:
+            activated = recipes.add(act(gate), lambda: act(gate))
+            product = recipes.add(activated * up, lambda: act(gate) * up)
+            return getattr(self, down_name)(product)
+
+    return forward
 
 
-def _up_act_down_forward(names: tuple[str, str, str]):
+def _up_act_down_forward(names: tuple[str, ...]):
     up_name, act_name, down_name = names
 
     def forward(self, x: Tensor) -> Tensor:
@@ -89,14 +93,9 @@ def _up_act_down_forward(names: tuple[str, str, str]):
     return forward
 
 
-def _form(mlp: nn.Module):
-    """The recomputing forward for this MLP's form and the name of its first projection, or None."""
-    if all(hasattr(mlp, name) for name in GATED):
-        return _gated_forward, GATED[0]
-    for names in UP_ACT_DOWN:
-        if all(hasattr(mlp, name) for name in names):
-            return _up_act_down_forward(names), names[0]
-    return None
+def _recomputing_forward(form: MLPForm):
+    """The recomputing forward of the family's MLP form, and the name of its first projection (the probe's input)."""
+    return (_gated_forward if form.gated else _up_act_down_forward)(form.names), form.names[0]
 
 
 def _mlps(model: nn.Module) -> list[nn.Module]:
@@ -104,13 +103,18 @@ def _mlps(model: nn.Module) -> list[nn.Module]:
 
 
 def why_not_recompute_mlp(model: nn.Module) -> str | None:
-    """None when every block's MLP has a form recomputed here (GELU up-act-down or gated), else why not."""
+    """None when the model's family (rloo/families/) gives its MLP form and every block's MLP has that form's
+    layers, else why not."""
+    family = family_of(model)
+    if family is None:
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        return f"model_type {model_type} is none of the families in rloo/families/, which give the MLP form"
     mlps = _mlps(model)
     if not mlps:
         return f"{type(model).__name__} has no module named mlp"
-    unknown = sorted({type(mlp).__name__ for mlp in mlps if _form(mlp) is None})
+    unknown = sorted({type(mlp).__name__ for mlp in mlps if not all(hasattr(mlp, name) for name in family.mlp.names)})
     if unknown:
-        return f"{', '.join(unknown)} is not an MLP form recomputed here (up-act-down as GPT-NeoX/GPT-2, or gated)"
+        return f"{', '.join(unknown)} lacks the {family.name} MLP's layers ({', '.join(family.mlp.names)})"
     return None
 
 
@@ -137,16 +141,17 @@ def recompute_mlp_activations(model: nn.Module) -> tuple[str, str]:
     if reason := why_not_recompute_mlp(model):
         return "kept", f"mlp_recompute=true, but {reason}"
     mlps = _mlps(model)
-    forms = [_form(mlp) for mlp in mlps]
-    for mlp, (forward, first) in zip(mlps, forms):
+    form = family_of(model).mlp
+    forward, first = _recomputing_forward(form)
+    for mlp in mlps:
         if not _matches(mlp, forward, first):
             return "kept", (
                 f"mlp_recompute=true, but {type(mlp).__name__}'s own forward differs from the form recomputed here "
                 "on a probe input"
             )
-    for mlp, (forward, _) in zip(mlps, forms):
+    for mlp in mlps:
         mlp.forward = types.MethodType(forward, mlp)
-    gated = any(forward is _gated_forward for forward, _ in forms)
+    gated = form.gated
     return "mlp_recompute", (
         f"{len(mlps)} MLPs keep their up-projection{'s' if gated else ''} only; "
         f"{'act(gate) and act(gate) * up are' if gated else 'act(h) is'} recomputed in the backward"

@@ -123,7 +123,7 @@ def generate_with_logprobs(
     greedy): compared with a training forward they measure the rollout / training mismatch.
     """
     chunks = []
-    lean = sampling.lean_decode and decode.supports_lean_decode(policy)
+    lean = sampling.lean_decode and decode.supports_lean_decode(policy, prompt_ids.shape[1] + sampling.max_new_tokens)
     # the weights as the lean decode reads them (on CPU in float32, reordered copies): once for every chunk
     weights = decode.prepared_weights(policy, min(batch_size, prompt_ids.shape[0])) if lean else None
     for start in range(0, prompt_ids.shape[0], batch_size):

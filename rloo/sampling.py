@@ -1,4 +1,5 @@
-"""How completions are sampled: the settings every sampler reads, and the positions a left-padded batch uses.
+"""How completions are sampled: the settings every sampler reads, the draws the lean decode makes with them (HF's
+order: logits / temperature -> top-k -> top-p -> softmax -> a draw), and the positions a left-padded batch uses.
 
 A leaf module: the rollout (rloo/rollout.py) and the lean decode (rloo/decode.py) both build on it.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 
@@ -20,7 +22,7 @@ class SamplingConfig:
     top_p: float  # 1.0: off
     greedy: bool
     stop_at_eos: bool
-    lean_decode: bool  # rloo.decode's KV-cache loop where the architecture has one (GPT-NeoX), else HF generate
+    lean_decode: bool  # rloo.decode's KV-cache loop where the model's family has decode layer code, else HF generate
     sampler: str  # the lean decode's draw: inverse_cdf | multinomial (HF generate's random stream)
 
     @classmethod
@@ -44,3 +46,51 @@ SAMPLERS = ("inverse_cdf", "multinomial")
 def position_ids_for(attention_mask: Tensor) -> Tensor:
     """Positions that skip left padding, as `generate` uses them; a plain forward would count the pads."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def filter_logits(scores: Tensor, top_k: int, top_p: float) -> Tensor:
+    """HF's TopKLogitsWarper then TopPLogitsWarper (min_tokens_to_keep=1): removed tokens get -inf. `[B, V]`.
+
+    top-k keeps every token tied with the k-th score; top-p removes, in ascending order, the tokens whose
+    cumulative probability is <= 1 - top_p, and never the most likely one.
+    """
+    if top_k > 0:
+        # the k-th largest score; the smallest of an unsorted top-k is the same value and skips the sort
+        kth = torch.topk(scores, min(top_k, scores.shape[-1]), sorted=False).values.amin(-1, keepdim=True)  # [B, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cumulative = sorted_scores.softmax(-1).cumsum(-1)
+        remove_sorted = cumulative <= 1 - top_p
+        remove_sorted[..., -1:] = False
+        scores = scores.masked_fill(remove_sorted.scatter(1, order, remove_sorted), float("-inf"))
+    return scores
+
+
+def inverse_cdf_draw(probs: Tensor) -> Tensor:
+    """One token per row of `probs` `[B, V]` (rows need not sum to 1): the first token whose cumulative probability
+    exceeds a uniform draw. The sum runs in float64, so no token's share is lost to rounding; a zero-probability
+    token is never drawn (the cumulative sum does not rise there). On CPU about 20x cheaper than torch.multinomial,
+    whose exponential noise costs a logarithm per vocabulary entry; one uniform per row instead."""
+    cumulative = probs.cumsum(-1, dtype=torch.float64)  # [B, V]
+    total = cumulative[:, -1:]
+    draw = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * total
+    index = torch.searchsorted(cumulative, draw, right=True)  # first c_v > draw: p_v > 0
+    last_nonzero = (cumulative < total).sum(-1, keepdim=True)  # where a draw rounded up to total lands
+    return torch.minimum(index, last_nonzero).squeeze(1)
+
+
+def sample_tokens(logits: Tensor, sampling: SamplingConfig) -> tuple[Tensor, Tensor]:
+    """Next tokens `[B]` and their log-probs `[B]` (float32) under softmax(logits / temperature), unfiltered."""
+    scores = logits.float()  # HF samples from float32 logits
+    if sampling.greedy:
+        tokens = scores.argmax(-1)
+    else:
+        scores = scores / sampling.temperature
+        probs = filter_logits(scores, sampling.top_k, sampling.top_p).softmax(-1)
+        if sampling.sampler == "multinomial":  # HF generate's draw, the same random stream
+            tokens = torch.multinomial(probs, 1).squeeze(1)
+        else:
+            tokens = inverse_cdf_draw(probs)
+    picked = scores.gather(1, tokens[:, None]).squeeze(1)
+    return tokens, picked - scores.logsumexp(-1)  # log p(y) = z_y - log sum_v exp(z_v), as token_logprobs

@@ -42,25 +42,6 @@ def tiny_config(tokenizer, **overrides) -> GPTNeoXConfig:
     return GPTNeoXConfig(**{**tiny_sizes(tokenizer), "tie_word_embeddings": False, **overrides})
 
 
-FAMILIES = ("gpt_neox", "llama", "qwen2")  # the architectures the fast paths are held to
-
-
-def tiny_model(tokenizer, family: str, reward: bool = False, seed: int = 0):
-    """A tiny random causal LM (or one-label sequence classifier) of `family`: GPT-NeoX as Pythia (untied, fused
-    qkv, partial rotary); Llama and Qwen2 with grouped-query attention (4 heads, 2 KV heads) and a tied head, Qwen2
-    with q/k/v biases."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, Qwen2Config
-
-    torch.manual_seed(seed)
-    if family == "gpt_neox":
-        config = tiny_config(tokenizer, **({"num_labels": 1} if reward else {}))
-    else:
-        values = {**tiny_sizes(tokenizer), "num_key_value_heads": 2, "tie_word_embeddings": True}
-        config = (LlamaConfig if family == "llama" else Qwen2Config)(**values, **({"num_labels": 1} if reward else {}))
-    auto = AutoModelForSequenceClassification if reward else AutoModelForCausalLM
-    return auto.from_config(config).eval()
-
-
 @pytest.fixture
 def policy(tokenizer):
     torch.manual_seed(0)

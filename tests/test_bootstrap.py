@@ -54,7 +54,8 @@ def tiny_config():
     return OmegaConf.to_container(cfg)
 
 
-def tiny_model(cls, tokenizer, **arch):
+def bootstrap_model(cls, tokenizer, **arch):
+    """A random model of the bootstrap's tiny architecture (`build_architecture`), as the bootstrap stages build it."""
     torch.manual_seed(0)
     config = build_architecture(
         dict(tiny_config()["architecture"], **arch), len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id
@@ -162,7 +163,7 @@ def test_bradley_terry_loss_by_hand():
 
 def test_pair_scores_match_unpadded_forward(tokenizer):
     """The padded rollout layout scores each sequence as HF's own classifier does on it alone."""
-    model = tiny_model(GPTNeoXForSequenceClassification, tokenizer)
+    model = bootstrap_model(GPTNeoXForSequenceClassification, tokenizer)
     pairs = [
         {"prompt": "POST: the cat was on my boat\n\nTL;DR:", "chosen": " cat boat", "rejected": " cat lol"},
         {"prompt": "POST: rain\n\nTL;DR:", "chosen": " rain", "rejected": " rain rain the dog"},
@@ -182,7 +183,7 @@ def test_pair_scores_match_unpadded_forward(tokenizer):
 
 def test_sft_loss_is_completion_token_nll(tokenizer):
     """Left-padded prompts and right-padded completions give the NLL of the reference + EOS tokens alone."""
-    model = tiny_model(GPTNeoXForCausalLM, tokenizer)
+    model = bootstrap_model(GPTNeoXForCausalLM, tokenizer)
     examples = [
         {"prompt": "POST: the cat was on my boat\n\nTL;DR:", "reference": " cat"},
         {"prompt": "POST: rain\n\nTL;DR:", "reference": " rain lol the dog"},

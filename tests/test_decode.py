@@ -4,22 +4,12 @@ dropping finished rows."""
 
 import pytest
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    GPTNeoXForCausalLM,
-    GPTNeoXForSequenceClassification,
-    LlamaConfig,
-    LlamaForSequenceClassification,
-    Qwen2Config,
-)
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from rloo.bench.presets import PRESETS, neox_config
 from rloo.decode import (
     _group_members,
     _linear,
     _onednn_linear,
-    filter_logits,
     lean_generate,
     onednn_applies,
     supports_lean_decode,
@@ -27,57 +17,13 @@ from rloo.decode import (
 )
 from rloo.forward import completion_logprobs
 from rloo.rollout import truncate_after_stop
+from rloo.sampling import filter_logits
 from tests.builders import hf_generate as generate
 from tests.builders import sampling as sampling_config
+from tests.tiny_models import EOS, PAD, VARIANTS, tiny_model
 
-PAD, EOS = 0, 1  # the presets' tokenizer ids
-
-# GPT-NeoX as Pythia (parallel residual, rotary on a quarter of each head), with the sequential residual and with
-# full rotary; Llama and Qwen2 with grouped-query attention (4 heads, 2 key/value heads) and a tied head, Qwen2 with
-# q/k/v biases; Llama with one key/value head per head, an untied head and Llama 3's rope scaling
-ARCHITECTURES = ["neox", "neox_sequential", "neox_full_rotary", "llama", "qwen2", "llama3_untied_mha"]
-NEOX = {"neox": (True, 0.25), "neox_sequential": (False, 0.25), "neox_full_rotary": (True, 1.0)}
-
-
-def tiny_model(architecture: str = "neox", vocab_size: int = 512, seed: int = 0, hidden_size: int = 64, **config):
-    """A random 2-layer model of `architecture`: hidden 64, 4 heads of 16 dims. Llama and Qwen2 weights are drawn
-    with std 0.2 (HF's 0.02 makes a 2-layer model repeat one token), so greedy rows differ."""
-    torch.manual_seed(seed)
-    if architecture in NEOX:
-        parallel, rotary_pct = NEOX[architecture]
-        config = neox_config(
-            PRESETS["tiny"],
-            hidden_size=hidden_size,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=4 * hidden_size,
-            vocab_size=vocab_size,
-            use_parallel_residual=parallel,
-            rotary_pct=rotary_pct,
-        )
-        return GPTNeoXForCausalLM(config).eval()
-    sizes = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        max_position_embeddings=256,
-        pad_token_id=PAD,
-        bos_token_id=EOS,
-        eos_token_id=EOS,
-        initializer_range=0.2,
-        **config,
-    )
-    if architecture == "qwen2":
-        return AutoModelForCausalLM.from_config(Qwen2Config(**sizes)).eval()
-    if architecture == "llama3_untied_mha":
-        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0}
-        rope |= {"high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-        sizes |= {"num_key_value_heads": 4, "tie_word_embeddings": False, "rope_parameters": rope}
-    return AutoModelForCausalLM.from_config(LlamaConfig(**sizes)).eval()
+# every variant of tests/tiny_models.py: each family, GPT-NeoX's residual and rotary forms, Llama 3's untied MHA
+ARCHITECTURES = list(VARIANTS)
 
 
 def left_padded_prompts(num_rows: int, length: int, vocab_size: int, seed: int = 0):
@@ -111,18 +57,30 @@ def pick_stop_token(completions: torch.Tensor) -> int:
 
 def test_supports_lean_decode():
     for architecture in ARCHITECTURES:
-        assert supports_lean_decode(tiny_model(architecture)), architecture
-    torch.manual_seed(0)
-    assert not supports_lean_decode(GPTNeoXForSequenceClassification(neox_config(PRESETS["tiny"], num_labels=1)))
-    llama_reward = LlamaForSequenceClassification(tiny_model("llama").config)
-    assert "not LlamaForSequenceClassification" in why_not_lean_decode(llama_reward)
+        assert supports_lean_decode(tiny_model(architecture), 64), architecture
+    assert not supports_lean_decode(tiny_model("gpt_neox", reward=True), 64)
+    assert "not LlamaForSequenceClassification" in why_not_lean_decode(tiny_model("llama", reward=True), 64)
     sliding = tiny_model("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1)
-    assert "sliding-window" in why_not_lean_decode(sliding)
+    assert "sliding-window attention (4 tokens) does not cover 64-token rows" in why_not_lean_decode(sliding, 64)
+    assert why_not_lean_decode(sliding, 4) is None  # a window that covers the rows computes full attention
     dynamic = tiny_model("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
-    assert "recomputes its frequencies" in why_not_lean_decode(dynamic)
+    assert "recomputes its frequencies" in why_not_lean_decode(dynamic, 64)
 
 
-@pytest.mark.parametrize("architecture, hidden_size", [*((a, 64) for a in ARCHITECTURES), ("neox", 48)])
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_a_sliding_window_is_served_where_it_covers_the_rows_and_refused_with_the_reason_otherwise(family):
+    """Mistral (every layer) and Gemma 2 (every other layer) attend through a window: where it covers prompt +
+    completion the loop's full attention is theirs, greedy ids equal HF's; where it does not, the loop says so."""
+    model = tiny_model(family, sliding_window=22)
+    ids, mask = left_padded_prompts(6, 6, model.config.vocab_size)
+    sampling = sampling_config(max_new_tokens=16, greedy=True, stop_at_eos=False)
+    assert why_not_lean_decode(model, 6 + 16) is None
+    completions, _ = lean_generate(model, ids, mask, sampling, EOS, PAD)
+    assert torch.equal(completions, hf_generate(model, ids, mask, sampling))
+    assert "sliding-window attention (22 tokens) does not cover 23-token rows" in why_not_lean_decode(model, 23)
+
+
+@pytest.mark.parametrize("architecture, hidden_size", [*((a, 64) for a in ARCHITECTURES), ("gpt_neox", 48)])
 def test_greedy_ids_equal_hf_generate(architecture, hidden_size):
     # hidden 48: heads of 12 dims, rotary_ndims 3 but a cos table 4 wide, which is what HF rotates
     model = tiny_model(architecture, hidden_size=hidden_size)
@@ -245,7 +203,7 @@ def test_first_step_frequencies_match_softmax(top_k, top_p, sampler):
 
 
 def test_inverse_cdf_draw_never_lands_on_a_zero_probability_token(monkeypatch):
-    from rloo.decode import inverse_cdf_draw
+    from rloo.sampling import inverse_cdf_draw
 
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0], [0.2, 0.0, 0.8, 0.0, 0.0, 0.0]])
     for uniform, expected in ((0.0, [1, 0]), (0.19, [1, 0]), (0.49, [1, 2]), (0.5, [3, 2]), (0.999, [3, 2])):
@@ -334,7 +292,7 @@ def test_linear_products_use_onednn_only_for_float32_on_cpu_outside_autocast():
         torch.testing.assert_close(proj(x), x @ linear.weight.T + linear.bias, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("architecture", ["neox", "llama"])
+@pytest.mark.parametrize("architecture", ["gpt_neox", "llama"])
 def test_each_call_decodes_with_the_weights_as_they_are_then(architecture):
     """The reordered weights are copies made per call: after an update, the next call follows the new weights."""
     model = tiny_model(architecture)
@@ -350,7 +308,7 @@ def test_each_call_decodes_with_the_weights_as_they_are_then(architecture):
     assert not torch.equal(before, after)
 
 
-@pytest.mark.parametrize("architecture", ["neox", "llama", "qwen2"])
+@pytest.mark.parametrize("architecture", ["gpt_neox", "llama", "qwen2", "qwen3", "mistral", "gemma2"])
 def test_seeded_samples_follow_hf_generate(architecture):
     """Same seed, no EOS stop: both draw multinomial over [N, V] float32 probabilities each step."""
     model = tiny_model(architecture)
@@ -408,7 +366,7 @@ def test_a_pass_of_several_chunks_prepares_the_weights_once(monkeypatch):
     import rloo.decode
     from rloo.rollout import generate_with_logprobs
 
-    model = tiny_model("neox")
+    model = tiny_model("gpt_neox")
     ids, mask = left_padded_prompts(10, 5, model.config.vocab_size)
     config = sampling_config(max_new_tokens=6, greedy=True, stop_at_eos=False)
     made = []

@@ -1,13 +1,60 @@
-"""Models of other families than the embedded task's GPT-NeoX: a run on a tiny random Llama (grouped-query
-attention, tied head) with LoRA, which sampler and forwards ran and why, and LoRA targets checked before loading."""
+"""Model families (rloo/families/): each family's record against its own tiny model (every fast path serves it,
+LoRA's `auto` names its projections, the plan reads its layout), runs on every family with each fast path saying
+what ran, a run on a tiny random Llama with LoRA, and LoRA targets checked before loading."""
 
 import json
 
 import pytest
+import torch
 
 from rloo.errors import ConfigError
-from tests.conftest import tiny_model
 from tests.e2e import one_rollout
+from tests.tiny_models import FAMILIES, tiny_model
+
+
+def onednn_reorders() -> bool:
+    """Whether this torch reorders float32 weights for oneDNN (rloo.decode.onednn_applies): the log says which."""
+    from rloo.decode import onednn_applies
+
+    return onednn_applies(torch.empty(0))
+
+
+REORDERED = "float32 linear layers through oneDNN, from weights reordered once per rollout"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_record_serves_its_own_model_on_every_fast_path(family):
+    """The record's claims checked against a built model: every fast path serves it, LoRA's auto targets are
+    exactly its linear layers but the head, and its MLPs have the form it names."""
+    from rloo.decode import why_not_lean_decode
+    from rloo.families import family_of
+    from rloo.forward import why_not_prompt_once
+    from rloo.lora import resolve_targets
+    from rloo.mlp_recompute import why_not_recompute_mlp
+
+    model = tiny_model(family)
+    record = family_of(model)
+    assert record.name == family and isinstance(model, record.causal_lm)
+    assert why_not_lean_decode(model, 64) is None and why_not_prompt_once(model, 64) is None
+    assert why_not_recompute_mlp(model) is None
+    assert why_not_prompt_once(tiny_model(family, reward=True), 64) is None  # a reward model of the family too
+    linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert set(resolve_targets("auto", model.config)) == linear - {"lm_head"} == set(record.projections)
+    mlp = model.base_model.layers[0].mlp
+    assert all(hasattr(mlp, name) for name in record.mlp.names)
+
+
+def test_a_model_of_no_family_takes_hf_generate_and_the_plain_forward_and_says_why():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rloo.decode import why_not_lean_decode
+    from rloo.forward import why_not_prompt_once
+    from rloo.lora import ALL_LINEAR, resolve_targets
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    for reason in (why_not_lean_decode(model, 16), why_not_prompt_once(model, 16)):
+        assert reason.startswith("model_type gpt2 is none of the families in rloo/families/ (gpt_neox, llama")
+    assert resolve_targets("auto", model.config) == ALL_LINEAR
 
 
 def with_answer_column(source, root) -> None:
@@ -22,9 +69,9 @@ def with_answer_column(source, root) -> None:
 def llama_assets(tmp_path_factory, tokenizer, tiny_run_assets):
     """A tiny random Llama policy and reward model beside the toy splits (with an answer column)."""
     root = tmp_path_factory.mktemp("llama")
-    tiny_model(tokenizer, "llama").save_pretrained(root / "policy")
+    tiny_model("llama", tokenizer).save_pretrained(root / "policy")
     tokenizer.save_pretrained(root / "policy")
-    tiny_model(tokenizer, "llama", reward=True, seed=1).save_pretrained(root / "reward_model")
+    tiny_model("llama", tokenizer, reward=True, seed=1).save_pretrained(root / "reward_model")
     with_answer_column(tiny_run_assets, root)
     return root
 
@@ -33,7 +80,7 @@ def test_a_gpt_neox_run_takes_both_fast_paths_and_says_so(tiny_run_assets, tmp_p
     summary = one_rollout(tiny_run_assets, tmp_path / "run")
     paths = summary["fast_paths"]
     assert paths["sampler"]["ran"] == "lean_decode"
-    assert "oneDNN, from weights reordered once per rollout" in paths["sampler"]["why"]
+    assert (REORDERED in paths["sampler"]["why"]) is onednn_reorders()
     assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
     assert paths["policy_activations"]["ran"] == "mlp_recompute"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["fast_paths"] == paths
@@ -71,13 +118,13 @@ def test_a_llama_policy_trains_with_lora_and_a_reward_function_reading_a_column(
     assert exported.config.model_type == "llama"
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma2"])
 def test_a_llama_family_run_takes_both_fast_paths_and_plans_its_memory(family, tokenizer, tmp_path, tiny_run_assets):
     root = tmp_path / "assets"
     root.mkdir()
-    tiny_model(tokenizer, family).save_pretrained(root / "policy")
+    tiny_model(family, tokenizer).save_pretrained(root / "policy")
     tokenizer.save_pretrained(root / "policy")
-    tiny_model(tokenizer, family, reward=True, seed=1).save_pretrained(root / "reward_model")
+    tiny_model(family, tokenizer, reward=True, seed=1).save_pretrained(root / "reward_model")
     with_answer_column(tiny_run_assets, root)
     summary = one_rollout(root, tmp_path / "run")
     paths = summary["fast_paths"]
@@ -169,7 +216,7 @@ OFF = "linear layers through F.linear (oneDNN's reordered weights serve float32 
 @pytest.mark.parametrize(
     "overrides, product",
     [
-        ((), "float32 linear layers through oneDNN, from weights reordered once per rollout"),
+        ((), REORDERED),
         (("precision=bf16",), OFF + "bf16-mixed on cpu)"),
         (("precision=bf16-true",), OFF + "bf16-true on cpu)"),
         (("trainer=gpu",), OFF + "32-true on gpu)"),
@@ -180,5 +227,7 @@ def test_the_sampler_names_its_linear_product(policy, overrides, product):
     from rloo.assemble import fast_paths
     from rloo.cli import compose_train_config
 
+    if product == REORDERED and not onednn_reorders():
+        product = OFF + "32-true on cpu)"  # this torch has no oneDNN weight reorder: the log says F.linear
     sampler = fast_paths(compose_train_config(list(overrides)), policy, None)["sampler"]
     assert sampler[0] == "lean_decode" and sampler[1].endswith(product)

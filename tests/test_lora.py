@@ -45,7 +45,7 @@ def test_adapters_start_as_the_base_and_only_they_train(policy, tokenizer):
     assert torch.equal(logprobs_of(policy, batch), before)  # B = 0 at initialisation
     trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable)
-    assert not supports_lean_decode(policy)  # the lean decode reads raw weights: it would drop the adapters
+    assert not supports_lean_decode(policy, 16)  # the lean decode reads raw weights: it would drop the adapters
 
 
 def test_the_reference_is_the_base_exactly_and_the_adapters_stay_trainable(policy, tokenizer):

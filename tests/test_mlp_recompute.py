@@ -11,8 +11,8 @@ from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXMLP
 from rloo.bench.presets import PRESETS
 from rloo.memory_plan import Shape, estimate
 from rloo.mlp_recompute import recompute_mlp_activations, why_not_recompute_mlp
-from tests.test_decode import ARCHITECTURES, tiny_model
 from tests.test_plan import architecture, full_model_shape
+from tests.tiny_models import VARIANTS, tiny_model
 
 
 def forward_and_grads(model, ids, autocast: bool):
@@ -23,7 +23,7 @@ def forward_and_grads(model, ids, autocast: bool):
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", VARIANTS)
 def test_logits_and_every_gradient_are_the_models_own(architecture, autocast):
     model = tiny_model(architecture)
     patched = copy.deepcopy(model)
@@ -62,7 +62,7 @@ def wide_activations_alive(model, ids) -> tuple[int, int]:
     return alive, total
 
 
-@pytest.mark.parametrize("architecture", ["neox", "llama"])
+@pytest.mark.parametrize("architecture", ["gpt_neox", "llama"])
 def test_the_activations_are_not_kept_for_the_backward(architecture):
     """Without the patch autograd holds every activation output and down-projection input until the backward
     (act(h) is the down-projection's input in a GELU MLP; a gated MLP's is act(g) * u); with it, none."""
@@ -82,7 +82,7 @@ class ScaledMLP(GPTNeoXMLP):
 
 
 def test_an_mlp_whose_forward_differs_from_its_form_is_left_as_it_is_and_said():
-    model = tiny_model("neox")
+    model = tiny_model("gpt_neox")
     for layer in model.gpt_neox.layers:
         layer.mlp.__class__ = ScaledMLP
     ran, why = recompute_mlp_activations(model)
@@ -91,10 +91,12 @@ def test_an_mlp_whose_forward_differs_from_its_form_is_left_as_it_is_and_said():
 
 
 def test_an_mlp_of_another_form_is_named():
-    model = tiny_model("neox")
+    model = tiny_model("gpt_neox")
     for layer in model.gpt_neox.layers:
         del layer.mlp.act  # no activation by a known name
-    assert "GPTNeoXMLP is not an MLP form recomputed here" in why_not_recompute_mlp(model)
+    assert "GPTNeoXMLP lacks the gpt_neox MLP's layers (dense_h_to_4h, act, dense_4h_to_h)" in why_not_recompute_mlp(
+        model
+    )
     assert recompute_mlp_activations(model)[0] == "kept"
 
 
@@ -114,5 +116,5 @@ def test_the_plan_keeps_one_wide_activation_less_per_layer_gelu_and_two_gated(pr
     )
     kept = estimate(arch, Shape(**base))["activations"]
     recomputed = estimate(arch, Shape(mlp_recompute=True, **base))["activations"]
-    tokens, wide = 4 * (16 + 8), 2 if arch.llama_like else 1
+    tokens, wide = 4 * (16 + 8), 2 if arch.gated_mlp else 1
     assert (kept - recomputed) * 2**20 == pytest.approx(tokens * arch.num_layers * wide * arch.intermediate_size * 4)

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rloo.bench.presets import PRESETS, build_models
+from rloo.bench.presets import PRESETS, build_models, model_config
+from rloo.families import architecture_from_config
 from rloo.memory_plan import Architecture, Shape, estimate
 from tests.e2e import HANG_GUARD_S, ROOT
 
@@ -16,7 +17,8 @@ ADAPTED = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
 
 
 def architecture(preset) -> Architecture:
-    return Architecture(preset.vocab_size, preset.hidden_size, preset.num_layers, preset.intermediate_size)
+    """The preset's layout as its family (rloo/families/) reads it from the preset's config."""
+    return architecture_from_config(model_config(preset).to_dict())
 
 
 def bench_shape(preset, lora: bool = False) -> Shape:
@@ -163,23 +165,23 @@ def test_bad_input_is_one_line(args, message, capsys):
     assert result.returncode == 2 and message in result.stderr and len(lines) == 1, result.stderr
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma2"])
 def test_llama_family_counts_and_cache_are_the_models_own(family, tokenizer):
-    """Parameters (separate q/k/v, Qwen2's q/k/v biases, SwiGLU, RMSNorm, tied head) and the decode's cache width
-    (grouped-query attention: 2 key/value heads of 4) against a built model."""
-    from rloo.memory_plan import _from_hf_config
-    from tests.conftest import tiny_model
+    """Parameters (separate q/k/v, Qwen2's q/k/v biases, Qwen3's per-head q/k norms, Gemma 2's four norms a block,
+    SwiGLU, RMSNorm, tied or untied head) and the decode's cache width (grouped-query attention: 2 key/value heads
+    of 4) against a built model."""
+    from tests.tiny_models import tiny_model
 
-    model = tiny_model(tokenizer, family)
-    arch = _from_hf_config(model.config.to_dict())
+    model = tiny_model(family, tokenizer)
+    arch = architecture_from_config(model.config.to_dict())
     linear, rest = arch.body_params()
-    assert arch.tied_head and arch.head_params() == 0
-    assert sum(p.numel() for p in model.parameters()) == linear + rest
+    assert arch.tied_head == model.config.tie_word_embeddings
+    assert sum(p.numel() for p in model.parameters()) == linear + rest + arch.head_params()
     attention = model.model.layers[0].self_attn
     assert arch.kv_width == attention.k_proj.out_features + attention.v_proj.out_features
     assert arch.kv_width < 2 * model.config.hidden_size  # fewer key/value heads than heads
     names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    assert set(arch.linear_shapes()) == names - {"lm_head"}
+    assert set(arch.linear_shapes) == names - {"lm_head"}
 
 
 OWN_MODEL = ("experiment=arithmetic_smollm2", "model.tokenizer=null")  # no bootstrap, a reward function
@@ -191,9 +193,9 @@ def write_config(tmp_path, model) -> str:
 
 
 def test_the_plan_says_which_sampler_and_forward_run(tmp_path, tokenizer, capsys):
-    from tests.conftest import tiny_model
+    from tests.tiny_models import tiny_model
 
-    policy = write_config(tmp_path, tiny_model(tokenizer, "llama"))
+    policy = write_config(tmp_path, tiny_model("llama", tokenizer))
     plain = Answer(capsys, f"model.policy={policy}", *OWN_MODEL)
     assert plain.returncode == 0, plain.stderr
     assert "llama, hidden" in plain.stdout and "2 key/value heads of 4" in plain.stdout and "tied head" in plain.stdout
