@@ -9,6 +9,7 @@ import warnings
 
 from omegaconf import DictConfig, OmegaConf
 
+from rloo.algorithms.registry import ALGORITHMS
 from rloo.config import algorithm_config
 from rloo.errors import ConfigError
 
@@ -181,32 +182,13 @@ def deepspeed_settings(cfg: DictConfig) -> dict:
 def build_module(
     cfg: DictConfig, policy, reference, reward_model, tokenizer, total_rollouts: int, value_model, reward=None
 ):
-    """The LightningModule of `cfg.algorithm` (`value_model`: a loader, called for PPO only), scoring with `reward`
-    (reward_from_config(cfg): None where the reward model alone scores)."""
-    if cfg.algorithm == "ppo":
-        from rloo.algorithms.ppo import PPOConfig, PPOModule
-
-        module = PPOModule(
-            policy, reference, reward_model, value_model(), tokenizer, algorithm_config(PPOConfig, cfg, total_rollouts)
-        )
-    elif cfg.algorithm == "dpo":
-        from rloo.algorithms.dpo import DPOConfig, DPOModule
-
-        module = DPOModule(policy, reference, reward_model, tokenizer, algorithm_config(DPOConfig, cfg, total_rollouts))
-    else:  # RLOO's step with its own baseline
-        from rloo.algorithms.raft import RAFTConfig, RAFTModule
-        from rloo.algorithms.reinforce import ReinforceConfig, ReinforceModule, VanillaPGModule
-        from rloo.algorithms.rloo import RLOOConfig, RLOOModule
-
-        module_class, config_class = {
-            "rloo": (RLOOModule, RLOOConfig),
-            "raft": (RAFTModule, RAFTConfig),
-            "reinforce": (ReinforceModule, ReinforceConfig),
-            "vanilla_pg": (VanillaPGModule, RLOOConfig),
-        }[cfg.algorithm]
-        module = module_class(
-            policy, reference, reward_model, tokenizer, algorithm_config(config_class, cfg, total_rollouts)
-        )
+    """The LightningModule of `cfg.algorithm` (rloo/algorithms/registry.py; `value_model`: a loader, called for an
+    algorithm that trains one), scoring with `reward` (reward_from_config(cfg): None where the reward model alone
+    scores)."""
+    spec = ALGORITHMS[cfg.algorithm]
+    module_class, _ = spec.load()
+    models = (policy, reference, reward_model) + ((value_model(),) if spec.value_model else ())
+    module = module_class(*models, tokenizer, algorithm_config(cfg, total_rollouts))
     module.reward = reward
     if cfg.activation_checkpointing:  # after the module put the policy in eval mode
         from rloo.models import use_activation_checkpointing

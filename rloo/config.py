@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rloo.algorithms.registry import ALGORITHMS
 from rloo.errors import ConfigError
 from rloo.sampling import SamplingConfig
 from rloo.schema import check_config, check_keys
@@ -73,12 +74,14 @@ def eval_sampling(cfg: DictConfig) -> SamplingConfig:
     )
 
 
-def algorithm_config(config_class, cfg: DictConfig, total_rollouts: int):
-    """The typed settings of `config_class` (RLOOConfig, PPOConfig) from a checked config: every field by name."""
+def algorithm_config(cfg: DictConfig, total_rollouts: int):
+    """The typed settings of `cfg.algorithm`'s config class (rloo/algorithms/registry.py) from a checked config: each
+    key by its field's name, the derived fields made here."""
     from dataclasses import fields
 
-    given = {"sampling": rollout_sampling(cfg), "total_rollouts": total_rollouts}
-    return config_class(**{f.name: given[f.name] if f.name in given else cfg[f.name] for f in fields(config_class)})
+    config_class = ALGORITHMS[cfg.algorithm].load()[1]
+    derived = {"sampling": rollout_sampling(cfg), "total_rollouts": total_rollouts}
+    return config_class(**{f.name: derived[f.name] if f.name in derived else cfg[f.name] for f in fields(config_class)})
 
 
 # parameters partitioned across ranks. fsdp2: Lightning's ModelParallelStrategy with the policy sharded block by
@@ -130,27 +133,22 @@ def validate_lora(cfg: DictConfig) -> None:
         raise ConfigError("model.lora=true needs peft, which is not installed: pip install -e '.[lora]'")
 
 
-POLICY_GRADIENTS = ("rloo", "raft", "reinforce", "vanilla_pg")  # RLOO's step, each with its own baseline
-OFFLINE = ("dpo",)  # trained on pairs sampled from the frozen reference
-GROUP_BASELINES = ("rloo", "raft", "dpo")  # compare each completion with the others of its prompt: k >= 2
-
-
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Check every key `rloo.train` reads; raises ConfigError with a one-line message. Types, ranges and the keys
     an algorithm reads are the schema's (rloo.schema); what spans keys or groups is checked here."""
     algorithm = cfg.get("algorithm")
     check_config(cfg, algorithm)
-    k = cfg.k
-    if algorithm in GROUP_BASELINES and k < 2:
+    spec, k = ALGORITHMS[algorithm], cfg.k
+    if k < spec.min_k:
         raise ConfigError(
-            f"k={k} is not allowed: an integer >= 2 with algo={algorithm} (it compares each completion "
+            f"k={k} is not allowed: an integer >= {spec.min_k} with algo={algorithm} (it compares each completion "
             "with the others of its prompt)"
         )
-    if algorithm == "ppo":
+    if spec.value_model:
         value_model = cfg.get("value_model")
         if value_model is None and cfg.model.reward_model is None and cfg.get("bootstrap") is None:
             raise ConfigError(
-                "algo=ppo needs a value model: value_model=<sequence classifier dir or hub id>, or a "
+                f"algo={algorithm} needs a value model: value_model=<sequence classifier dir or hub id>, or a "
                 "model.reward_model to start it from (this run scores with reward functions only)"
             )
         if value_model is not None and _looks_local(str(value_model)) and not Path(str(value_model)).exists():
@@ -158,9 +156,9 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
                 f"value_model={value_model!r} does not exist: a sequence classifier dir, a hub id, or null "
                 "(the reward model)"
             )
-    if algorithm == "dpo" and cfg.model.lora:
+    if spec.trains_on_pairs and cfg.model.lora:
         raise ConfigError(
-            "model.lora=true is not allowed with algo=dpo: its pairs are sampled from the "
+            f"model.lora=true is not allowed with algo={algorithm}: its pairs are sampled from the "
             "reference, which LoRA makes the policy itself; use model.lora=false"
         )
     if cfg.get("missing_eos_penalty") and cfg.get("missing_eos_score") is not None:
@@ -168,7 +166,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             f"missing_eos_penalty={cfg.missing_eos_penalty} and missing_eos_score={cfg.missing_eos_score}: one "
             "missing-EOS rule at a time (subtract the penalty, or replace the score); set the other to null"
         )
-    validate_reward(cfg, algorithm == "ppo")
+    validate_reward(cfg, spec.value_model)
     validate_lora(cfg)
     validate_strategy(cfg)
     from rloo.resume import check_resume_argument
@@ -192,9 +190,9 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         f"a divisor of rollout_batch_size={rollout}",
         cfg.generation_batch_size,
     )
-    if cfg.get("algorithm") in OFFLINE:  # a micro-batch holds whole pairs (each prompt's k rows)
-        _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} with algo=dpo", micro)
-    elif updates_per_rollout(cfg) == 1 and algorithm != "ppo":
+    if spec.trains_on_pairs:  # a micro-batch holds whole pairs (each prompt's k rows)
+        _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} with algo={algorithm}", micro)
+    elif updates_per_rollout(cfg) == 1 and not spec.value_model:
         # on-policy path: advantages come from the same forward as the loss, one micro-batch of whole groups at a time
         _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} when each rollout is used once", micro)
     elif cfg.get("loss") == "reinforce":
@@ -223,13 +221,14 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             raise ConfigError(f"data.{split}.path={path!r} does not exist: give an existing file or dir, or a hub id")
 
 
-def validate_reward(cfg: DictConfig, ppo: bool) -> None:
-    """`reward=` parses and its functions import (nothing loads a model); reward_errors is known."""
+def validate_reward(cfg: DictConfig, value_model: bool) -> None:
+    """`reward=` parses and its functions import (nothing loads a model); reward_errors is known; an algorithm with a
+    value model (PPO) cannot mask completions."""
     from rloo.scoring import MODEL, load_function, parse_reward
 
-    if ppo and cfg.reward_errors == "mask":
+    if value_model and cfg.reward_errors == "mask":
         raise ConfigError(
-            "reward_errors='mask' is not allowed with algo=ppo: it masks completions out of RLOO's "
+            f"reward_errors='mask' is not allowed with algo={cfg.algorithm}: it masks completions out of RLOO's "
             "leave-one-out baseline; use reward_errors=raise"
         )
     terms = parse_reward(cfg.reward)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from rloo.families import family_of
+from rloo.families import family_of, no_family
 from rloo.families.base import MLPForm
 
 
@@ -105,10 +105,9 @@ def _mlps(model: nn.Module) -> list[nn.Module]:
 def why_not_recompute_mlp(model: nn.Module) -> str | None:
     """None when the model's family (rloo/families/) gives its MLP form and every block's MLP has that form's
     layers, else why not."""
+    if reason := no_family(model):
+        return reason
     family = family_of(model)
-    if family is None:
-        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        return f"model_type {model_type} is none of the families in rloo/families/, which give the MLP form"
     mlps = _mlps(model)
     if not mlps:
         return f"{type(model).__name__} has no module named mlp"

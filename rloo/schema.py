@@ -1,8 +1,11 @@
 """The shape of the composed training config: for every key, its type, its range and its resume policy.
 
-One dataclass per config group (and one per algorithm, holding only the keys that algorithm reads). Values and
-their documentation live in the YAML (conf/); nothing here has a default. `check_config` walks a composed config
-against the schema of its `algorithm` and raises a one-line `ConfigError` naming the key:
+One dataclass per config group, and `RunKeys` for the keys of the run around the algorithm (models, data, sampling,
+evaluation, checkpoints, Trainer, loggers). The keys an algorithm reads are declared once, on its config dataclass
+(rloo/algorithms/, found through rloo/algorithms/registry.py), with `key` below: the schema of a composed config is
+RunKeys plus the fields of its algorithm's config (`schema_of`). Values and their documentation live in the YAML
+(conf/); nothing here has a default. `check_config` walks a composed config against the schema of its `algorithm`
+and raises a one-line `ConfigError` naming the key:
 
 - a key no schema knows, or one that only another algorithm reads ("kl_coef does nothing with algo=dpo");
 - a value of the wrong type, outside its range, or not one of its choices.
@@ -16,26 +19,20 @@ from __future__ import annotations
 
 import difflib
 import typing
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
+from functools import lru_cache
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rloo.algorithms.registry import ALGORITHMS
 from rloo.errors import ConfigError
-from rloo.objectives import IS_CORRECTIONS, KL_ESTIMATORS
 from rloo.sampling import SAMPLERS
 
 FIXED, APPLIED = "fixed", "applied"
 
-LOSSES = ("ppo_clip", "reinforce")
-LR_SCHEDULES = ("linear", "constant", "cosine")
-LR_SCHEDULE_PER = ("optimizer_step", "rollout")
 FROZEN_DTYPES = ("float32", "bfloat16", "float16")
-OLD_LOGPROBS = ("recompute", "generation")
-SEQUENCE_RATIOS = ("sum", "mean")
-RAFT_RANKINGS = ("reward", "score")
 REWARD_ERRORS = ("raise", "mask")
-ALGORITHMS = ("rloo", "raft", "reinforce", "vanilla_pg", "ppo", "dpo")
 
 
 def key(
@@ -47,6 +44,12 @@ def key(
 ):
     """A schema field: its resume policy and its range ([low, high], or (low, high] with low_open) or choices."""
     return field(metadata={"resume": resume, "low": low, "high": high, "low_open": low_open, "choices": choices})
+
+
+def derived():
+    """A field of an algorithm's config that no key sets: rloo.config.algorithm_config makes it (the sampling
+    settings, the number of rollouts). The schema leaves it out."""
+    return field(metadata={"derived": True})
 
 
 def group(resume: str):
@@ -125,35 +128,18 @@ class LoraKeys:
     target_modules: str | list[str] = key(FIXED)  # auto | all-linear | layer names
 
 
-# ---- the keys every algorithm reads (conf/train.yaml) ---------------------------------------------------------------
+# ---- the run around the algorithm (conf/train.yaml); the algorithm's own keys are on its config class ------------
 @dataclass
-class CommonKeys(SamplingKeys):
-    algorithm: str = key(FIXED, choices=ALGORITHMS)
+class RunKeys(SamplingKeys):
+    algorithm: str = key(FIXED, choices=tuple(ALGORITHMS))
     seed: int = key(FIXED, low=0)
     reward: str = key(FIXED)
     reward_errors: str = key(APPLIED, choices=REWARD_ERRORS)
     reward_timeout_s: float = key(APPLIED, low=0)
-    k: int = key(FIXED, low=1)
-    missing_eos_penalty: float | None = key(FIXED, low=0)
-    missing_eos_score: float | None = key(FIXED)
-    num_ppo_epochs: int = key(FIXED, low=1)
-    num_mini_batches: int = key(FIXED, low=1)
-    shared_prefix: bool = key(APPLIED)
     fp32_lm_head: bool = key(FIXED)
     mlp_recompute: bool = key(APPLIED)
     activation_checkpointing: bool = key(APPLIED)
-    rollout_batch_size: int = key(FIXED, low=1)
-    micro_batch_size: int = key(FIXED, low=1)
-    generation_batch_size: int = key(APPLIED, low=1)
     total_episodes: int = key(APPLIED, low=1)
-    lr: float = key(APPLIED, low=0, low_open=True)
-    weight_decay: float = key(APPLIED, low=0)
-    adam_eps: float = key(APPLIED, low=0, low_open=True)
-    warmup_ratio: float = key(APPLIED, low=0, high=1)
-    lr_schedule: str = key(APPLIED, choices=LR_SCHEDULES)
-    lr_schedule_per: str = key(FIXED, choices=LR_SCHEDULE_PER)
-    max_grad_norm: float | None = key(APPLIED, low=0, low_open=True)
-    log_every: int = key(APPLIED, low=1)
     sample_every: int = key(APPLIED, low=0)
     num_samples_logged: int = key(APPLIED, low=0)
     eval_every: int = key(APPLIED, low=0)
@@ -161,7 +147,6 @@ class CommonKeys(SamplingKeys):
     checkpoint_minutes: float = key(APPLIED, low=0)
     keep_checkpoints: int = key(APPLIED, low=-1)
     resume: str | None = key(APPLIED)
-    max_bad_steps: int = key(APPLIED, low=1)
     lora: LoraKeys = key(FIXED)
     model: ModelKeys = key(FIXED)
     data: DataKeys = key(FIXED)
@@ -176,70 +161,31 @@ class CommonKeys(SamplingKeys):
 FIXED_TRAINER_KEYS = ("devices", "num_nodes")  # the world size: each rank's data shard and random states
 
 
-# ---- one dataclass per algorithm: only the keys it reads (conf/algo/) ------------------------------------------
-@dataclass
-class PolicyGradientKeys(CommonKeys):
-    """conf/algo/shared/policy_gradient.yaml: the algorithms that sample from the policy and penalise KL."""
-
-    kl_coef: float = key(APPLIED, low=0)
-    kl_estimator: str = key(FIXED, choices=KL_ESTIMATORS)
-    normalize_advantages: bool = key(FIXED)
-    clip_range: float = key(APPLIED, low=0, low_open=True)
-    old_logprobs: str = key(FIXED, choices=OLD_LOGPROBS)
-    is_correction: str = key(FIXED, choices=IS_CORRECTIONS)
-    is_cap: float = key(FIXED, low=0, low_open=True)
-    is_low: float = key(FIXED, low=0, high=1, low_open=True)
-    is_high: float = key(FIXED, low=1)
-    log_histograms: bool = key(APPLIED)
+@lru_cache(maxsize=None)
+def schema_for(config_class: type) -> type:
+    """RunKeys plus the keyed fields of an algorithm's config class (rloo/algorithms/): the schema of a composed
+    config of that algorithm."""
+    hints = typing.get_type_hints(config_class)
+    own = [
+        (f.name, hints[f.name], field(metadata=f.metadata))
+        for f in fields(config_class)
+        if "resume" in f.metadata  # not `derived`
+    ]
+    return make_dataclass(f"{config_class.__name__}Keys", own, bases=(RunKeys,))
 
 
-@dataclass
-class RLOOKeys(PolicyGradientKeys):
-    """conf/algo/rloo.yaml; also raft and vanilla_pg, which change only the advantage."""
+def common_schema() -> type:
+    """The schema of the keys every algorithm reads: RunKeys plus rloo.algorithms.base.OnlineRLConfig's."""
+    from rloo.algorithms.base import OnlineRLConfig
 
-    loss: str = key(FIXED, choices=LOSSES)
-    sequence_ratio: str = key(FIXED, choices=SEQUENCE_RATIOS)
-
-
-@dataclass
-class RAFTKeys(RLOOKeys):
-    raft_rank_by: str = key(FIXED, choices=RAFT_RANKINGS)
-
-
-@dataclass
-class ReinforceKeys(RLOOKeys):
-    baseline_decay: float = key(FIXED, low=0, high=1)
-
-
-@dataclass
-class PPOKeys(PolicyGradientKeys):
-    vf_coef: float = key(APPLIED, low=0)
-    value_clip_range: float = key(APPLIED, low=0, low_open=True)
-    gamma: float = key(FIXED, low=0, high=1)
-    lam: float = key(FIXED, low=0, high=1)
-    value_model: str | None = key(FIXED)
-
-
-@dataclass
-class DPOKeys(CommonKeys):
-    dpo_beta: float = key(FIXED, low=0, low_open=True)
-
-
-ALGORITHM_KEYS = {
-    "rloo": RLOOKeys,
-    "raft": RAFTKeys,
-    "vanilla_pg": RLOOKeys,
-    "reinforce": ReinforceKeys,
-    "ppo": PPOKeys,
-    "dpo": DPOKeys,
-}
+    return schema_for(OnlineRLConfig)
 
 
 # ---- walking a config against a schema ------------------------------------------------------------------------------
 def schema_of(algorithm: str) -> type:
-    if algorithm not in ALGORITHM_KEYS:
+    if algorithm not in ALGORITHMS:
         raise ConfigError(f"algorithm={algorithm!r} is not allowed: one of {', '.join(ALGORITHMS)} (choose with algo=)")
-    return ALGORITHM_KEYS[algorithm]
+    return schema_for(ALGORITHMS[algorithm].load()[1])
 
 
 def fields_of(schema: type) -> dict:
@@ -284,7 +230,7 @@ def _dataclass_of(annotation) -> type | None:
 def unknown_key_error(path: str, algorithm: str) -> ConfigError:
     """A key `algorithm` does not read: one that another algorithm reads, or one that no config has (with the
     closest name at its level, for a typo)."""
-    readers = [a for a in sorted(ALGORITHM_KEYS) if a != algorithm and resume_policy(path, a) is not None]
+    readers = [a for a in sorted(ALGORITHMS) if a != algorithm and resume_policy(path, a) is not None]
     if readers:
         return ConfigError(f"{path} does nothing with algo={algorithm}: only {', '.join(readers)} read it; remove it")
     parent, _, name = path.rpartition(".")
@@ -294,7 +240,7 @@ def unknown_key_error(path: str, algorithm: str) -> ConfigError:
     return ConfigError(f"{path} is not a config key of python -m rloo.train{hint}")
 
 
-def check_keys(cfg: DictConfig, paths: tuple[str, ...], schema: type = CommonKeys) -> None:
+def check_keys(cfg: DictConfig, paths: tuple[str, ...], schema: type = RunKeys) -> None:
     """The leaves at `paths` (dotted) that `cfg` has, each against its field of `schema`."""
     for path in paths:
         value = OmegaConf.select(cfg, path, default=_ABSENT)
@@ -397,7 +343,7 @@ def resume_policy(path: str, algorithm: str) -> str | None:
     if path.startswith("trainer.") and path.split(".")[1] in FIXED_TRAINER_KEYS:
         return FIXED
     try:
-        return field_at(path, schema_of(algorithm) if algorithm in ALGORITHM_KEYS else CommonKeys)[1]["resume"]
+        return field_at(path, schema_of(algorithm) if algorithm in ALGORITHMS else common_schema())[1]["resume"]
     except KeyError:
         return None
 

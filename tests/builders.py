@@ -3,9 +3,6 @@ defaults of their own), and HF generate is the reference the lean decode is held
 
 from dataclasses import replace
 
-from rloo.algorithms.ppo import PPOConfig
-from rloo.algorithms.reinforce import ReinforceConfig
-from rloo.algorithms.rloo import RLOOConfig
 from rloo.cli import compose_train_config
 from rloo.config import algorithm_config, validate_train_config
 from rloo.rollout import generate_with_logprobs
@@ -36,19 +33,12 @@ def hf_generate(
 
 
 def train_config(algorithm: str, total_rollouts: int, **keys):
-    """The typed config of `algorithm` (RLOOConfig, PPOConfig, ReinforceConfig, DPOConfig) from conf/train.yaml
-    with `keys` set,
-    checked as rloo.train checks them."""
+    """The typed config of `algorithm` (its class in rloo/algorithms/registry.py) from conf/train.yaml with `keys`
+    set, checked as rloo.train checks them."""
     overrides = [f"algo={algorithm}", "judge=none"] + [f"{key}={value}" for key, value in keys.items()]
     cfg = compose_train_config(overrides)
     validate_train_config(cfg)
-    from rloo.algorithms.dpo import DPOConfig
-    from rloo.algorithms.raft import RAFTConfig
-
-    config_class = {"ppo": PPOConfig, "reinforce": ReinforceConfig, "dpo": DPOConfig, "raft": RAFTConfig}.get(
-        algorithm, RLOOConfig
-    )
-    return algorithm_config(config_class, cfg, total_rollouts)
+    return algorithm_config(cfg, total_rollouts)
 
 
 def toy_split(path):

@@ -442,3 +442,33 @@ def test_an_added_key_nothing_reads_is_refused_outside_training():
     with pytest.raises(ConfigError, match=r"^typo is not a config key of this entry point"):
         preflight(["+typo=1"], train=False)
     assert preflight(["+judge.threshold=0.5"], train=False) == ["+judge.threshold=0.5"]  # a plug-in judge's argument
+
+
+# ---- the algorithm registry: one record per algorithm ---------------------------------------------------------------
+def test_every_algo_option_sets_a_registered_algorithm_and_every_registered_one_has_an_option():
+    from rloo.algorithms.registry import ALGORITHMS
+
+    chosen = {composed(f"algo={option}").algorithm for option in group_options("algo")}
+    assert chosen == set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "raft", "reinforce", "vanilla_pg", "ppo", "dpo"])
+def test_the_class_that_validates_an_algorithms_keys_is_the_one_its_module_reads(algorithm):
+    """Every key the schema checks for the algorithm is a field of the config its LightningModule gets, set from the
+    composed config; a key of another algorithm is refused by name."""
+    from dataclasses import fields
+
+    from rloo.algorithms.registry import ALGORITHMS
+    from rloo.schema import RunKeys, fields_of, schema_of
+    from tests.builders import train_config
+
+    module_class, config_class = ALGORITHMS[algorithm].load()
+    config = train_config(algorithm, total_rollouts=3)
+    assert type(config) is config_class and config.total_rollouts == 3
+    cfg = composed(f"algo={algorithm}")
+    keyed = [f.name for f in fields(config_class) if "resume" in f.metadata]
+    assert set(fields_of(schema_of(algorithm))) == set(fields_of(RunKeys)) | set(keyed)
+    assert all(getattr(config, name) == cfg[name] for name in keyed)
+    every = {f.name for spec in ALGORITHMS.values() for f in fields(spec.load()[1]) if "resume" in f.metadata}
+    for name in sorted(every - set(keyed)):
+        assert f"{name} does nothing with algo={algorithm}" in first_error(f"algo={algorithm}", f"+{name}=1")

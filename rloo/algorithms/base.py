@@ -27,6 +27,8 @@ from rloo.errors import NonFiniteError
 from rloo.forward import completion_logprobs_and_entropy
 from rloo.lora import ADAPTER_MARK, has_adapters
 from rloo.objectives import (
+    IS_CORRECTIONS,
+    KL_ESTIMATORS,
     apply_missing_eos_penalty,
     importance_weights,
     logprob_mismatch,
@@ -35,37 +37,43 @@ from rloo.objectives import (
 )
 from rloo.rollout import PhaseTimer, Rollout, clock, collect_rollout
 from rloo.sampling import SamplingConfig
+from rloo.schema import APPLIED, FIXED, derived, key
 from rloo.scoring import Reward
 from rloo.sharding import shard_model
 
 log = logging.getLogger("rloo")
 
+LR_SCHEDULES = ("linear", "constant", "cosine")
+LR_SCHEDULE_PER = ("optimizer_step", "rollout")
+OLD_LOGPROBS = ("recompute", "generation")
+
 
 @dataclass(frozen=True)
 class OnlineRLConfig:
-    """The keys of conf/train.yaml every algorithm reads (documented there, with their defaults; typed and ranged
-    in rloo.schema.CommonKeys); built from a checked config by rloo.config.algorithm_config."""
+    """The keys of conf/train.yaml every algorithm reads (documented there, with their defaults), each with its type,
+    range and resume policy (rloo.schema.key): the schema of these keys and the typed settings the module reads, in
+    one declaration. Built from a checked config by rloo.config.algorithm_config; `derived` fields are made there."""
 
-    k: int
-    missing_eos_penalty: float | None
-    missing_eos_score: float | None
-    num_ppo_epochs: int
-    num_mini_batches: int
-    sampling: SamplingConfig
-    rollout_batch_size: int
-    micro_batch_size: int
-    generation_batch_size: int
-    lr: float
-    weight_decay: float
-    adam_eps: float
-    warmup_ratio: float
-    lr_schedule: str
-    lr_schedule_per: str  # optimizer_step | rollout
-    max_grad_norm: float | None
-    log_every: int
-    max_bad_steps: int
-    shared_prefix: bool
-    total_rollouts: int  # from total_episodes, rollout_batch_size and the devices
+    k: int = key(FIXED, low=1)
+    missing_eos_penalty: float | None = key(FIXED, low=0)
+    missing_eos_score: float | None = key(FIXED)
+    num_ppo_epochs: int = key(FIXED, low=1)
+    num_mini_batches: int = key(FIXED, low=1)
+    rollout_batch_size: int = key(FIXED, low=1)
+    micro_batch_size: int = key(FIXED, low=1)
+    generation_batch_size: int = key(APPLIED, low=1)
+    lr: float = key(APPLIED, low=0, low_open=True)
+    weight_decay: float = key(APPLIED, low=0)
+    adam_eps: float = key(APPLIED, low=0, low_open=True)
+    warmup_ratio: float = key(APPLIED, low=0, high=1)
+    lr_schedule: str = key(APPLIED, choices=LR_SCHEDULES)
+    lr_schedule_per: str = key(FIXED, choices=LR_SCHEDULE_PER)  # optimizer_step | rollout
+    max_grad_norm: float | None = key(APPLIED, low=0, low_open=True)
+    log_every: int = key(APPLIED, low=1)
+    max_bad_steps: int = key(APPLIED, low=1)
+    shared_prefix: bool = key(APPLIED)
+    sampling: SamplingConfig = derived()  # from conf/sampling.yaml's keys (rloo.config.rollout_sampling)
+    total_rollouts: int = derived()  # from total_episodes, rollout_batch_size and the devices
 
     @property
     def updates_per_rollout(self) -> int:
@@ -80,16 +88,16 @@ class OnlineRLConfig:
 class PolicyGradientConfig(OnlineRLConfig):
     """Plus conf/algo/shared/policy_gradient.yaml: the algorithms that sample from the policy (RLOO's family, PPO)."""
 
-    kl_coef: float
-    kl_estimator: str
-    normalize_advantages: bool
-    clip_range: float
-    old_logprobs: str
-    is_correction: str
-    is_cap: float
-    is_low: float
-    is_high: float
-    log_histograms: bool
+    kl_coef: float = key(APPLIED, low=0)
+    kl_estimator: str = key(FIXED, choices=KL_ESTIMATORS)
+    normalize_advantages: bool = key(FIXED)
+    clip_range: float = key(APPLIED, low=0, low_open=True)
+    old_logprobs: str = key(FIXED, choices=OLD_LOGPROBS)
+    is_correction: str = key(FIXED, choices=IS_CORRECTIONS)
+    is_cap: float = key(FIXED, low=0, low_open=True)
+    is_low: float = key(FIXED, low=0, high=1, low_open=True)
+    is_high: float = key(FIXED, low=1)
+    log_histograms: bool = key(APPLIED)
 
 
 class OnlineRLModule(LightningModule):

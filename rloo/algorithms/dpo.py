@@ -24,13 +24,14 @@ from rloo.algorithms.base import OnlineRLConfig, OnlineRLModule
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
 from rloo.objectives import dpo_loss, masked_sum, preference_pairs
 from rloo.rollout import PhaseTimer, Rollout, clock
+from rloo.schema import FIXED, key
 
 
 @dataclass(frozen=True)
 class DPOConfig(OnlineRLConfig):
     """The shared keys plus conf/algo/dpo.yaml's."""
 
-    dpo_beta: float
+    dpo_beta: float = key(FIXED, low=0, low_open=True)
 
 
 @dataclass

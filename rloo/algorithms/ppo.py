@@ -34,16 +34,18 @@ from rloo.objectives import (
     token_ppo_clip_loss,
 )
 from rloo.rollout import PhaseTimer, Rollout, chunked, clock
+from rloo.schema import APPLIED, FIXED, key
 
 
 @dataclass(frozen=True)
 class PPOConfig(PolicyGradientConfig):
     """The PPO keys of conf/algo/ppo.yaml on top of the shared ones (documented there)."""
 
-    vf_coef: float
-    value_clip_range: float
-    gamma: float
-    lam: float
+    vf_coef: float = key(APPLIED, low=0)
+    value_clip_range: float = key(APPLIED, low=0, low_open=True)
+    gamma: float = key(FIXED, low=0, high=1)
+    lam: float = key(FIXED, low=0, high=1)
+    value_model: str | None = key(FIXED)  # loaded by rloo.assemble; null: started from the reward model
 
 
 @dataclass

@@ -21,11 +21,14 @@ from torch import Tensor
 
 from rloo.algorithms.rloo import RLOOConfig, RLOOModule, unscored_sit_out
 from rloo.objectives import best_of_k_advantages
+from rloo.schema import FIXED, key
+
+RAFT_RANKINGS = ("reward", "score")  # R (KL-penalised) | the score alone
 
 
 @dataclass(frozen=True)
 class RAFTConfig(RLOOConfig):
-    raft_rank_by: str  # reward (R, KL-penalised) | score
+    raft_rank_by: str = key(FIXED, choices=RAFT_RANKINGS)
 
 
 class RAFTModule(RLOOModule):

@@ -20,6 +20,7 @@ from torch import Tensor
 from rloo.algorithms.rloo import RLOOConfig, RLOOModule, RLOOTargets, unscored_sit_out
 from rloo.objectives import moving_average_advantages, updated_moving_average
 from rloo.rollout import PhaseTimer, Rollout
+from rloo.schema import FIXED, key
 
 
 class VanillaPGModule(RLOOModule):
@@ -33,7 +34,7 @@ class VanillaPGModule(RLOOModule):
 class ReinforceConfig(RLOOConfig):
     """RLOO's keys plus conf/algo/reinforce.yaml's."""
 
-    baseline_decay: float
+    baseline_decay: float = key(FIXED, low=0, high=1)
 
 
 class ReinforceModule(RLOOModule):

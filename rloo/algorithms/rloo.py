@@ -32,14 +32,19 @@ from rloo.objectives import (
     token_clip_fraction,
 )
 from rloo.rollout import PhaseTimer, Rollout, clock
+from rloo.schema import FIXED, key
+
+LOSSES = ("ppo_clip", "reinforce")
+SEQUENCE_RATIOS = ("sum", "mean")
 
 
 @dataclass(frozen=True)
 class RLOOConfig(PolicyGradientConfig):
-    """The RLOO keys of conf/train.yaml on top of the shared ones (documented there)."""
+    """The RLOO keys of conf/algo/rloo.yaml on top of the shared ones (documented there); also raft's and
+    vanilla_pg's, which change only the advantage."""
 
-    loss: str
-    sequence_ratio: str
+    loss: str = key(FIXED, choices=LOSSES)
+    sequence_ratio: str = key(FIXED, choices=SEQUENCE_RATIOS)
 
 
 @dataclass

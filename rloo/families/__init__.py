@@ -49,14 +49,21 @@ def architecture_from_config(values: dict) -> Architecture | None:
     return family.architecture(values) if family is not None else None
 
 
+def no_family(model) -> str | None:
+    """Why `model` has no family here (its model_type is none of theirs), or None."""
+    if family_of(model) is not None:
+        return None
+    model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+    return f"model_type {model_type} is none of the families in rloo/families/ ({known_model_types()})"
+
+
 def why_not(model, sequence_length: int | None) -> str | None:
     """None where the fast paths' per-family code (the lean decode's layers, the prompt-once forward) is written and
     tested for `model`'s body, over padded rows of `sequence_length` tokens (prompt + completion); else why not.
     A sliding window is served only where it covers every row, so that full attention computes what it does."""
+    if reason := no_family(model):
+        return reason
     family = family_of(model)
-    if family is None:
-        model_type = getattr(model.config, "model_type", type(model).__name__)
-        return f"model_type {model_type} is none of the families in rloo/families/ ({known_model_types()})"
     window = family.attention_window(model.config)
     if window is not None and (sequence_length is None or sequence_length > window):
         length = "rows of unknown length" if sequence_length is None else f"{sequence_length}-token rows"
