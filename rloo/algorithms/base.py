@@ -22,7 +22,7 @@ from torch import Tensor
 from rloo.algorithms.metrics import common_metrics, log_metrics
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.algorithms.run_state import RunState
-from rloo.algorithms.schedule import StrategyAdapter, mini_batch_indices
+from rloo.algorithms.schedule import MicroBatch, StrategyAdapter, micro_batches, mini_batch_indices
 from rloo.errors import NonFiniteError
 from rloo.forward import completion_logprobs_and_entropy
 from rloo.lora import ADAPTER_MARK, has_adapters
@@ -204,6 +204,12 @@ class OnlineRLModule(LightningModule):
             n, cfg.k, cfg.micro_batch_size, cfg.num_mini_batches, whole_groups, shuffle, self.device
         )
 
+    def update_micro_batches(self, n: int, shuffle: bool, epochs: int | None = None) -> Iterator[MicroBatch]:
+        """The update over n rollout rows: `epochs` (num_ppo_epochs) passes of `mini_batches`, the optimiser
+        stepped after each mini-batch (rloo.algorithms.schedule.micro_batches)."""
+        epochs = self.config.num_ppo_epochs if epochs is None else epochs
+        return micro_batches((self.mini_batches(n, shuffle) for _ in range(epochs)), self.step_optimizer)
+
     def correction_weights(
         self, part: Rollout, rollout_policy_logprobs: Tensor
     ) -> tuple[Tensor | None, Tensor | None, dict]:
@@ -224,11 +230,12 @@ class OnlineRLModule(LightningModule):
             return None, sequence_w, {"is_weight": sequence_w.mean()}
         return None, None, {}
 
-    def accumulate_gradients(self, loss: Tensor, rows: int, last_of_mini_batch: bool) -> None:
+    def accumulate_gradients(self, loss: Tensor, micro: MicroBatch) -> None:
         """Accumulate the gradient of a micro-batch's mean loss as its share of the mini-batch mean; gradients are
         reduced across ranks after the last micro-batch of a mini-batch only."""
-        self.strategy.before_backward(last_of_mini_batch)
-        with self.optimizers().toggle_model(sync_grad=last_of_mini_batch):  # DDP's switch
+        self.strategy.before_backward(micro.last_of_mini_batch)
+        with self.optimizers().toggle_model(sync_grad=micro.last_of_mini_batch):  # DDP's switch
+            rows = len(micro.index)
             self.manual_backward(loss * rows / (self.config.rollout_batch_size // self.config.num_mini_batches))
 
     def penalised_scores(self, rollout: Rollout) -> Tensor:

@@ -66,25 +66,17 @@ class DPOModule(OnlineRLModule):
 
         # 2-3. the DPO loss of each micro-batch's pairs (rows stay prompt-major: a micro-batch holds whole groups)
         stats = StepStats()
-        for epoch in range(cfg.num_ppo_epochs):
-            for micro_batches in self.mini_batches(len(rollout), shuffle=False):
-                for i, index in enumerate(micro_batches):
-                    part = rollout.select(index)
-                    logprobs, _ = self.policy_forward(part, with_entropy=False)  # [n, T]
-                    sequence = masked_sum(logprobs, part.completion_mask, dim=1)  # log pi(y) [n]
-                    reference = masked_sum(part.ref_logprobs, part.completion_mask, dim=1)  # log pi_ref(y) [n]
-                    chosen, rejected, decided = preference_pairs(scores[index], cfg.k)  # within the part
-                    loss, loss_stats = dpo_loss(
-                        sequence[chosen],
-                        sequence[rejected],
-                        reference[chosen],
-                        reference[rejected],
-                        cfg.dpo_beta,
-                        weights=decided,
-                    )
-                    self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
-                    stats.add({"loss": loss, **loss_stats}, len(index))
-                self.step_optimizer()
+        for micro in self.update_micro_batches(len(rollout), shuffle=False):  # 3. a step after each mini-batch
+            index, part = micro.index, rollout.select(micro.index)
+            logprobs, _ = self.policy_forward(part, with_entropy=False)  # [n, T]
+            sequence = masked_sum(logprobs, part.completion_mask, dim=1)  # log pi(y) [n]
+            reference = masked_sum(part.ref_logprobs, part.completion_mask, dim=1)  # log pi_ref(y) [n]
+            chosen, rejected, decided = preference_pairs(scores[index], cfg.k)  # within the part
+            loss, loss_stats = dpo_loss(
+                sequence[chosen], sequence[rejected], reference[chosen], reference[rejected], cfg.dpo_beta, decided
+            )
+            self.accumulate_gradients(loss, micro)
+            stats.add({"loss": loss, **loss_stats}, len(index))
 
         self.finish_step(rollout, targets, timer, started, rollout_done)
         self.log_step(rollout, scores, targets, stats.means())

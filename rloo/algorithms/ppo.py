@@ -112,16 +112,13 @@ class PPOModule(OnlineRLModule):
 
         # 4-5. token-level clipped policy loss + clipped value loss, num_ppo_epochs passes on shuffled rows
         stats = StepStats()
-        for epoch in range(cfg.num_ppo_epochs):
-            for micro_batches in self.mini_batches(n, shuffle=True):
-                for i, index in enumerate(micro_batches):
-                    part = rollout.select(index)
-                    loss, part_stats = self.micro_batch_loss(
-                        part, targets, index, old_logprobs[index], rollout_policy_logprobs[index]
-                    )
-                    self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
-                    stats.add(part_stats, len(index))
-                self.step_optimizer()
+        for micro in self.update_micro_batches(n, shuffle=True):  # an optimiser step after each mini-batch
+            index = micro.index
+            loss, part_stats = self.micro_batch_loss(
+                rollout.select(index), targets, index, old_logprobs[index], rollout_policy_logprobs[index]
+            )
+            self.accumulate_gradients(loss, micro)
+            stats.add(part_stats, len(index))
 
         self.finish_step(rollout, targets, timer, started, rollout_done)
         # measured at the policy that sampled, whatever the epochs and mini-batches did after

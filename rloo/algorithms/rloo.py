@@ -118,18 +118,16 @@ class RLOOModule(OnlineRLModule):
         rollout_policy_logprobs = torch.zeros_like(rollout.ref_logprobs, dtype=torch.float32)  # [N, T]
         entropy = torch.zeros_like(rollout_policy_logprobs)  # [N, T]
         targets, stats = RLOOTargets.zeros(n, self.device), StepStats()
-        micro_batches = next(self.mini_batches(n, shuffle=False))  # one epoch of one mini-batch
-        for i, index in enumerate(micro_batches):
-            part = rollout.select(index)
+        for micro in self.update_micro_batches(n, shuffle=False, epochs=1):  # one mini-batch; 5. step after it
+            index, part = micro.index, rollout.select(micro.index)
             logprobs, part_entropy = self.policy_forward(part)  # [n, T]
             rollout_policy_logprobs[index], entropy[index] = logprobs.detach().float(), part_entropy.float()
             targets.assign(index, self.rewards_and_advantages(part, logprobs.detach()))  # 2-3. R, A
             loss, loss_stats = self.policy_loss(
                 part, targets.advantages[index], logprobs, logprobs.detach(), rollout_policy_logprobs[index]
             )  # 4. loss
-            self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
+            self.accumulate_gradients(loss, micro)
             stats.add({"loss": loss, **loss_stats}, len(index))
-        self.step_optimizer()  # 5. step
         return targets, rollout_policy_logprobs, entropy, stats
 
     def update_on_reused_rollout(
@@ -138,17 +136,14 @@ class RLOOModule(OnlineRLModule):
         """num_ppo_epochs passes over the rollout, num_mini_batches optimiser steps each, whole groups shuffled; the
         rewards and advantages were fixed before the first step."""
         stats = StepStats()
-        for epoch in range(self.config.num_ppo_epochs):
-            for micro_batches in self.mini_batches(len(rollout), shuffle=True):
-                for i, index in enumerate(micro_batches):
-                    part = rollout.select(index)
-                    logprobs, _ = self.policy_forward(part, with_entropy=False)  # [n, T]
-                    loss, loss_stats = self.policy_loss(
-                        part, targets.advantages[index], logprobs, old_logprobs[index], rollout_policy_logprobs[index]
-                    )  # 4. loss
-                    self.accumulate_gradients(loss, len(index), last_of_mini_batch=i == len(micro_batches) - 1)
-                    stats.add({"loss": loss, **loss_stats}, len(index))
-                self.step_optimizer()  # 5. step
+        for micro in self.update_micro_batches(len(rollout), shuffle=True):  # 5. a step after each mini-batch
+            index, part = micro.index, rollout.select(micro.index)
+            logprobs, _ = self.policy_forward(part, with_entropy=False)  # [n, T]
+            loss, loss_stats = self.policy_loss(
+                part, targets.advantages[index], logprobs, old_logprobs[index], rollout_policy_logprobs[index]
+            )  # 4. loss
+            self.accumulate_gradients(loss, micro)
+            stats.add({"loss": loss, **loss_stats}, len(index))
         return stats
 
     # ---- the RLOO math, on tensors from rloo/objectives.py ------------------------------------------------

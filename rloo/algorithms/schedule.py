@@ -1,9 +1,15 @@
-"""The update schedule every algorithm shares: a rollout's rows into num_mini_batches mini-batches of micro-batches,
-and what differs by strategy when gradients accumulate and the optimiser steps (`StrategyAdapter`)."""
+"""The update schedule every algorithm shares: num_ppo_epochs passes over a rollout's rows, each num_mini_batches
+mini-batches of micro-batches, an optimiser step after each mini-batch (`micro_batches`), and what differs by
+strategy when gradients accumulate and the optimiser steps (`StrategyAdapter`). An algorithm's update reads:
+
+    for micro in self.update_micro_batches(len(rollout), shuffle=True):
+        loss, stats = <the algorithm's loss on rollout.select(micro.index)>
+        self.accumulate_gradients(loss, micro)
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import torch
 from torch import Tensor
@@ -22,6 +28,22 @@ def mini_batch_indices(
         order = torch.randperm(n, device=device) if shuffle else torch.arange(n, device=device)
     for mini in order.split(n // num_mini_batches):
         yield list(mini.split(micro_batch_size))
+
+
+class MicroBatch(NamedTuple):
+    index: Tensor  # the rollout rows it holds
+    last_of_mini_batch: bool  # gradients are reduced across ranks after it, and the optimiser steps
+
+
+def micro_batches(passes: Iterable[Iterator[list[Tensor]]], step: Callable[[], None]) -> Iterator[MicroBatch]:
+    """Every micro-batch of an update in order, each with its place in its mini-batch; `step` (the optimiser step)
+    runs once the caller has finished with a mini-batch's last micro-batch. `passes`: one `mini_batch_indices` pass
+    per epoch."""
+    for mini_batches in passes:
+        for mini_batch in mini_batches:
+            for position, index in enumerate(mini_batch):
+                yield MicroBatch(index, position == len(mini_batch) - 1)
+            step()
 
 
 class StrategyAdapter:
