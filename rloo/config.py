@@ -221,6 +221,15 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             raise ConfigError(f"data.{split}.path={path!r} does not exist: give an existing file or dir, or a hub id")
 
 
+def validate_run(cfg: DictConfig, world_size: int) -> None:
+    """The one validation entry of `rloo.train`, before anything heavy is imported, written or loaded: every key
+    (validate_train_config), the strategy's package, and the model sources (config.json or the hub cache, read
+    only)."""
+    validate_train_config(cfg, world_size=world_size)
+    check_strategy_installed(cfg)
+    check_model_sources(cfg)
+
+
 def validate_reward(cfg: DictConfig, value_model: bool) -> None:
     """`reward=` parses and its functions import (nothing loads a model); reward_errors is known; an algorithm with a
     value model (PPO) cannot mask completions."""

@@ -7,10 +7,13 @@ checkpoint carries so that a resumed run draws exactly what the uninterrupted on
 
 A checkpoint is whole when it loads and was taken between rollouts (its optimiser steps are its rollouts times
 the updates per rollout); a Ctrl-C inside a rollout's updates leaves one that is not, and it is skipped.
+A requeued run that had finished is left as it is (`finished_summary`); one killed after its last rollout exports
+and evaluates on resume (`finish_ended_training`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -150,3 +153,77 @@ def restore_rng_states(states: dict) -> None:
     torch.set_rng_state(states["torch"])
     if states["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+# ---- what rloo.train asks before and after it resumes -----------------------------------------------------------
+def finished_summary(out: Path, rollouts: int, final_evaluation: bool) -> dict | None:
+    """summary.json of a run in `out` that is done: finished, all `rollouts` trained, policy/ exported and the final
+    evaluation recorded (where one is asked for). None otherwise, also where the file does not parse."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    done = (
+        summary.get("status") == "finished"
+        and summary.get("rollouts", -1) >= rollouts
+        and (out / "policy" / "config.json").is_file()
+        and (summary.get("final") is not None or not final_evaluation)
+    )
+    return summary if done else None
+
+
+def finish_ended_training(out: Path, trainer, module, export, eval_callback, log) -> None:
+    """What a run killed after its last rollout had not done yet: the policy export, the final evaluation."""
+    if not (out / "policy").is_dir():
+        log(f"resume: training had ended after {module.state.rollouts} rollouts; exporting the policy now")
+        export.on_train_end(trainer, module)
+    if eval_callback.after and eval_callback.final is None:
+        log("resume: training had ended without its final evaluation; running it now")
+        eval_callback.on_train_end(trainer, module)
+
+
+def continued_wandb_run(logger_cfg, out: Path) -> dict:
+    """A resumed run logs into the same W&B run (its id, from the run dir's wandb/ folder), not a new one."""
+    if not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
+        return {}
+    runs = sorted((out / "wandb").glob("*run-*-*"), key=lambda p: p.stat().st_mtime)
+    return {"id": runs[-1].name.rsplit("-", 1)[1], "resume": "allow"} if runs else {}
+
+
+def prepare_resume(cfg, out: Path, updates: int, log):
+    """The checkpoint `resume=` continues from and the rollouts it had done, or (None, 0) for a fresh start."""
+    if cfg.resume is None:
+        return None, 0
+    compare_with_resumed_run(cfg, out, log)
+    from rloo.atomic import remove_stale_temps
+
+    for directory in (out, out / "checkpoints"):  # what a kill mid-write left
+        if directory.is_dir():
+            remove_stale_temps(directory, log)
+    point = find_resume_point(cfg.resume, out, updates, log)
+    if point is None:
+        return None, 0
+    rollouts = inspect_checkpoint(point.checkpoint, updates)[0]
+    log(f"resume: from {point.checkpoint} after {rollouts} rollouts; writing to {out}")
+    return point, rollouts
+
+
+def compare_with_resumed_run(cfg, out: Path, log) -> None:
+    """Refuse a resume whose settings cannot continue the run (one line, before any checkpoint is read); say which
+    changed settings take effect."""
+    previous_config = Path(run_dir_of(cfg.resume) or out) / "config.yaml"
+    if not previous_config.exists():
+        if cfg.resume != "auto":
+            log(f"resume: {previous_config} not found; the checkpoint's settings are not compared")
+        return
+    from omegaconf import OmegaConf
+
+    previous = OmegaConf.to_container(OmegaConf.load(previous_config))
+    refused, applied = compare_configs(previous, OmegaConf.to_container(cfg, resolve=True))
+    if refused:
+        raise ConfigError(
+            f"resume={cfg.resume} cannot continue with {'; '.join(refused)} (from {previous_config}): "
+            "these keys are fixed for a run; start a new run to change them"
+        )
+    for change in applied:
+        log(f"resume: {change} (applied from the resumed rollout on)")

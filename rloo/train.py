@@ -12,7 +12,9 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -20,7 +22,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rloo.cli import exit_on_config_error, fail, run_entry_point  # noqa: E402
-from rloo.config import ConfigError, validate_train_config  # noqa: E402
+from rloo.config import ConfigError  # noqa: E402
 from rloo.errors import SIGTERM_EXIT_CODE, JudgeFailed, NonFiniteError, RewardFunctionError, RunIncomplete, WriteError  # noqa: E402
 
 
@@ -42,59 +44,71 @@ def measured_peak(baseline_rss_mb: float) -> dict:
 
 
 def run(cfg: DictConfig) -> dict:
-    """One training run inside the Hydra run dir; returns the summary written to summary.json."""
-    from rloo.assemble import (
-        build_module,
-        check_lora_targets,
-        fast_paths,
-        lightning_strategy,
-        policy_and_reference,
-        precision_arguments,
-        quiet_lightning_logs,
-        resolve_sources,
-        reward_from_config,
-        world_size,
-    )
-    from rloo.config import (
-        check_model_sources,
-        check_strategy_installed,
-        episodes_note,
-        eval_sampling,
-        num_rollouts,
-        updates_per_rollout,
-    )
+    """One training run inside the Hydra run dir, in three phases: `prepare` (validation, the run dir, resume),
+    `build` (loggers, callbacks, the Trainer, data, models, the algorithm's module) and `fit` (training inside the
+    failure handling, then summary.json). Returns the summary written to summary.json."""
+    plan = prepare(cfg)
+    if isinstance(plan, dict):  # a requeued run that had finished: its summary, the run dir unchanged
+        return plan
+    record = RunRecord(plan)
+    return fit(plan, build(plan, record), record)
+
+
+@dataclass
+class RunPlan:
+    """What `prepare` settled before any model or data loads."""
+
+    cfg: DictConfig
+    out: Path
+    log: Callable[[str], None]  # to the console and to the run's train.log
+    processes: int
+    rollouts: int
+    updates: int  # optimiser steps per rollout
+    trainer_args: dict
+    resume_point: object  # rloo.resume.ResumePoint, or None for a fresh start
+    resumed_rollouts: int
+    started: float  # wall clock after the imports, as wall_seconds always counted
+
+
+@dataclass
+class RunPieces:
+    """What `build` made from the plan."""
+
+    trainer: object
+    module: object
+    datamodule: object
+    export: object  # rloo.callbacks.ExportPolicy
+    evaluation: object  # rloo.callbacks.HeldOutEval
+    paths: dict  # the fast paths that run, each with why
+    memory: dict  # the planned peak and the RSS before any model loaded
+    bootstrap_report: dict | None
+
+
+def prepare(cfg: DictConfig) -> RunPlan | dict:
+    """Validation (once, before anything heavy is imported, written or loaded), the run dir and its config.yaml,
+    and the resume point; the summary of a requeued run that had finished instead."""
+    from rloo.assemble import lightning_strategy, quiet_lightning_logs, world_size
+    from rloo.config import episodes_note, num_rollouts, updates_per_rollout, validate_run
 
     trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
     processes = world_size(trainer_args)
-    validate_train_config(cfg, world_size=processes)  # once, before anything heavy is imported, written or loaded
-    check_strategy_installed(cfg)  # DeepSpeed strategies need deepspeed on this machine
-    check_model_sources(cfg)  # the model dirs (config.json) or the hub cache, read only
+    validate_run(cfg, processes)
     # a batch of the train loop is one rollout; Lightning counts every optimiser step of it (global_step)
     rollouts, updates = num_rollouts(cfg, processes), updates_per_rollout(cfg)
     trainer_args["strategy"] = lightning_strategy(cfg, trainer_args, processes)
 
-    import lightning as L
+    import lightning  # noqa: F401 (imported before the clock starts, as wall_seconds always counted)
     import torch
-    from hydra.utils import instantiate
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from rloo import atomic
-    from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, RanksAgree, SampleTable
-    from rloo.config import check_context
-    from rloo.data import PromptDataModule, SplitSpec
-    from rloo.judges import build_judge
     from rloo.loggers import drop_rows_after
-    from rloo.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
-    from rloo.memory_plan import planned_peak
-    from rloo.models import load_policy, load_reward_model, load_tokenizer, load_value_model
-    from rloo.scoring import check_columns
-    from rloo.user_code import Interrupted as UserCodeInterrupted
+    from rloo.memory import reset_peak_rss
+    from rloo.resume import finished_summary, prepare_resume
 
-    started = time.time()  # after the imports, as wall_seconds always counted
+    started = time.time()
     reset_peak_rss()  # peak_rss_mb is this run's, also where a sweep's runs share one process
-
     quiet_lightning_logs()
-    log = logging.getLogger("rloo").info  # to the console and to the run's train.log
+    log = logging.getLogger("rloo").info
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if note := episodes_note(cfg, processes):
@@ -115,13 +129,65 @@ def run(cfg: DictConfig) -> dict:
     if resume_point:  # the rows a resumed run logs again move aside: metrics.csv stays one timeline
         for metrics_csv in out.glob("csv/metrics.csv"):
             drop_rows_after(str(metrics_csv), resumed_rollouts)
+    return RunPlan(cfg, out, log, processes, rollouts, updates, trainer_args, resume_point, resumed_rollouts, started)
+
+
+def build(plan: RunPlan, record: "RunRecord") -> RunPieces:
+    """The Trainer with its loggers and callbacks, then the data (its errors before any model loads), then the
+    models and the algorithm's module; says which fast paths run."""
+    trainer, export, evaluation = build_trainer(plan, record)
+    cfg, log = plan.cfg, plan.log
+    from rloo.assemble import build_module, fast_paths, resolve_sources
+
+    model_src, data_src, bootstrap_report = resolve_sources(cfg, log)
+    import lightning as L
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)  # after the bootstrap: cold and warm runs match
+    tokenizer, datamodule, reward = build_data(plan, trainer, evaluation, model_src, data_src)
+    memory, (policy, reference, reward_model) = build_models(cfg, model_src, tokenizer)
+    from rloo.models import load_value_model
+
+    module = build_module(
+        cfg,
+        policy,
+        reference,
+        reward_model,
+        tokenizer,
+        plan.rollouts,
+        value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer),
+        reward=reward,
+    )
+    paths = fast_paths(cfg, policy, reward_model)  # which sampler and forwards run, and why: never silent
+    for name, (chosen, why) in paths.items():
+        log(f"rloo: {name}: {chosen} ({why})")
+    for logger in trainer.loggers:
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    pieces = RunPieces(trainer, module, datamodule, export, evaluation, paths, memory, bootstrap_report)
+    record.pieces = pieces
+    return pieces
+
+
+def build_trainer(plan: RunPlan, record: "RunRecord"):
+    """The Trainer, its loggers (a resumed run continues its W&B run) and callbacks; the export and evaluation
+    callbacks, which the summary reads."""
+    import lightning as L
+    from hydra.utils import instantiate
+
+    from rloo import atomic
+    from rloo.assemble import precision_arguments
+    from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, RanksAgree, SampleTable
+    from rloo.config import eval_sampling
+    from rloo.resume import continued_wandb_run
+
+    cfg, out = plan.cfg, plan.out
+    resumed = plan.resume_point is not None
     loggers = (
-        [instantiate(c, **continued_wandb_run(c, out) if resume_point else {}) for c in cfg.logger.values()]
+        [instantiate(c, **continued_wandb_run(c, out) if resumed else {}) for c in cfg.logger.values()]
         if cfg.logger
         else False
     )
-    export = ExportPolicy(out / "policy", exported=lambda: write_summary("evaluating"))
-    eval_callback = HeldOutEval(
+    export = ExportPolicy(out / "policy", exported=lambda: record.write("evaluating"))
+    evaluation = HeldOutEval(
         [],
         eval_sampling(cfg),
         cfg.eval.batch_size,
@@ -130,14 +196,14 @@ def run(cfg: DictConfig) -> dict:
         after=cfg.eval.after,
         every=cfg.eval_every,
         samples_path=out / "eval_samples.jsonl",
-        log=log,
+        log=plan.log,
         judge_timeout_s=cfg.eval.judge_timeout_s,
     )
-    # in list order at each hook. on_train_end: the policy exported, the summary so far (write_summary below), then
+    # in list order at each hook. on_train_end: the policy exported, the summary so far (RunRecord.write), then
     # the final evaluation. After each rollout: evaluation and samples, then the checkpoint that includes them.
     callbacks = [
         export,
-        eval_callback,
+        evaluation,
         SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
         MismatchHistograms(cfg.log_every),
         RanksAgree(),
@@ -146,26 +212,38 @@ def run(cfg: DictConfig) -> dict:
     precision = precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator)
     plugins = precision.pop("plugins", []) + [atomic.checkpoint_io()]
     trainer = L.Trainer(
-        **trainer_args,
+        **plan.trainer_args,
         **precision,
         plugins=plugins,
         logger=loggers,
         default_root_dir=out,
         callbacks=callbacks,
         max_epochs=1,
-        max_steps=rollouts * updates,
+        max_steps=plan.rollouts * plan.updates,
         log_every_n_steps=cfg.log_every,
         use_distributed_sampler=False,  # PromptDataModule splits
         num_sanity_val_steps=0,
     )
-    if trainer.world_size != processes:
+    if trainer.world_size != plan.processes:
         raise ConfigError(
             f"trainer.devices={cfg.trainer.devices!r} runs {trainer.world_size} processes, not the "
-            f"{processes} it was read as: give the device count as an integer"
+            f"{plan.processes} it was read as: give the device count as an integer"
         )
+    return trainer, export, evaluation
 
-    model_src, data_src, bootstrap_report = resolve_sources(cfg, log)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)  # after the bootstrap: cold and warm runs match
+
+def build_data(plan: RunPlan, trainer, evaluation, model_src: dict, data_src: dict):
+    """The tokenizer, the prompts (train and held out), the reward beyond the reward model and the judge; every data
+    error (a column a reward function needs, a prompt past the policy's positions) surfaces here, before any model
+    loads."""
+    from rloo.assemble import reward_from_config
+    from rloo.config import check_context
+    from rloo.data import PromptDataModule, SplitSpec
+    from rloo.judges import build_judge
+    from rloo.models import load_tokenizer
+    from rloo.scoring import check_columns
+
+    cfg = plan.cfg
     tokenizer = load_tokenizer(model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"])
     datamodule = PromptDataModule(
         tokenizer,
@@ -174,22 +252,32 @@ def run(cfg: DictConfig) -> dict:
         cfg.data.max_prompt_length,
         cfg.data.truncate_prompts,
         cfg.rollout_batch_size // cfg.k,
-        rollouts,
+        plan.rollouts,
         seed=cfg.seed,
         shuffle=cfg.data.shuffle,
         num_workers=cfg.data.num_workers,
-        log=log,
+        log=plan.log,
     )
-    datamodule.first_rollout = resumed_rollouts
-    datamodule.setup("fit")  # data errors surface before any model loads
+    datamodule.first_rollout = plan.resumed_rollouts
+    datamodule.setup("fit")
     reward = reward_from_config(cfg)  # reward= beyond the reward model alone, built once
     if reward is not None:  # the columns reward functions ask for are in the data; a guarded call stops on SIGTERM
         reward.should_stop = lambda: trainer.received_sigterm
         check_columns(reward, list(datamodule.train_rows[0]["columns"]), f"data.train ({data_src['train']['path']})")
-    eval_callback.rows = datamodule.eval_rows(cfg.eval.num_prompts)
-    longest = max(len(row["prompt_ids"]) for row in datamodule.train_rows + eval_callback.rows)
+    evaluation.rows = datamodule.eval_rows(cfg.eval.num_prompts)
+    longest = max(len(row["prompt_ids"]) for row in datamodule.train_rows + evaluation.rows)
     check_context(cfg, model_src["policy"], longest, f"data.train/validation ({data_src['train']['path']})")
-    eval_callback.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
+    evaluation.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
+    return tokenizer, datamodule, reward
+
+
+def build_models(cfg: DictConfig, model_src: dict, tokenizer):
+    """The memory plan (before any weight loads), then the policy, its reference and the reward model (None where
+    reward functions alone score)."""
+    from rloo.assemble import check_lora_targets, policy_and_reference
+    from rloo.memory import current_rss_mb
+    from rloo.memory_plan import planned_peak
+    from rloo.models import load_policy, load_reward_model
 
     check_lora_targets(cfg, model_src["policy"])  # before any weight loads
     memory = {"baseline_rss_mb": round(current_rss_mb(), 1)} | planned_peak(cfg, model_src["policy"])
@@ -198,70 +286,80 @@ def run(cfg: DictConfig) -> dict:
         load_reward_model(model_src["reward_model"], model_src["frozen_dtype"], tokenizer)
         if model_src["reward_model"]
         else None
-    )  # reward= may score with functions alone
-    module = build_module(
-        cfg,
-        policy,
-        reference,
-        reward_model,
-        tokenizer,
-        rollouts,
-        value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer),
-        reward=reward,
     )
-    paths = fast_paths(cfg, policy, reward_model)  # which sampler and forwards run, and why: never silent
-    for name, (chosen, why) in paths.items():
-        log(f"rloo: {name}: {chosen} ({why})")
-    for logger in loggers or []:
-        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    return memory, (policy, reference, reward_model)
 
-    fit_started = time.time()
 
-    def write_summary(status: str) -> dict:
-        """summary.json as it stands: after training (status evaluating), at the end, or on an interruption."""
-        summary = {
+class RunRecord:
+    """summary.json as the run stands: after training (status evaluating), at the end, or on an interruption."""
+
+    def __init__(self, plan: RunPlan):
+        self.plan = plan
+        self.pieces: RunPieces | None = None  # set by `build`
+        self.fit_started = time.time()
+
+    def summary(self, status: str) -> dict:
+        import torch
+
+        from rloo.memory import peak_rss_mb
+
+        plan, pieces = self.plan, self.pieces
+        module, evaluation, out = pieces.module, pieces.evaluation, plan.out
+        return {
             "status": status,  # finished | evaluating (the final evaluation is running) | interrupted | failed
-            "initial": eval_callback.initial,
-            "final": eval_callback.final,
-            "eval_history": eval_callback.history,
-            "judge": None if eval_callback.judge is None else repr(eval_callback.judge),
+            "initial": evaluation.initial,
+            "final": evaluation.final,
+            "eval_history": evaluation.history,
+            "judge": None if evaluation.judge is None else repr(evaluation.judge),
             "rollouts": module.state.rollouts,
-            "optimizer_steps": trainer.global_step,
+            "optimizer_steps": pieces.trainer.global_step,
             "episodes": module.state.episodes,
-            "train_seconds": round(
-                module.state.train_seconds, 2
-            ),  # in training steps only: no evaluation, no checkpoint
-            "algorithm": cfg.algorithm,
-            "wall_seconds": round(time.time() - started, 2),
-            "fit_seconds": round(
-                time.time() - fit_started, 2
-            ),  # trainer.fit: training steps and the evaluations inside it
+            "train_seconds": round(module.state.train_seconds, 2),  # in training steps only: no evaluation
+            "algorithm": plan.cfg.algorithm,
+            "wall_seconds": round(time.time() - plan.started, 2),
+            "fit_seconds": round(time.time() - self.fit_started, 2),  # trainer.fit, with the evaluations inside it
             "peak_rss_mb": round(peak_rss_mb(), 1),  # this process (rank) since the run began
             # rloo.plan's peak for this config against the measured one above what ran before any model loaded
-            "memory": memory | measured_peak(memory["baseline_rss_mb"]),
+            "memory": pieces.memory | measured_peak(pieces.memory["baseline_rss_mb"]),
             "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
             "output_dir": str(out),
             "policy_dir": str(out / "policy") if (out / "policy").exists() else None,
-            "bootstrap": bootstrap_report,
-            "fast_paths": {name: {"ran": chosen, "why": why} for name, (chosen, why) in paths.items()},
+            "bootstrap": pieces.bootstrap_report,
+            "fast_paths": {name: {"ran": chosen, "why": why} for name, (chosen, why) in pieces.paths.items()},
         }
-        if trainer.is_global_zero:
-            atomic.write_text(out / "summary.json", json.dumps(summary, indent=2), "the run summary")
+
+    def write(self, status: str) -> dict:
+        from rloo import atomic
+
+        summary = self.summary(status)
+        if self.pieces.trainer.is_global_zero:
+            atomic.write_text(self.plan.out / "summary.json", json.dumps(summary, indent=2), "the run summary")
         return summary
 
+
+def fit(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
+    """trainer.fit inside the failure handling: whatever stops it (SIGTERM, Ctrl-C, a failure, a full disk) leaves
+    summary.json saying so and exits non-zero; a run is "finished" only with policy/ and its final evaluation."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from rloo.resume import finish_ended_training
+    from rloo.user_code import Interrupted as UserCodeInterrupted
+
+    trainer, module, out, log = pieces.trainer, pieces.module, plan.out, plan.log
+    record.fit_started = time.time()
     try:
         trainer.fit(
             module,
-            datamodule=datamodule,
-            ckpt_path=resume_point.checkpoint if resume_point else None,
+            datamodule=pieces.datamodule,
+            ckpt_path=plan.resume_point.checkpoint if plan.resume_point else None,
             weights_only=True,  # tensors and plain values only: a planted pickle is refused, never run
         )
-        if not export.ran and module.state.rollouts >= rollouts:  # resumed after training had ended: Lightning runs
-            finish_ended_training(out, trainer, module, export, eval_callback, log)  # no end-of-training hooks
+        if not pieces.export.ran and module.state.rollouts >= plan.rollouts:  # resumed after training had ended:
+            finish_ended_training(out, trainer, module, pieces.export, pieces.evaluation, log)  # no end hooks ran
     except BaseException as error:  # SIGTERM, Ctrl-C (Lightning exits 1 for it), any failure: keep what there is
         interrupted = isinstance(error, (SystemExit, KeyboardInterrupt, UserCodeInterrupted))
         try:
-            write_summary("interrupted" if interrupted else "failed")
+            record.write("interrupted" if interrupted else "failed")
         except WriteError as write_error:  # the first failure is the one to raise
             log(f"error: {write_error}")
         if isinstance(error, (SIGTERMException, UserCodeInterrupted)):
@@ -272,55 +370,36 @@ def run(cfg: DictConfig) -> dict:
                 f"checkpoints already there are whole: {checkpoint_names(out) or 'none'}"
             ) from None
         raise
+    return finish(plan, pieces, record)
+
+
+def finish(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
+    """After fit: a SIGTERM during the final evaluation, a judge that failed it, or a missing policy/ or final
+    evaluation end the run as interrupted or failed; else summary.json says finished."""
+    trainer, module, evaluation, out = pieces.trainer, pieces.module, pieces.evaluation, plan.out
     if trainer.received_sigterm:  # it came after training, during the final evaluation
-        write_summary("interrupted")
-        stopped_by_sigterm(out, module, log)
-    if eval_callback.judge_failure and eval_callback.final is not None:  # no win rate to report, nor to rank by
-        write_summary("failed")
+        record.write("interrupted")
+        stopped_by_sigterm(out, module, plan.log)
+    if evaluation.judge_failure and evaluation.final is not None:  # no win rate to report, nor to rank by
+        record.write("failed")
         raise JudgeFailed(
-            f"{eval_callback.judge_failure}; policy/ and checkpoints are saved, summary.json has no win rate"
+            f"{evaluation.judge_failure}; policy/ and checkpoints are saved, summary.json has no win rate"
         )
     missing = [
         what
         for what, absent in (
             ("policy/", not (out / "policy").is_dir()),
-            ("the final evaluation", cfg.eval.after and eval_callback.final is None),
+            ("the final evaluation", plan.cfg.eval.after and evaluation.final is None),
         )
         if absent
     ]
     if missing:  # never "finished" without them
-        write_summary("failed")
+        record.write("failed")
         raise RunIncomplete(f"the run trained {module.state.rollouts} rollouts but has no {' and no '.join(missing)}")
-    summary = write_summary("finished")
+    summary = record.write("finished")
     if trainer.is_global_zero:
-        print_summary(summary, log)
+        print_summary(summary, plan.log)
     return summary
-
-
-def finished_summary(out: Path, rollouts: int, final_evaluation: bool) -> dict | None:
-    """summary.json of a run in `out` that is done: finished, all `rollouts` trained, policy/ exported and the final
-    evaluation recorded (where one is asked for). None otherwise, also where the file does not parse."""
-    try:
-        summary = json.loads((out / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    done = (
-        summary.get("status") == "finished"
-        and summary.get("rollouts", -1) >= rollouts
-        and (out / "policy" / "config.json").is_file()
-        and (summary.get("final") is not None or not final_evaluation)
-    )
-    return summary if done else None
-
-
-def finish_ended_training(out: Path, trainer, module, export, eval_callback, log) -> None:
-    """What a run killed after its last rollout had not done yet: the policy export, the final evaluation."""
-    if not (out / "policy").is_dir():
-        log(f"resume: training had ended after {module.state.rollouts} rollouts; exporting the policy now")
-        export.on_train_end(trainer, module)
-    if eval_callback.after and eval_callback.final is None:
-        log("resume: training had ended without its final evaluation; running it now")
-        eval_callback.on_train_end(trainer, module)
 
 
 def checkpoint_callbacks(cfg: DictConfig, out: Path) -> list:
@@ -335,55 +414,6 @@ def checkpoint_callbacks(cfg: DictConfig, out: Path) -> list:
         RolloutCheckpoints(directory, cfg.checkpoint_every, cfg.checkpoint_minutes, cfg.keep_checkpoints),
         OnExceptionCheckpoint(directory, "interrupted"),
     ]
-
-
-def continued_wandb_run(logger_cfg: DictConfig, out: Path) -> dict:
-    """A resumed run logs into the same W&B run (its id, from the run dir's wandb/ folder), not a new one."""
-    if not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
-        return {}
-    runs = sorted((out / "wandb").glob("*run-*-*"), key=lambda p: p.stat().st_mtime)
-    return {"id": runs[-1].name.rsplit("-", 1)[1], "resume": "allow"} if runs else {}
-
-
-def prepare_resume(cfg: DictConfig, out: Path, updates: int, log):
-    """The checkpoint `resume=` continues from and the rollouts it had done, or (None, 0) for a fresh start."""
-    from rloo.resume import find_resume_point, inspect_checkpoint
-
-    if cfg.resume is None:
-        return None, 0
-    compare_with_resumed_run(cfg, out, log)
-    from rloo.atomic import remove_stale_temps
-
-    for directory in (out, out / "checkpoints"):  # what a kill mid-write left
-        if directory.is_dir():
-            remove_stale_temps(directory, log)
-    point = find_resume_point(cfg.resume, out, updates, log)
-    if point is None:
-        return None, 0
-    rollouts = inspect_checkpoint(point.checkpoint, updates)[0]
-    log(f"resume: from {point.checkpoint} after {rollouts} rollouts; writing to {out}")
-    return point, rollouts
-
-
-def compare_with_resumed_run(cfg: DictConfig, out: Path, log) -> None:
-    """Refuse a resume whose settings cannot continue the run (one line, before any checkpoint is read); say which
-    changed settings take effect."""
-    from rloo.resume import compare_configs, run_dir_of
-
-    previous_config = Path(run_dir_of(cfg.resume) or out) / "config.yaml"
-    if not previous_config.exists():
-        if cfg.resume != "auto":
-            log(f"resume: {previous_config} not found; the checkpoint's settings are not compared")
-        return
-    previous = OmegaConf.to_container(OmegaConf.load(previous_config))
-    refused, applied = compare_configs(previous, OmegaConf.to_container(cfg, resolve=True))
-    if refused:
-        raise ConfigError(
-            f"resume={cfg.resume} cannot continue with {'; '.join(refused)} (from {previous_config}): "
-            "these keys are fixed for a run; start a new run to change them"
-        )
-    for change in applied:
-        log(f"resume: {change} (applied from the resumed rollout on)")
 
 
 def checkpoint_names(out: Path) -> str:
