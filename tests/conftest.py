@@ -73,11 +73,35 @@ def tiny_run_assets(tmp_path_factory, tokenizer):
 
 
 @pytest.fixture(scope="session")
-def finished_run(tmp_path_factory):
-    """One tiny `python -m rloo.train` run (tiny bootstrap into its own cache), shared by the subprocess tests."""
-    from tests.e2e import train
+def embedded_task(tmp_path_factory):
+    """The embedded task at the tests' size (bootstrap=fast: a tiny SFT policy and reward model), built once per test
+    run, in this process, into `<base>/cache`; returns `base`. Every test that needs the task shares it, and
+    `finished_run` trains from it."""
+    from omegaconf import OmegaConf
+
+    from rloo.cli import compose_train_config
+    from rloo.toy.bootstrap import ensure_artifacts
 
     base = tmp_path_factory.mktemp("e2e")
+    bootstrap = OmegaConf.to_container(compose_train_config(["debug=fast"]).bootstrap, resolve=True)
+    ensure_artifacts(bootstrap, base / "cache", log=lambda line: None)
+    return base
+
+
+@pytest.fixture(scope="session")
+def finished_run(embedded_task):
+    """One tiny `python -m rloo.train` run on the shared embedded task, for the subprocess tests (all marked slow)."""
+    from tests.e2e import train
+
+    base = embedded_task
     result = train(base / "run", base / "cache", "num_ppo_epochs=2", "num_mini_batches=2", "eval_every=2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return base, result
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast tier starts no training process: a test outside the `slow` tier may not ask for `finished_run` (a real
+    `python -m rloo.train`); it builds on `embedded_task` instead."""
+    for item in items:
+        if "finished_run" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+            raise pytest.UsageError(f"{item.nodeid} uses finished_run (a training process) but is not marked slow")

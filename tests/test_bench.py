@@ -1,6 +1,7 @@
 """python -m rloo.bench: a smoke run of every configuration (fields, not timings), and the memory accounting."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -266,12 +267,15 @@ def test_the_quality_table_renders_its_rows():
 
 
 @pytest.mark.slow
-def test_the_gpu_check_runs_at_a_reduced_size_on_cpu(tmp_path):
-    """`python -m rloo.bench gpu` as CI runs it: both model families through a real step in bf16, planned beside
-    measured memory, and the embedded task's bf16 mismatch in both settings."""
+def test_the_gpu_check_runs_at_a_reduced_size_on_cpu(tmp_path, embedded_task):
+    """`python -m rloo.bench gpu` at a reduced size on CPU: both model families through a real step in bf16, planned
+    beside measured memory, and the embedded task's bf16 mismatch in both settings (on the shared test-size task)."""
     out = tmp_path / "gpu"
     command = [sys.executable, "-m", "rloo.bench", "gpu", "--steps", "1", "--warmup", "0", "--out", str(out)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    env = {**os.environ, "RLOO_CACHE_DIR": str(embedded_task / "cache")}
+    result = subprocess.run(
+        [*command, "debug=fast"], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S, env=env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((out / "gpu.json").read_text())
     assert [row["model"] for row in report["models"]] == ["small", "llama-small"]

@@ -123,7 +123,7 @@ def test_openai_judge_through_evaluate_on_a_loopback_server(finished_run, server
         assert secret not in text
 
 
-def test_a_reward_model_or_a_nan_policy_is_refused_in_one_line(finished_run, tmp_path, monkeypatch, capsys):
+def test_a_reward_model_or_a_nan_policy_is_refused_in_one_line(embedded_task, tmp_path, monkeypatch, capsys):
     """A reward model's dir would load as a causal LM with a random head and a diverged (nan) policy samples
     garbage: both were scored without a word. The first is refused from config.json, before anything loads."""
     import torch
@@ -131,7 +131,7 @@ def test_a_reward_model_or_a_nan_policy_is_refused_in_one_line(finished_run, tmp
 
     from tests.test_cli import run_module
 
-    base, _ = finished_run
+    base = embedded_task
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setenv("RLOO_CACHE_DIR", str(base / "cache"))
     reward_model = next((base / "cache").glob("toy-*/reward_model"))
@@ -139,7 +139,7 @@ def test_a_reward_model_or_a_nan_policy_is_refused_in_one_line(finished_run, tmp
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "is a GPTNeoXForSequenceClassification, not a causal LM" in err[0]
 
-    policy = AutoModelForCausalLM.from_pretrained(base / "run" / "policy")
+    policy = AutoModelForCausalLM.from_pretrained(next((base / "cache").glob("toy-*/policy")))
     with torch.no_grad():
         policy.gpt_neox.layers[0].mlp.dense_h_to_4h.weight[0, 0] = float("nan")
     policy.save_pretrained(tmp_path / "nan-policy")
@@ -162,11 +162,11 @@ def test_an_evaluation_makes_its_own_run_dir_and_no_other(tmp_path, monkeypatch)
     assert len(made) == 4 and made[:2] == ["outputs", "outputs/evaluate"], made
 
 
-def test_a_plugin_judge_that_exits_fails_the_evaluation_in_one_line(finished_run, tmp_path, monkeypatch, capsys):
+def test_a_plugin_judge_that_exits_fails_the_evaluation_in_one_line(embedded_task, tmp_path, monkeypatch, capsys):
     """SystemExit(0) inside a judge ended the process with exit 0 before: now exit 1 naming the judge."""
     from tests.test_cli import run_module
 
-    base, _ = finished_run
+    base = embedded_task
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setenv("RLOO_CACHE_DIR", str(base / "cache"))
     args = [f"hydra.run.dir={tmp_path / 'eval'}", "bootstrap=fast", "eval.num_prompts=4", "response_length=8"]

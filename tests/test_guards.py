@@ -180,8 +180,8 @@ def test_sigterm_while_a_reward_function_hangs_ends_the_run_within_seconds(finis
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
 
 
-def test_a_reward_function_that_does_not_import_is_refused_before_loading(finished_run):
-    base, _ = finished_run
+def test_a_reward_function_that_does_not_import_is_refused_before_loading(embedded_task):
+    base = embedded_task
     error = train_error(base / "fn-missing", base / "cache", "reward=model + 0.5*tests.reward_functions:nope")
     assert error == "error: reward: tests.reward_functions has no function 'nope'"
 
@@ -351,8 +351,8 @@ def test_a_bad_job_fails_alone_in_a_multirun(tmp_path, finished_run):
         ('{"prompt": "' + "word " * 200 + '"}\n', "data.max_prompt_length=64 drops every prompt of data.train"),
     ],
 )
-def test_data_errors_are_one_line_before_any_model_loads(finished_run, tmp_path, content, message):
-    base, _ = finished_run
+def test_data_errors_are_one_line_before_any_model_loads(embedded_task, tmp_path, content, message):
+    base = embedded_task
     path = tmp_path / "train.jsonl"
     path.write_text(content)
     assert message in train_error(
@@ -360,8 +360,8 @@ def test_data_errors_are_one_line_before_any_model_loads(finished_run, tmp_path,
     )
 
 
-def test_a_causal_lm_given_as_reward_model_is_refused_before_loading(finished_run):
-    base, _ = finished_run
+def test_a_causal_lm_given_as_reward_model_is_refused_before_loading(embedded_task):
+    base = embedded_task
     policy = next((base / "cache").glob("toy-*/policy"))
     assert "is a GPTNeoXForCausalLM, not a sequence classifier" in train_error(
         base / "wrong-rm", base / "cache", f"model.reward_model={policy}"

@@ -102,9 +102,16 @@ def test_a_run_killed_after_training_exports_and_evaluates_when_resumed_and_a_fi
     assert after == before
 
 
-def test_resume_refuses_a_changed_k_in_one_line_before_loading(finished_run):
-    base, _ = finished_run
-    error = train_error(base / "other", base / "cache", "k=4", f"resume={base / 'run'}")
+def test_resume_refuses_a_changed_k_in_one_line_before_loading(embedded_task, tmp_path):
+    """A run dir whose config.yaml says k=2 (as a run writes it), resumed with k=4: refused before anything loads."""
+    from omegaconf import OmegaConf
+
+    from rloo.cli import compose_train_config
+
+    base, previous = embedded_task, tmp_path / "previous"
+    (previous / "checkpoints").mkdir(parents=True)
+    (previous / "config.yaml").write_text(OmegaConf.to_yaml(compose_train_config(["debug=fast"]), resolve=False))
+    error = train_error(base / "other", base / "cache", "k=4", f"resume={previous}")
     assert error.startswith("error: resume=") and "k: 2 -> 4" in error
 
 

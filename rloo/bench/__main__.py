@@ -43,7 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "bf16 mismatch; reduced sizes on CPU)",
     )
     parser.add_argument(
-        "overrides", nargs="*", help="quality, stability: extra `python -m rloo.train` overrides for every run"
+        "overrides",
+        nargs="*",
+        help="quality, stability, gpu: extra `python -m rloo.train` overrides for every run on the embedded task",
     )
     parser.add_argument(
         "--presets",
@@ -429,7 +431,15 @@ def main(argv=None) -> None:
     if args.mode == "gpu":
         from rloo.bench import gpu
 
-        report = gpu.run(out_dir.resolve(), args.device, args.steps, args.warmup, args.threads, args.timeout)
+        report = gpu.run(
+            out_dir.resolve(),
+            args.device,
+            args.steps,
+            args.warmup,
+            args.threads,
+            args.timeout,
+            overrides=args.overrides,
+        )
         report |= {"date": now.isoformat(timespec="seconds"), "machine": machine()}
         (out_dir / "gpu.json").write_text(json.dumps(report, indent=2))
         table = gpu.markdown(report)

@@ -29,7 +29,8 @@ def planned_peak_mib(preset_name: str, precision: str) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rloo.memory_plan import Shape, _from_hf_config, estimate
+    from rloo.families import architecture_from_config
+    from rloo.memory_plan import Shape, estimate
 
     preset = get_preset(preset_name)
     config = model_config(preset)
@@ -55,7 +56,7 @@ def planned_peak_mib(preset_name: str, precision: str) -> float:
         preset.response_length,
         shared_prefix=packs,
     )
-    return estimate(_from_hf_config(config.to_dict()), shape)["peak"]
+    return estimate(architecture_from_config(config.to_dict()), shape)["peak"]
 
 
 def model_row(
@@ -92,7 +93,17 @@ def model_row(
     }
 
 
-def run(out_dir: Path, device: str, steps: int, warmup: int, threads: int, timeout: int, mismatch: bool = True) -> dict:
+def run(
+    out_dir: Path,
+    device: str,
+    steps: int,
+    warmup: int,
+    threads: int,
+    timeout: int,
+    mismatch: bool = True,
+    overrides: list[str] = (),
+) -> dict:
+    """The model rows, then the embedded task's bf16 mismatch cells (`overrides` added to their rloo.train runs)."""
     from rloo.bench import stability
 
     report: dict = {"models": [], "mismatch": []}
@@ -105,7 +116,7 @@ def run(out_dir: Path, device: str, steps: int, warmup: int, threads: int, timeo
         keep(model_row(out_dir, name, device, steps, warmup, threads, timeout), "models")
     accelerator = ["trainer.accelerator=gpu", "trainer.devices=1"] if device == "cuda" else []
     for config in stability.CONFIGS if mismatch else ():
-        keep(stability.embedded_cell(out_dir, "bf16", config, accelerator, timeout), "mismatch")
+        keep(stability.embedded_cell(out_dir, "bf16", config, [*accelerator, *overrides], timeout), "mismatch")
     return report
 
 
