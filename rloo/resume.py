@@ -117,22 +117,6 @@ def find_resume_point(spec: str | None, run_dir: Path, updates_per_rollout: int,
     return ResumePoint(Path(run_dir_of(spec)) if run_dir_of(spec) else None, path)
 
 
-def compare_configs(previous: dict, current: dict) -> tuple[list[str], list[str]]:
-    """(refused, applied): one `key: old -> new` line per changed leaf, by its resume policy in rloo.schema
-    (fixed: the run cannot continue with it changed; applied: takes effect from the resumed rollout on). A key
-    the schema does not know counts as fixed."""
-    from rloo.schema import APPLIED, leaves, resume_policy
-
-    before, after = leaves(previous), leaves(current)
-    refused, applied = [], []
-    for key in sorted(set(before) | set(after)):
-        if key == "resume" or before.get(key) == after.get(key):  # resume= is how a run continues
-            continue
-        line = f"{key}: {before.get(key)!r} -> {after.get(key)!r}"
-        (applied if resume_policy(key, current.get("algorithm", "rloo")) == APPLIED else refused).append(line)
-    return refused, applied
-
-
 # ---- random states --------------------------------------------------------------------------------------------
 def rng_states() -> dict:
     """Every generator a step draws from: Python, NumPy, torch CPU and each CUDA device."""
@@ -190,40 +174,19 @@ def continued_wandb_run(logger_cfg, out: Path) -> dict:
     return {"id": runs[-1].name.rsplit("-", 1)[1], "resume": "allow"} if runs else {}
 
 
-def prepare_resume(cfg, out: Path, updates: int, log):
-    """The checkpoint `resume=` continues from and the rollouts it had done, or (None, 0) for a fresh start."""
-    if cfg.resume is None:
+def prepare_resume(spec: str | None, out: Path, updates: int, log):
+    """The checkpoint `resume=` (`spec`) continues from and the rollouts it had done, or (None, 0) for a fresh start;
+    what a kill mid-write left in the run dir is removed first."""
+    if spec is None:
         return None, 0
-    compare_with_resumed_run(cfg, out, log)
     from rloo.atomic import remove_stale_temps
 
     for directory in (out, out / "checkpoints"):  # what a kill mid-write left
         if directory.is_dir():
             remove_stale_temps(directory, log)
-    point = find_resume_point(cfg.resume, out, updates, log)
+    point = find_resume_point(spec, out, updates, log)
     if point is None:
         return None, 0
     rollouts = inspect_checkpoint(point.checkpoint, updates)[0]
     log(f"resume: from {point.checkpoint} after {rollouts} rollouts; writing to {out}")
     return point, rollouts
-
-
-def compare_with_resumed_run(cfg, out: Path, log) -> None:
-    """Refuse a resume whose settings cannot continue the run (one line, before any checkpoint is read); say which
-    changed settings take effect."""
-    previous_config = Path(run_dir_of(cfg.resume) or out) / "config.yaml"
-    if not previous_config.exists():
-        if cfg.resume != "auto":
-            log(f"resume: {previous_config} not found; the checkpoint's settings are not compared")
-        return
-    from omegaconf import OmegaConf
-
-    previous = OmegaConf.to_container(OmegaConf.load(previous_config))
-    refused, applied = compare_configs(previous, OmegaConf.to_container(cfg, resolve=True))
-    if refused:
-        raise ConfigError(
-            f"resume={cfg.resume} cannot continue with {'; '.join(refused)} (from {previous_config}): "
-            "these keys are fixed for a run; start a new run to change them"
-        )
-    for change in applied:
-        log(f"resume: {change} (applied from the resumed rollout on)")

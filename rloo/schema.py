@@ -27,34 +27,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rloo.algorithms.registry import ALGORITHMS
 from rloo.errors import ConfigError
+from rloo.keys import APPLIED, FIXED, group, key
 from rloo.sampling import SAMPLERS
-
-FIXED, APPLIED = "fixed", "applied"
 
 FROZEN_DTYPES = ("float32", "bfloat16", "float16")
 REWARD_ERRORS = ("raise", "mask")
-
-
-def key(
-    resume: str,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    choices: tuple | None = None,
-):
-    """A schema field: its resume policy and its range ([low, high], or (low, high] with low_open) or choices."""
-    return field(metadata={"resume": resume, "low": low, "high": high, "low_open": low_open, "choices": choices})
-
-
-def derived():
-    """A field of an algorithm's config that no key sets: rloo.config.algorithm_config makes it (the sampling
-    settings, the number of rollouts). The schema leaves it out."""
-    return field(metadata={"derived": True})
-
-
-def group(resume: str):
-    """An open group: any keys below it (Lightning Trainer arguments, logger and judge settings), one policy."""
-    return field(metadata={"resume": resume, "open": True})
 
 
 # ---- sampling (conf/sampling.yaml, shared with python -m rloo.evaluate) --------------------------------------
@@ -358,3 +335,17 @@ def leaves(container: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[path] = value
     return out
+
+
+def compare_configs(previous: dict, current: dict) -> tuple[list[str], list[str]]:
+    """(refused, applied): one `key: old -> new` line per changed leaf of a resumed run's config, by its resume
+    policy (fixed: the run cannot continue with it changed; applied: takes effect from the resumed rollout on). A
+    key the schema does not know counts as fixed."""
+    before, after = leaves(previous), leaves(current)
+    refused, applied = [], []
+    for path in sorted(set(before) | set(after)):
+        if path == "resume" or before.get(path) == after.get(path):  # resume= is how a run continues
+            continue
+        line = f"{path}: {before.get(path)!r} -> {after.get(path)!r}"
+        (applied if resume_policy(path, current.get("algorithm", "rloo")) == APPLIED else refused).append(line)
+    return refused, applied

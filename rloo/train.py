@@ -119,7 +119,9 @@ def prepare(cfg: DictConfig) -> RunPlan | dict:
             f"resume: {out} has finished ({done['rollouts']} rollouts, policy/ exported, summary.json final); unchanged"
         )
         return done
-    resume_point, resumed_rollouts = prepare_resume(cfg, out, updates, log)  # before anything is written or loaded
+    if cfg.resume is not None:  # before anything is written or loaded
+        compare_with_resumed_run(cfg, out, log)
+    resume_point, resumed_rollouts = prepare_resume(cfg.resume, out, updates, log)
     config_name = (
         "config.yaml" if not (out / "config.yaml").exists() else f"config.resumed-{time.strftime('%H-%M-%S')}.yaml"
     )
@@ -400,6 +402,28 @@ def finish(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
     if trainer.is_global_zero:
         print_summary(summary, plan.log)
     return summary
+
+
+def compare_with_resumed_run(cfg: DictConfig, out: Path, log) -> None:
+    """Refuse a resume whose settings cannot continue the run (one line, before any checkpoint is read); say which
+    changed settings take effect."""
+    from rloo.resume import run_dir_of
+    from rloo.schema import compare_configs
+
+    previous_config = Path(run_dir_of(cfg.resume) or out) / "config.yaml"
+    if not previous_config.exists():
+        if cfg.resume != "auto":
+            log(f"resume: {previous_config} not found; the checkpoint's settings are not compared")
+        return
+    previous = OmegaConf.to_container(OmegaConf.load(previous_config))
+    refused, applied = compare_configs(previous, OmegaConf.to_container(cfg, resolve=True))
+    if refused:
+        raise ConfigError(
+            f"resume={cfg.resume} cannot continue with {'; '.join(refused)} (from {previous_config}): "
+            "these keys are fixed for a run; start a new run to change them"
+        )
+    for change in applied:
+        log(f"resume: {change} (applied from the resumed rollout on)")
 
 
 def checkpoint_callbacks(cfg: DictConfig, out: Path) -> list:

@@ -18,7 +18,8 @@ from rloo.data import EpisodeSampler
 from rloo.errors import ConfigError
 from rloo.loggers import drop_rows_after
 from rloo.resolvers import unique_dir
-from rloo.resume import compare_configs, find_resume_point, restore_rng_states, rng_states
+from rloo.resume import find_resume_point, restore_rng_states, rng_states
+from rloo.schema import compare_configs
 from tests.e2e import FAST, ROOT, train, train_error
 from tests.test_interrupt import finish, start, wait_for
 

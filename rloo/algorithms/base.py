@@ -25,6 +25,7 @@ from rloo.algorithms.run_state import RunState
 from rloo.algorithms.schedule import MicroBatch, StrategyAdapter, micro_batches, mini_batch_indices
 from rloo.errors import NonFiniteError
 from rloo.forward import completion_logprobs_and_entropy
+from rloo.keys import APPLIED, FIXED, derived, key
 from rloo.lora import ADAPTER_MARK, has_adapters
 from rloo.objectives import (
     IS_CORRECTIONS,
@@ -37,7 +38,6 @@ from rloo.objectives import (
 )
 from rloo.rollout import PhaseTimer, Rollout, clock, collect_rollout
 from rloo.sampling import SamplingConfig
-from rloo.schema import APPLIED, FIXED, derived, key
 from rloo.scoring import Reward
 from rloo.sharding import shard_model
 

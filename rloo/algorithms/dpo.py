@@ -22,9 +22,9 @@ from torch import Tensor
 
 from rloo.algorithms.base import OnlineRLConfig, OnlineRLModule
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
+from rloo.keys import FIXED, key
 from rloo.objectives import dpo_loss, masked_sum, preference_pairs
 from rloo.rollout import PhaseTimer, Rollout, clock
-from rloo.schema import FIXED, key
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from torch import Tensor
 from rloo.algorithms.base import OnlineRLModule, PolicyGradientConfig
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
 from rloo.forward import token_values
+from rloo.keys import APPLIED, FIXED, key
 from rloo.objectives import (
     clipped_value_loss,
     explained_variance,
@@ -34,7 +35,6 @@ from rloo.objectives import (
     token_ppo_clip_loss,
 )
 from rloo.rollout import PhaseTimer, Rollout, chunked, clock
-from rloo.schema import APPLIED, FIXED, key
 
 
 @dataclass(frozen=True)

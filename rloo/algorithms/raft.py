@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from rloo.algorithms.rloo import RLOOConfig, RLOOModule, unscored_sit_out
+from rloo.keys import FIXED, key
 from rloo.objectives import best_of_k_advantages
-from rloo.schema import FIXED, key
 
 RAFT_RANKINGS = ("reward", "score")  # R (KL-penalised) | the score alone
 

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from rloo.algorithms.rloo import RLOOConfig, RLOOModule, RLOOTargets, unscored_sit_out
+from rloo.keys import FIXED, key
 from rloo.objectives import moving_average_advantages, updated_moving_average
 from rloo.rollout import PhaseTimer, Rollout
-from rloo.schema import FIXED, key
 
 
 class VanillaPGModule(RLOOModule):

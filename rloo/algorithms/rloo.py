@@ -20,6 +20,7 @@ from torch import Tensor
 
 from rloo.algorithms.base import OnlineRLModule, PolicyGradientConfig
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
+from rloo.keys import FIXED, key
 from rloo.objectives import (
     group_reward_std,
     kl_per_token,
@@ -32,7 +33,6 @@ from rloo.objectives import (
     token_clip_fraction,
 )
 from rloo.rollout import PhaseTimer, Rollout, clock
-from rloo.schema import FIXED, key
 
 LOSSES = ("ppo_clip", "reinforce")
 SEQUENCE_RATIOS = ("sum", "mean")
