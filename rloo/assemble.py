@@ -214,11 +214,11 @@ def decode_reorders_weights(cfg: DictConfig) -> bool:
 
 def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, str]]:
     """What samples and what runs the forward passes of this run, each with why: the lean decode or HF generate,
-    the packed prompt-once forward or the plain one (for the policy and reference, and for the reward model), and what
+    the packed shared-prefix forward or the plain one (for the policy and reference, and for the reward model), and what
     the policy's backward keeps (rloo.mlp_recompute, or activation checkpointing). A fast path that cannot serve
     the model says so here; the run logs this and writes it to summary.json."""
     from rloo.decode import why_not_lean_decode
-    from rloo.forward import packing_pays, why_not_prompt_once
+    from rloo.forward import packing_pays, why_not_shared_prefix
 
     if not cfg.lean_decode:
         sampler = ("hf_generate", "lean_decode=false")
@@ -239,15 +239,15 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
             return "plain", "shared_prefix=false"
         if cfg.k < 2:
             return "plain", f"k={cfg.k}: no completions share a prompt"
-        if reason := why_not_prompt_once(model, cfg.data.max_prompt_length + cfg.response_length):
-            return "plain", f"shared_prefix=true, but the prompt-once forward cannot serve this model: {reason}"
+        if reason := why_not_shared_prefix(model, cfg.data.max_prompt_length + cfg.response_length):
+            return "plain", f"shared_prefix=true, but the shared-prefix forward cannot serve this model: {reason}"
         prompt, response = cfg.data.max_prompt_length, cfg.response_length
         if not packing_pays(model, prompt, response, cfg.k):
             return "plain", (
                 f"one packed row [prompt | {cfg.k} completions] costs more than {cfg.k} plain rows at P={prompt}, "
                 f"T={response} (its attention grows as (P + kT)^2); a batch whose completions end early still packs"
             )
-        return "prompt_once", (
+        return "shared_prefix", (
             f"each prompt once for its k={cfg.k} completions (a batch packs where that costs less than plain rows)"
         )
 

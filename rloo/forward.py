@@ -1,5 +1,5 @@
 """The forward passes over prompt + completion rows that every phase shares: completion log-probs (the packed
-prompt-once forward of a group, the chunked LM head whose backward recomputes its logits), reward scores at the last
+shared-prefix forward of a group, the chunked LM head whose backward recomputes its logits), reward scores at the last
 real token, and PPO's token values. Plain torch over transformers models, no Lightning or Hydra.
 
 Token layout, as rloo/rollout.py's: prompts left-padded to P, completions right-padded to T, so row i is
@@ -66,8 +66,8 @@ def _logit_head(model: PreTrainedModel):
 PACKED_MASK_ATTENTION = ("sdpa", "eager")  # attention implementations that take an arbitrary 4-D mask
 
 
-def why_not_prompt_once(model: PreTrainedModel, sequence_length: int | None) -> str | None:
-    """None where the packed prompt-once forward serves `model`'s body (a family of rloo/families/, tested in
+def why_not_shared_prefix(model: PreTrainedModel, sequence_length: int | None) -> str | None:
+    """None where the packed shared-prefix forward serves `model`'s body (a family of rloo/families/, tested in
     tests/test_rollout.py) for rows of `sequence_length` tokens (prompt + completion); else why not."""
     if reason := families.why_not(model, sequence_length):
         return reason
@@ -76,13 +76,13 @@ def why_not_prompt_once(model: PreTrainedModel, sequence_length: int | None) -> 
     return None
 
 
-def shares_prompts(
+def shares_prefix(
     model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int, sequence_length: int | None = None
 ) -> bool:
     """Rows (of `sequence_length` tokens: None, unknown) come in groups of `group_size` with the same (left-padded)
     prompt, on a body the packed forward supports: then the prompt can run once per group."""
     n = prompt_ids.shape[0]
-    if group_size < 2 or n % group_size or why_not_prompt_once(model, sequence_length) is not None:
+    if group_size < 2 or n % group_size or why_not_shared_prefix(model, sequence_length) is not None:
         return False
     ids, mask = prompt_ids.view(n // group_size, group_size, -1), prompt_mask.view(n // group_size, group_size, -1)
     return bool((ids == ids[:, :1]).all() & (mask == mask[:, :1]).all())  # one host sync
@@ -153,7 +153,7 @@ def body_hidden_states(
     body, prompt_len = model.base_model, input_ids.shape[1] - completion_len
     packed = group_size > 1 and packing_pays(model, prompt_len, completion_len, group_size)
     prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
-    if not (packed and shares_prompts(model, prompt_ids, prompt_mask, group_size, input_ids.shape[1])):
+    if not (packed and shares_prefix(model, prompt_ids, prompt_mask, group_size, input_ids.shape[1])):
         hidden = body(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -128,7 +128,7 @@ class Shape:
     generation_batch_size: int  # completions per generate call and rollout-time forward
     prompt_length: int
     response_length: int
-    shared_prefix: bool  # the prompt-once forward runs (rloo.assemble.fast_paths says so for the real model)
+    shared_prefix: bool  # the shared-prefix forward runs (rloo.assemble.fast_paths says so for the real model)
     activation_checkpointing: bool = False
     mlp_recompute: bool = False  # the MLPs' activations are recomputed in the backward (rloo.mlp_recompute)
     sampler: str = "lean_decode"  # lean_decode | hf_generate (which keeps every step's logits, [B, T, V])
@@ -285,7 +285,7 @@ def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]]
         generation_batch_size=int(cfg.generation_batch_size),
         prompt_length=int(cfg.data.max_prompt_length),
         response_length=int(cfg.response_length),
-        shared_prefix=paths["policy_forward"][0] == "prompt_once",
+        shared_prefix=paths["policy_forward"][0] == "shared_prefix",
         activation_checkpointing=bool(cfg.activation_checkpointing),
         mlp_recompute=paths.get("policy_activations", ("kept", ""))[0] == "mlp_recompute",
         sampler=paths["sampler"][0],

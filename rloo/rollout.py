@@ -217,11 +217,11 @@ def collect_rollout(
     pad_token_id: int,
     forward_batch_size: int,
     timer: PhaseTimer | None = None,
-    share_prompts: bool = False,
+    shared_prefix: bool = False,
 ) -> Rollout:
     """Repeat each prompt k times, sample, truncate, and compute reference log-probs and scores.
 
-    `timer`, if given, receives the seconds of the phases generate / ref_logprobs / scores. With `share_prompts`
+    `timer`, if given, receives the seconds of the phases generate / ref_logprobs / scores. With `shared_prefix`
     the reference and the reward model run each prompt once for its k completions (body_hidden_states).
     """
     timer = timer or PhaseTimer()
@@ -233,7 +233,7 @@ def collect_rollout(
         )
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention_mask = torch.cat([prompt_mask, completion_mask], 1)
-    group = k if share_prompts else 1
+    group = k if shared_prefix else 1
     # reference None: the policy's base, its LoRA adapters switched off (rloo.lora)
     with (
         timer("ref_logprobs"),

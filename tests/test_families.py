@@ -28,16 +28,16 @@ def test_each_family_record_serves_its_own_model_on_every_fast_path(family):
     exactly its linear layers but the head, and its MLPs have the form it names."""
     from rloo.decode import why_not_lean_decode
     from rloo.families import family_of
-    from rloo.forward import why_not_prompt_once
+    from rloo.forward import why_not_shared_prefix
     from rloo.lora import resolve_targets
     from rloo.mlp_recompute import why_not_recompute_mlp
 
     model = tiny_model(family)
     record = family_of(model)
     assert record.name == family and isinstance(model, record.causal_lm)
-    assert why_not_lean_decode(model, 64) is None and why_not_prompt_once(model, 64) is None
+    assert why_not_lean_decode(model, 64) is None and why_not_shared_prefix(model, 64) is None
     assert why_not_recompute_mlp(model) is None
-    assert why_not_prompt_once(tiny_model(family, reward=True), 64) is None  # a reward model of the family too
+    assert why_not_shared_prefix(tiny_model(family, reward=True), 64) is None  # a reward model of the family too
     linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     assert set(resolve_targets("auto", model.config)) == linear - {"lm_head"} == set(record.projections)
     mlp = model.base_model.layers[0].mlp
@@ -48,11 +48,11 @@ def test_a_model_of_no_family_takes_hf_generate_and_the_plain_forward_and_says_w
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from rloo.decode import why_not_lean_decode
-    from rloo.forward import why_not_prompt_once
+    from rloo.forward import why_not_shared_prefix
     from rloo.lora import ALL_LINEAR, resolve_targets
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
-    for reason in (why_not_lean_decode(model, 16), why_not_prompt_once(model, 16)):
+    for reason in (why_not_lean_decode(model, 16), why_not_shared_prefix(model, 16)):
         assert reason.startswith("model_type gpt2 is none of the families in rloo/families/ (gpt_neox, llama")
     assert resolve_targets("auto", model.config) == ALL_LINEAR
 
@@ -81,7 +81,7 @@ def test_a_gpt_neox_run_takes_both_fast_paths_and_says_so(tiny_run_assets, tmp_p
     paths = summary["fast_paths"]
     assert paths["sampler"]["ran"] == "lean_decode"
     assert (REORDERED in paths["sampler"]["why"]) is onednn_reorders()
-    assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
+    assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "shared_prefix"
     assert paths["policy_activations"]["ran"] == "mlp_recompute"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["fast_paths"] == paths
 
@@ -110,7 +110,7 @@ def test_a_llama_policy_trains_with_lora_and_a_reward_function_reading_a_column(
     (call,) = reward_functions.CALLS
     assert call["answer"] == [answer_of[p] for p in call["prompts"]] and len(call["answer"]) == 8
     paths = summary["fast_paths"]
-    assert paths["policy_forward"]["ran"] == "prompt_once" and "reward_forward" not in paths
+    assert paths["policy_forward"]["ran"] == "shared_prefix" and "reward_forward" not in paths
     assert paths["policy_activations"]["ran"] == "mlp_recompute"  # through LoRA's wrapped layers too
     # the lean decode serves Llama, but not through LoRA's wrapped layers: it says so
     assert paths["sampler"]["ran"] == "hf_generate" and "LoRA" in paths["sampler"]["why"]
@@ -129,7 +129,7 @@ def test_a_llama_family_run_takes_both_fast_paths_and_plans_its_memory(family, t
     summary = one_rollout(root, tmp_path / "run")
     paths = summary["fast_paths"]
     assert paths["sampler"]["ran"] == "lean_decode"
-    assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "prompt_once"
+    assert paths["policy_forward"]["ran"] == paths["reward_forward"]["ran"] == "shared_prefix"
     assert (
         paths["policy_activations"]["ran"] == "mlp_recompute" and "act(gate) * up" in paths["policy_activations"]["why"]
     )

@@ -218,13 +218,13 @@ def test_diagnostics_at_two_by_two_measure_the_policy_that_sampled(tiny_run_asse
 
 
 def test_a_reused_rollout_shuffles_whole_groups_so_every_micro_batch_shares_its_prompts(tiny_run_assets, tokenizer):
-    from rloo.forward import shares_prompts
+    from rloo.forward import shares_prefix
 
     seen = []
 
     class Spy(RLOOModule):
         def policy_forward(self, rollout, with_entropy=True):
-            seen.append(shares_prompts(self.policy, rollout.prompt_ids, rollout.prompt_mask, self.config.k))
+            seen.append(shares_prefix(self.policy, rollout.prompt_ids, rollout.prompt_mask, self.config.k))
             return super().policy_forward(rollout, with_entropy)
 
     fit(

@@ -199,7 +199,7 @@ def test_the_plan_says_which_sampler_and_forward_run(tmp_path, tokenizer, capsys
     plain = Answer(capsys, f"model.policy={policy}", *OWN_MODEL)
     assert plain.returncode == 0, plain.stderr
     assert "llama, hidden" in plain.stdout and "2 key/value heads of 4" in plain.stdout and "tied head" in plain.stdout
-    assert "sampler: lean_decode" in plain.stdout and "policy forward: prompt_once" in plain.stdout
+    assert "sampler: lean_decode" in plain.stdout and "policy forward: shared_prefix" in plain.stdout
     lora = Answer(capsys, f"model.policy={policy}", *OWN_MODEL, "model.lora=true")
     assert "sampler: hf_generate" in lora.stdout and "LoRA adapters" in lora.stdout
     assert "q_proj" in lora.stdout  # LoRA's targets are the family's own names

@@ -340,13 +340,13 @@ ATTENTIONS = [(family, attention) for family in FAMILIES for attention in ("sdpa
 
 
 @pytest.mark.parametrize("family, attention", [pair for pair in ATTENTIONS if pair != ("gemma2", "sdpa")])
-def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plain_forward(tokenizer, family, attention):
-    from rloo.forward import completion_logprobs_and_entropy, shares_prompts
+def test_the_shared_prefix_forward_gives_the_log_probs_and_gradients_of_the_plain_forward(tokenizer, family, attention):
+    from rloo.forward import completion_logprobs_and_entropy, shares_prefix
 
     policy = tiny_model(family, tokenizer)
     policy.set_attn_implementation(attention)  # the packed mask is bool for SDPA, additive for eager
     input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
-    assert shares_prompts(policy, input_ids[:, :-6], attention_mask[:, :-6], 3, input_ids.shape[1])
+    assert shares_prefix(policy, input_ids[:, :-6], attention_mask[:, :-6], 3, input_ids.shape[1])
     weights = torch.randn(completion.shape, generator=torch.Generator().manual_seed(2))
     results = []
     for group_size in (1, 3):
@@ -365,7 +365,7 @@ def test_the_prompt_once_per_group_gives_the_log_probs_and_gradients_of_the_plai
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_prompt_once_per_group_gives_the_same_scores(tokenizer, family):
+def test_the_shared_prefix_forward_gives_the_same_scores(tokenizer, family):
     from rloo.forward import reward_scores
 
     reward_model = tiny_model(family, tokenizer, reward=True, seed=1)
@@ -412,12 +412,12 @@ def test_a_batch_packing_would_slow_takes_the_plain_forward_with_the_same_values
 
 
 def test_rows_that_do_not_share_their_prompt_take_the_plain_forward(policy, tokenizer):
-    from rloo.forward import shares_prompts
+    from rloo.forward import shares_prefix
 
     input_ids, attention_mask, _, _ = grouped_batch(tokenizer)
     shuffled = torch.tensor([0, 3, 1, 2, 4, 5, 6, 7, 8])  # a group split, as a shuffled mini-batch splits them
-    assert not shares_prompts(policy, input_ids[shuffled, :-6], attention_mask[shuffled, :-6], 3)
-    assert not shares_prompts(policy, input_ids[:8, :-6], attention_mask[:8, :-6], 3)  # not a multiple of k
+    assert not shares_prefix(policy, input_ids[shuffled, :-6], attention_mask[shuffled, :-6], 3)
+    assert not shares_prefix(policy, input_ids[:8, :-6], attention_mask[:8, :-6], 3)  # not a multiple of k
 
 
 # ---- a frozen reference in bf16 computes what the initial policy computes under bf16 autocast ----------------------

@@ -143,7 +143,7 @@ class OnlineRLModule(LightningModule):
             self.tokenizer.pad_token_id,
             cfg.generation_batch_size,
             timer=timer,
-            share_prompts=cfg.shared_prefix,
+            shared_prefix=cfg.shared_prefix,
         )
         if self.reward is not None:  # the functions of reward= see text: prompts and completions, decoded
             with timer("reward_functions"):

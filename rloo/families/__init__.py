@@ -58,7 +58,7 @@ def no_family(model) -> str | None:
 
 
 def why_not(model, sequence_length: int | None) -> str | None:
-    """None where the fast paths' per-family code (the lean decode's layers, the prompt-once forward) is written and
+    """None where the fast paths' per-family code (the lean decode's layers, the shared-prefix forward) is written and
     tested for `model`'s body, over padded rows of `sequence_length` tokens (prompt + completion); else why not.
     A sliding window is served only where it covers every row, so that full attention computes what it does."""
     if reason := no_family(model):
