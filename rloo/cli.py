@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rloo.errors import ConfigError
+from rloo.errors import CTRL_C_EXIT_CODE, ConfigError, stopped_by_ctrl_c
 
 # Hydra's own flags (hydra/_internal/utils.py get_args_parser); those taking a value list it
 HYDRA_FLAGS = {
@@ -268,7 +268,20 @@ def run_entry_point(hydra_main, train: bool = False) -> None:
     from rloo.resolvers import register_resolvers
 
     register_resolvers()
-    hydra_main()
+    try:
+        hydra_main()
+    except (KeyboardInterrupt, SystemExit) as error:
+        if not stopped_by_ctrl_c(error):
+            raise
+        print(f"{entry_point_name()}: stopped by Ctrl-C; exit {CTRL_C_EXIT_CODE}", file=sys.stderr)
+        sys.exit(CTRL_C_EXIT_CODE)
+
+
+def entry_point_name() -> str:
+    """`rloo.train`, `rloo.evaluate`, ...: the module `python -m` runs."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return spec.name.removesuffix(".__main__") if spec is not None else "rloo"
 
 
 class JobFailed(RuntimeError):

@@ -1,6 +1,14 @@
 """The errors a run reports in one line: a leaf module, so that any layer can raise them."""
 
 SIGTERM_EXIT_CODE = 128 + 15  # a process stopped by SIGTERM, as a shell reports it: preempted, never success
+CTRL_C_EXIT_CODE = 128 + 2  # a process stopped by Ctrl-C (SIGINT), as a shell reports it: every entry point
+
+
+def stopped_by_ctrl_c(error: BaseException) -> bool:
+    """A KeyboardInterrupt, or the SystemExit(1) Lightning raises while handling one (its graceful shutdown)."""
+    return isinstance(error, KeyboardInterrupt) or (
+        isinstance(error, SystemExit) and isinstance(error.__context__, KeyboardInterrupt)
+    )
 
 
 class ConfigError(ValueError):

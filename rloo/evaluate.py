@@ -23,9 +23,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rloo.cli import exit_on_config_error, fail, run_entry_point  # noqa: E402
 from rloo.config import ConfigError, policy_location, validate_eval_config  # noqa: E402
-from rloo.errors import SIGTERM_EXIT_CODE, JudgeFailed, WriteError  # noqa: E402
-
-CTRL_C_EXIT_CODE = 128 + 2  # as a shell reports a process ended by SIGINT
+from rloo.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, JudgeFailed, WriteError  # noqa: E402
 
 
 class StoppedBySigterm(BaseException):

@@ -358,7 +358,7 @@ def fit(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
         )
         if not pieces.export.ran and module.state.rollouts >= plan.rollouts:  # resumed after training had ended:
             finish_ended_training(out, trainer, module, pieces.export, pieces.evaluation, log)  # no end hooks ran
-    except BaseException as error:  # SIGTERM, Ctrl-C (Lightning exits 1 for it), any failure: keep what there is
+    except BaseException as error:  # SIGTERM, Ctrl-C (exit 130 in run_entry_point), any failure: keep what there is
         interrupted = isinstance(error, (SystemExit, KeyboardInterrupt, UserCodeInterrupted))
         try:
             record.write("interrupted" if interrupted else "failed")
