@@ -7,6 +7,7 @@ the job (exit 1 or 2) or, in a multirun, only that job.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -78,6 +79,40 @@ def group_options(group: str) -> list[str]:
 
 
 OPTIONAL_GROUPS = ("experiment", "debug", "bootstrap")  # group=none (or null) runs without one
+
+
+def group_table() -> str:
+    """The config groups as a markdown table, made from conf/ itself: each group of conf/train.yaml's defaults list
+    in its order, its options (the default first, `none` where the group may be left out) and the comment that
+    documents it there. The README and docs/configuration.md carry it between `<!-- groups -->` markers
+    (`write_group_tables`; tests/test_docs.py holds them to it)."""
+    rows = ["| group | options | what it is |", "|---|---|---|"]
+    pattern = re.compile(r"^  - (\w+): (\S+)\s+# (.*)$")
+    for line in (CONF_DIR / "train.yaml").read_text().splitlines():
+        match = pattern.match(line)
+        if match is None or match.group(1) not in CHOICE_GROUPS:
+            continue
+        group, default, comment = match.groups()
+        options = [f"`{default}` (default)"] if default != "null" else []
+        options += [f"`{option}`" for option in group_options(group) if option != default]
+        options += ["`none`"] if group in OPTIONAL_GROUPS else []
+        rows.append(f"| `{group}/` | {', '.join(options)} | {comment} |")
+    return "\n".join(rows) + "\n"
+
+
+GROUP_TABLE_MARKERS = ("<!-- groups: made by rloo.cli.group_table -->\n", "<!-- /groups -->\n")
+GROUP_TABLE_PAGES = ("README.md", "docs/configuration.md")
+
+
+def write_group_tables() -> None:
+    """Write group_table() between the markers of each page in GROUP_TABLE_PAGES."""
+    begin, end = GROUP_TABLE_MARKERS
+    for page in GROUP_TABLE_PAGES:
+        path = CONF_DIR.parent / page
+        text = path.read_text()
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
+        path.write_text(head + begin + group_table() + end + tail)
 
 
 def check_group_choices(argv: list[str]) -> None:
