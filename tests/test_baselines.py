@@ -2,8 +2,6 @@
 policy gradient and RAFT. Hand values and loops for the math, a real Trainer for the modules, and real runs of
 `python -m rloo.train` for the options and for resuming the moving baseline."""
 
-import json
-
 import lightning as L
 import pytest
 import torch
@@ -110,17 +108,7 @@ def test_raft_weights_the_best_of_each_prompt_by_its_ranking(tiny_run_assets, to
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained on them
 
 
-# ---- the options, end to end ---------------------------------------------------------------------------------
-@pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["vanilla_pg", "raft"])
-def test_each_baseline_runs_as_an_algo_option(finished_run, algorithm):
-    base, _ = finished_run
-    result = train(base / algorithm, base / "cache", f"algo={algorithm}", "logger=csv", "eval.before=false")
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((base / algorithm / "summary.json").read_text())
-    assert summary["algorithm"] == algorithm and summary["rollouts"] == 3 and summary["episodes"] == 24
-
-
+# ---- end to end (a step of every algorithm in every precision runs in-process in tests/test_matrix.py) ------
 @pytest.mark.slow
 def test_reinforce_resumes_with_its_moving_baseline_bit_identical(finished_run):
     base, _ = finished_run

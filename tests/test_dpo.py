@@ -2,7 +2,6 @@
 module in a real Trainer (its pairs come from the frozen reference, whatever the policy learns), and real runs of
 `python -m rloo.train`."""
 
-import json
 import math
 
 import pytest
@@ -13,7 +12,6 @@ from rloo.algorithms.dpo import DPOModule
 from rloo.cli import compose_train_config
 from rloo.errors import ConfigError
 from rloo.objectives import dpo_loss, preference_pairs
-from tests.e2e import train
 from tests.test_module import fit
 
 NAN = float("nan")
@@ -131,18 +129,6 @@ def test_the_first_dpo_loss_is_log_two_per_decided_pair(tiny_run_assets, tokeniz
     )
     assert seen["decided"] > 0
     assert seen["loss"] == pytest.approx(math.log(2) * seen["decided"], rel=1e-5)
-
-
-# ---- the option, end to end --------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_dpo_runs_as_an_algo_option(finished_run):
-    base, _ = finished_run
-    result = train(base / "dpo", base / "cache", "algo=dpo", "logger=csv", "eval.before=false")
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((base / "dpo" / "summary.json").read_text())
-    assert summary["algorithm"] == "dpo" and summary["rollouts"] == 3 and summary["episodes"] == 24
-    header = (base / "dpo" / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert {"dpo/accuracy", "dpo/margin", "dpo/decided_frac", "loss/policy_avg"} <= set(header)
 
 
 @pytest.mark.parametrize(
