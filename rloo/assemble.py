@@ -10,7 +10,7 @@ import warnings
 from omegaconf import DictConfig, OmegaConf
 
 from rloo.algorithms.registry import ALGORITHMS
-from rloo.config import algorithm_config
+from rloo.config import algorithm_config, autocast_dtype
 from rloo.errors import ConfigError
 
 
@@ -70,14 +70,6 @@ def precision_arguments(precision: str, accelerator: str, fabric: bool = False) 
     return {"precision": precision}
 
 
-AUTOCAST_DTYPES = {"bf16-mixed": "bfloat16", "16-mixed": "float16"}
-
-
-def autocast_dtype(precision: str) -> str | None:
-    """The dtype a Lightning precision autocasts compute to over float32 weights; None where it does not."""
-    return AUTOCAST_DTYPES.get(str(precision))
-
-
 def policy_and_reference(cfg: DictConfig, policy, reference_path: str | None):
     """The policy as trained (its fp32 LM head, LoRA adapters) and its frozen reference: a stored copy of the initial
     policy or of `reference_path`, or None with LoRA and no reference path, where the reference is the policy's
@@ -122,27 +114,6 @@ def check_lora_targets(cfg: DictConfig, policy_path: str) -> None:
             f"lora.target_modules: {', '.join(missing)} name no layer of this {config.model_type} policy; its linear "
             f"layers are {', '.join(layer_names)} (or use auto | all-linear)"
         )
-
-
-def world_size(trainer_args: dict) -> int:
-    """The processes a Trainer with these arguments will run (devices x num_nodes), known before it is built, so
-    that max_steps can be set up front. rloo.train checks it against the Trainer's own count."""
-    devices, nodes = trainer_args.get("devices", "auto"), int(trainer_args.get("num_nodes", 1))
-    if isinstance(devices, (list, tuple)):
-        return len(devices) * nodes
-    if isinstance(devices, str) and "," in devices:
-        return len([d for d in devices.split(",") if d.strip()]) * nodes
-    if devices in ("auto", -1, "-1"):
-        import torch
-
-        gpu = trainer_args.get("accelerator") in ("gpu", "cuda", "auto") and torch.cuda.is_available()
-        return (torch.cuda.device_count() if gpu else 1) * nodes
-    try:
-        return int(devices) * nodes
-    except ValueError:
-        raise ConfigError(
-            f"trainer.devices={devices!r} is not allowed: a count, a list of device ids, or auto"
-        ) from None
 
 
 def lightning_strategy(cfg: DictConfig, trainer_args: dict, processes: int):
@@ -199,75 +170,6 @@ def build_module(
 
         module.policy.rloo_activations = recompute_mlp_activations(module.policy)  # read by fast_paths
     return module
-
-
-def decode_reorders_weights(cfg: DictConfig) -> bool:
-    """Whether the lean decode runs its linear layers through oneDNN from reordered float32 weights
-    (`rloo.decode._linear`): a 32-true run on CPU, with a torch that has oneDNN's product and reorder."""
-    import torch
-
-    from rloo.decode import onednn_applies
-
-    float32_on_cpu = cfg.precision.trainer == "32-true" and cfg.trainer.accelerator == "cpu"
-    return float32_on_cpu and onednn_applies(torch.empty(0))
-
-
-def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, str]]:
-    """What samples and what runs the forward passes of this run, each with why: the lean decode or HF generate,
-    the packed shared-prefix forward or the plain one (for the policy and reference, and for the reward model), and what
-    the policy's backward keeps (rloo.mlp_recompute, or activation checkpointing). A fast path that cannot serve
-    the model says so here; the run logs this and writes it to summary.json."""
-    from rloo.decode import why_not_lean_decode
-    from rloo.forward import packing_pays, why_not_shared_prefix
-
-    if not cfg.lean_decode:
-        sampler = ("hf_generate", "lean_decode=false")
-    elif reason := why_not_lean_decode(policy, cfg.data.max_prompt_length + cfg.response_length):
-        sampler = ("hf_generate", f"lean_decode=true, but the lean decode cannot serve this policy: {reason}")
-    else:
-        if decode_reorders_weights(cfg):
-            products = "float32 linear layers through oneDNN, from weights reordered once per rollout"
-        else:
-            products = (
-                f"linear layers through F.linear (oneDNN's reordered weights serve float32 on CPU only; this run is "
-                f"{cfg.precision.trainer} on {cfg.trainer.accelerator})"
-            )
-        sampler = ("lean_decode", f"KV-cache loop that drops finished rows; {products}")
-
-    def forward(model) -> tuple[str, str]:
-        if not cfg.shared_prefix:
-            return "plain", "shared_prefix=false"
-        if cfg.k < 2:
-            return "plain", f"k={cfg.k}: no completions share a prompt"
-        if reason := why_not_shared_prefix(model, cfg.data.max_prompt_length + cfg.response_length):
-            return "plain", f"shared_prefix=true, but the shared-prefix forward cannot serve this model: {reason}"
-        prompt, response = cfg.data.max_prompt_length, cfg.response_length
-        if not packing_pays(model, prompt, response, cfg.k):
-            return "plain", (
-                f"one packed row [prompt | {cfg.k} completions] costs more than {cfg.k} plain rows at P={prompt}, "
-                f"T={response} (its attention grows as (P + kT)^2); a batch whose completions end early still packs"
-            )
-        return "shared_prefix", (
-            f"each prompt once for its k={cfg.k} completions (a batch packs where that costs less than plain rows)"
-        )
-
-    def activations() -> tuple[str, str]:
-        from rloo.mlp_recompute import why_not_recompute_mlp
-
-        if cfg.activation_checkpointing:
-            return "checkpointed", "activation_checkpointing=true: each block is recomputed whole in the backward"
-        if not cfg.mlp_recompute:
-            return "kept", "mlp_recompute=false"
-        if installed := getattr(policy, "rloo_activations", None):  # what build_module did to this very policy
-            return installed
-        if reason := why_not_recompute_mlp(policy):
-            return "kept", f"mlp_recompute=true, but {reason}"
-        return "mlp_recompute", "the MLPs keep their up-projections; the activation is recomputed in the backward"
-
-    paths = {"sampler": sampler, "policy_forward": forward(policy), "policy_activations": activations()}
-    if reward_model is not None:
-        paths["reward_forward"] = forward(reward_model)
-    return paths
 
 
 def reward_from_config(cfg: DictConfig):

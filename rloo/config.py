@@ -24,6 +24,35 @@ def _require(cond: bool, key: str, allowed: str, value) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
 
 
+AUTOCAST_DTYPES = {"bf16-mixed": "bfloat16", "16-mixed": "float16"}
+
+
+def autocast_dtype(precision: str) -> str | None:
+    """The dtype a Lightning precision autocasts compute to over float32 weights; None where it does not."""
+    return AUTOCAST_DTYPES.get(str(precision))
+
+
+def world_size(trainer_args: dict) -> int:
+    """The processes a Trainer with these arguments will run (devices x num_nodes), known before it is built, so
+    that max_steps can be set up front. rloo.train checks it against the Trainer's own count."""
+    devices, nodes = trainer_args.get("devices", "auto"), int(trainer_args.get("num_nodes", 1))
+    if isinstance(devices, (list, tuple)):
+        return len(devices) * nodes
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()]) * nodes
+    if devices in ("auto", -1, "-1"):
+        import torch
+
+        gpu = trainer_args.get("accelerator") in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+        return (torch.cuda.device_count() if gpu else 1) * nodes
+    try:
+        return int(devices) * nodes
+    except ValueError:
+        raise ConfigError(
+            f"trainer.devices={devices!r} is not allowed: a count, a list of device ids, or auto"
+        ) from None
+
+
 def updates_per_rollout(cfg: DictConfig) -> int:
     return cfg.num_ppo_epochs * cfg.num_mini_batches
 

@@ -12,8 +12,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rloo.assemble import autocast_dtype, world_size
-from rloo.config import SHARDED_STRATEGIES
+from rloo.config import SHARDED_STRATEGIES, autocast_dtype, world_size
 from rloo.families import architecture_from_config, family_named, gpt_neox, known_model_types, llama
 from rloo.families.base import Architecture
 from rloo.forward import LOGIT_CHUNK_ELEMENTS
@@ -128,7 +127,7 @@ class Shape:
     generation_batch_size: int  # completions per generate call and rollout-time forward
     prompt_length: int
     response_length: int
-    shared_prefix: bool  # the shared-prefix forward runs (rloo.assemble.fast_paths says so for the real model)
+    shared_prefix: bool  # the shared-prefix forward runs (rloo.fast_paths says so for the real model)
     activation_checkpointing: bool = False
     mlp_recompute: bool = False  # the MLPs' activations are recomputed in the backward (rloo.mlp_recompute)
     sampler: str = "lean_decode"  # lean_decode | hf_generate (which keeps every step's logits, [B, T, V])
@@ -228,12 +227,12 @@ def lora_targets(cfg, arch: Architecture) -> list[str]:
 
 
 def planned_fast_paths(cfg, arch: Architecture) -> dict[str, tuple[str, str]]:
-    """The sampler and forwards rloo.train will run, each with why: rloo.assemble.fast_paths itself, asked about an
+    """The sampler and forwards rloo.train will run, each with why: rloo.fast_paths itself, asked about an
     empty (meta-device) model built from the policy's config, so the plan and the run decide alike."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig
 
-    from rloo.assemble import fast_paths
+    from rloo.fast_paths import fast_paths
 
     try:
         if arch.config is not None:
@@ -254,18 +253,16 @@ def planned_fast_paths(cfg, arch: Architecture) -> dict[str, tuple[str, str]]:
     except Exception as error:  # a model_type this transformers does not know
         why = f"model_type {arch.model_type!r} could not be built here ({type(error).__name__})"
         return {"sampler": ("hf_generate", why), "policy_forward": ("plain", why)}
-    paths = fast_paths(cfg, policy, None)
-    if cfg.model.lora and paths["sampler"][0] == "lean_decode":  # the run's policy carries the adapters
-        paths["sampler"] = (
-            "hf_generate",
-            "lean_decode=true, but the lean decode cannot serve this policy: its linear layers are wrapped (LoRA "
-            "adapters), which it would read without them",
-        )
-    return paths
+    if cfg.model.lora:  # the run's policy carries its adapters: ask about that model
+        from rloo.lora import add_adapters
+
+        with torch.device("meta"):
+            add_adapters(policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, lora_targets(cfg, arch))
+    return fast_paths(cfg, policy, None)
 
 
 def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]] | None = None) -> Shape:
-    from rloo.assemble import decode_reorders_weights
+    from rloo.fast_paths import decode_reorders_weights
     from rloo.scoring import MODEL, parse_reward
 
     paths = paths if paths is not None else planned_fast_paths(cfg, arch)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from rloo.assemble import world_size
+from rloo.config import world_size
 from rloo.memory_plan import Architecture, Shape, plan_config, warnings_for
 
 

@@ -87,8 +87,8 @@ class RunPieces:
 def prepare(cfg: DictConfig) -> RunPlan | dict:
     """Validation (once, before anything heavy is imported, written or loaded), the run dir and its config.yaml,
     and the resume point; the summary of a requeued run that had finished instead."""
-    from rloo.assemble import lightning_strategy, quiet_lightning_logs, world_size
-    from rloo.config import episodes_note, num_rollouts, updates_per_rollout, validate_run
+    from rloo.assemble import lightning_strategy, quiet_lightning_logs
+    from rloo.config import episodes_note, num_rollouts, updates_per_rollout, validate_run, world_size
 
     trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
     processes = world_size(trainer_args)
@@ -139,7 +139,8 @@ def build(plan: RunPlan, record: "RunRecord") -> RunPieces:
     models and the algorithm's module; says which fast paths run."""
     trainer, export, evaluation = build_trainer(plan, record)
     cfg, log = plan.cfg, plan.log
-    from rloo.assemble import build_module, fast_paths, resolve_sources
+    from rloo.assemble import build_module, resolve_sources
+    from rloo.fast_paths import fast_paths
 
     model_src, data_src, bootstrap_report = resolve_sources(cfg, log)
     import lightning as L

@@ -1,11 +1,12 @@
-"""Shared fixtures: the toy tokenizer and tiny random GPT-NeoX models (no download, no bootstrap)."""
+"""Shared fixtures: the toy tokenizer, tiny random GPT-NeoX models (tests/tiny_models.py; no download, no
+bootstrap), and the embedded task built once per test run."""
 
 import os
 import tempfile
 
 import pytest
-import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
+
+from tests.tiny_models import tiny_model
 
 pytest_plugins = ["tests.chat_server"]  # the loopback chat-completions `server` fixture
 
@@ -23,35 +24,14 @@ def tokenizer():
     return build_task_tokenizer()
 
 
-def tiny_sizes(tokenizer) -> dict:
-    """The sizes and special tokens every tiny test model shares, whatever its family."""
-    return dict(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-    )
-
-
-def tiny_config(tokenizer, **overrides) -> GPTNeoXConfig:
-    return GPTNeoXConfig(**{**tiny_sizes(tokenizer), "tie_word_embeddings": False, **overrides})
-
-
 @pytest.fixture
 def policy(tokenizer):
-    torch.manual_seed(0)
-    return GPTNeoXForCausalLM(tiny_config(tokenizer)).eval()
+    return tiny_model("gpt_neox", tokenizer)
 
 
 @pytest.fixture
 def reward_model(tokenizer):
-    torch.manual_seed(1)
-    return GPTNeoXForSequenceClassification(tiny_config(tokenizer, num_labels=1)).eval()
+    return tiny_model("gpt_neox", tokenizer, reward=True, seed=1)
 
 
 @pytest.fixture(scope="session")
@@ -62,10 +42,9 @@ def tiny_run_assets(tmp_path_factory, tokenizer):
     from rloo.toy.task import make_splits
 
     root = tmp_path_factory.mktemp("assets")
-    torch.manual_seed(0)
-    GPTNeoXForCausalLM(tiny_config(tokenizer)).save_pretrained(root / "policy")
+    tiny_model("gpt_neox", tokenizer).save_pretrained(root / "policy")
     tokenizer.save_pretrained(root / "policy")
-    GPTNeoXForSequenceClassification(tiny_config(tokenizer, num_labels=1)).save_pretrained(root / "reward_model")
+    tiny_model("gpt_neox", tokenizer, reward=True, seed=1).save_pretrained(root / "reward_model")
     for split, rows in make_splits(seed=0, n_train=64, n_validation=16, n_test=4).items():
         with open(root / f"{split}.jsonl", "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)

@@ -224,8 +224,8 @@ OFF = "linear layers through F.linear (oneDNN's reordered weights serve float32 
 )
 def test_the_sampler_names_its_linear_product(policy, overrides, product):
     """The lean decode's reordered-weight product serves float32 on CPU only; elsewhere the run says it is off."""
-    from rloo.assemble import fast_paths
     from rloo.cli import compose_train_config
+    from rloo.fast_paths import fast_paths
 
     if product == REORDERED and not onednn_reorders():
         product = OFF + "32-true on cpu)"  # this torch has no oneDNN weight reorder: the log says F.linear

@@ -16,7 +16,7 @@ from rloo.toy.task import oracle_judge
 from rloo.user_code import Interrupted
 from tests import plugin_judges
 from tests.builders import judge_from_conf
-from tests.conftest import tiny_config
+from tests.tiny_models import tiny_model
 
 
 def test_win_rate_and_interval_by_hand():
@@ -139,7 +139,7 @@ def test_reward_model_judge_matches_one_at_a_time_scoring(tiny_run_assets):
 @pytest.fixture
 def hf_judge_model(tmp_path, tokenizer):
     torch.manual_seed(3)
-    GPTNeoXForCausalLM(tiny_config(tokenizer, max_position_embeddings=512)).save_pretrained(tmp_path / "judge")
+    tiny_model("gpt_neox", tokenizer, max_position_embeddings=512).save_pretrained(tmp_path / "judge")
     tokenizer.save_pretrained(tmp_path / "judge")
     return tmp_path / "judge"
 
