@@ -289,6 +289,38 @@ def _decode_attend(
     return out.reshape(slots, heads, 1, hd)
 
 
+def _prefill_groups(weights: Prepared, prompt_ids: Tensor, prompt_mask: Tensor, cos_table: Tensor, sin_table: Tensor):
+    """The prefill of each distinct prompt `[U]` and how rows `[N]` map onto it: per layer the prompt caches, the
+    first logits of every row `[N, V]`, each row's group `[N]` and rank in it `[N]`, the largest group size, and
+    the prompt bias `[U, P]` (0 on tokens, -inf on left padding). Groups of very unequal sizes (padding them would
+    cost more than a copy of the prompt's cache per row) get a copy per row instead."""
+    num_rows, device = len(prompt_ids), prompt_ids.device
+    first, inverse = _prompt_groups(prompt_ids, prompt_mask)  # [U], [N]
+    prompt_kvs, group_logits = _prefill(weights, prompt_ids[first], prompt_mask[first], cos_table, sin_table)
+    member = _group_members(inverse)  # [N]
+    group_size = int(member.max()) + 1
+    group_masks = prompt_mask[first]  # [U, P]
+    logits = group_logits[inverse]  # [N, V]
+    if len(first) * group_size > 2 * num_rows:
+        prompt_kvs = [kv[inverse] for kv in prompt_kvs]
+        inverse, member, group_size, group_masks = torch.arange(num_rows, device=device), member * 0, 1, prompt_mask
+    prompt_bias = torch.zeros(group_masks.shape, dtype=torch.float32, device=device)
+    prompt_bias.masked_fill_(group_masks == 0, float("-inf"))  # [U, P]
+    return prompt_kvs, logits, inverse, member, group_size, prompt_bias
+
+
+def _drop_rows(ended_slots: Tensor, num_live: int, *state: Tensor) -> list[Tensor]:
+    """Each tensor of `state` (batch-first) without the ended slots. The batch keeps its first B' = num_live slots:
+    live rows from the tail move into the ended slots below B', so a drop copies only the moved rows, and every
+    cache stays a contiguous prefix of its buffer."""
+    gone = torch.zeros(len(state[0]), dtype=torch.bool, device=ended_slots.device).index_fill_(0, ended_slots, True)
+    holes = gone[:num_live].nonzero().squeeze(1)  # [M] ended slots below B'
+    movers = (~gone[num_live:]).nonzero().squeeze(1) + num_live  # [M] live slots from B' on
+    for tensor in state:
+        tensor.index_copy_(0, holes, tensor.index_select(0, movers))
+    return [tensor[:num_live] for tensor in state]
+
+
 @torch.no_grad()
 def lean_generate(
     model,
@@ -322,17 +354,9 @@ def lean_generate(
     next_position = position_ids_for(prompt_mask)[:, -1] + 1  # [N] as generate: the last prompt position + 1
 
     # one prefill per distinct prompt; its cache is shared by the prompt's rows, each row caching its own completion
-    first, inverse = _prompt_groups(prompt_ids, prompt_mask)  # [U], [N]
-    prompt_kvs, group_logits = _prefill(weights, prompt_ids[first], prompt_mask[first], cos_table, sin_table)
-    logits = group_logits[inverse]  # [N, V]
-    member = _group_members(inverse)  # [N]
-    group_size = int(member.max()) + 1
-    group_masks = prompt_mask[first]  # [U, P]
-    if len(first) * group_size > 2 * num_rows:  # groups of very unequal sizes: padding them would cost more than
-        prompt_kvs = [kv[inverse] for kv in prompt_kvs]  # a copy of the prompt's cache per row
-        inverse, member, group_size, group_masks = torch.arange(num_rows, device=device), member * 0, 1, prompt_mask
-    prompt_bias = torch.zeros(group_masks.shape, dtype=torch.float32, device=device)
-    prompt_bias.masked_fill_(group_masks == 0, float("-inf"))  # [U, P]
+    prompt_kvs, logits, inverse, member, group_size, prompt_bias = _prefill_groups(
+        weights, prompt_ids, prompt_mask, cos_table, sin_table
+    )
     shape = body.shape
     own_kvs = [
         torch.empty(num_rows, shape.kv_heads, 2, max_new, shape.head_dim, dtype=weights.cache_dtype, device=device)
@@ -370,15 +394,9 @@ def lean_generate(
                 break
             ended_slots = ended.nonzero().squeeze(1) if draw is None else draw[ended]
             if drop_finished:
-                # the batch keeps its first B' slots: live rows from the tail move into the ended slots below B',
-                # so a drop copies only the moved rows, and every cache stays a contiguous prefix of its buffer
-                gone = torch.zeros(len(rows), dtype=torch.bool, device=device).index_fill_(0, ended_slots, True)
-                holes = gone[:num_live].nonzero().squeeze(1)  # [M] ended slots below B'
-                movers = (~gone[num_live:]).nonzero().squeeze(1) + num_live  # [M] live slots from B' on
-                state = [tokens, rows, next_position, *own_kvs]
-                for tensor in state:
-                    tensor.index_copy_(0, holes, tensor.index_select(0, movers))
-                tokens, rows, next_position, *own_kvs = (tensor[:num_live] for tensor in state)
+                tokens, rows, next_position, *own_kvs = _drop_rows(
+                    ended_slots, num_live, tokens, rows, next_position, *own_kvs
+                )
                 draw = rows.argsort()
             else:
                 live[ended_slots] = False
