@@ -151,9 +151,10 @@ def body_hidden_states(
     the k completions' gradients meet in the shared prompt. Same values as one forward of every row.
     """
     body, prompt_len = model.base_model, input_ids.shape[1] - completion_len
-    packed = group_size > 1 and packing_pays(model, prompt_len, completion_len, group_size)
     prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
-    if not (packed and shares_prefix(model, prompt_ids, prompt_mask, group_size, input_ids.shape[1])):
+    # whether the rows share their prompts (and the body is a family's) before what packing costs in that body
+    shared = group_size > 1 and shares_prefix(model, prompt_ids, prompt_mask, group_size, input_ids.shape[1])
+    if not (shared and packing_pays(model, prompt_len, completion_len, group_size)):
         hidden = body(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -90,13 +90,29 @@ def architecture_of(policy: str | None, bootstrap: dict | None) -> Architecture:
     values = _hf_config(str(policy))
     if values is not None:
         # a model_type of no family: planned with the Llama layout (warnings_for says so)
-        return architecture_from_config(values) or llama.architecture(values)
+        return architecture_from_config(values) or llama.architecture(_standard_sizes(values))
     size = re.search(r"pythia-(\d+(?:\.\d+)?[mb])", policy.lower())
     if size and size.group(1) in PYTHIA:
         return _pythia(*PYTHIA[size.group(1)])
     raise ValueError(
         f"model.policy={policy!r}: no local config.json and not a known Pythia size; "
         "give a local save_pretrained dir to plan for it"
+    )
+
+
+def _standard_sizes(values: dict) -> dict:
+    """config.json of a model_type of no family, with the sizes under transformers' standard names (GPT-2 writes its
+    hidden size as n_embd), read through the model's own config class; its MLP is taken as 4 x hidden where it
+    names no width."""
+    from transformers import AutoConfig
+
+    skip = ("model_type", "transformers_version", "architectures", "quantization_config")
+    config = AutoConfig.for_model(values["model_type"], **{k: v for k, v in values.items() if k not in skip})
+    hidden = config.hidden_size
+    inner = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+    sizes = ("vocab_size", "num_hidden_layers", "num_attention_heads")
+    return (
+        values | {name: getattr(config, name) for name in sizes} | {"hidden_size": hidden, "intermediate_size": inner}
     )
 
 

@@ -44,17 +44,33 @@ def test_each_family_record_serves_its_own_model_on_every_fast_path(family):
     assert all(hasattr(mlp, name) for name in record.mlp.names)
 
 
-def test_a_model_of_no_family_takes_hf_generate_and_the_plain_forward_and_says_why():
-    from transformers import GPT2Config, GPT2LMHeadModel
+def test_a_model_of_no_family_trains_on_hf_generate_and_the_plain_forward_and_says_why(
+    tokenizer, tmp_path, tiny_run_assets
+):
+    """GPT-2 is in no family: a run samples with HF generate, runs the plain forward, keeps its activations, plans
+    it with a warning, and says why each fast path did not serve it."""
+    import torch
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-    from rloo.decode import why_not_lean_decode
-    from rloo.forward import why_not_shared_prefix
     from rloo.lora import ALL_LINEAR, resolve_targets
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
-    for reason in (why_not_lean_decode(model, 16), why_not_shared_prefix(model, 16)):
-        assert reason.startswith("model_type gpt2 is none of the families in rloo/families/ (gpt_neox, llama")
-    assert resolve_targets("auto", model.config) == ALL_LINEAR
+    sizes = dict(n_layer=2, n_embd=32, n_head=4, n_positions=128, vocab_size=len(tokenizer))
+    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    root = tmp_path / "assets"
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(**sizes, **ids)).save_pretrained(root / "policy")
+    tokenizer.save_pretrained(root / "policy")
+    GPT2ForSequenceClassification(GPT2Config(**sizes, **ids, num_labels=1)).save_pretrained(root / "reward_model")
+    with_answer_column(tiny_run_assets, root)
+    summary = one_rollout(root, tmp_path / "run")
+    assert summary["status"] == "finished" and summary["rollouts"] == 1
+    paths = summary["fast_paths"]
+    assert paths["sampler"]["ran"] == "hf_generate" and paths["policy_forward"]["ran"] == "plain"
+    assert paths["reward_forward"]["ran"] == "plain" and paths["policy_activations"]["ran"] == "kept"
+    for path in ("sampler", "policy_forward", "reward_forward", "policy_activations"):
+        assert "model_type gpt2 is none of the families in rloo/families/ (gpt_neox, llama" in paths[path]["why"]
+    assert summary["memory"]["warnings"][0].startswith("warning: model_type 'gpt2' is not one this plan knows")
+    assert resolve_targets("auto", GPT2Config()) == ALL_LINEAR
 
 
 def with_answer_column(source, root) -> None:
