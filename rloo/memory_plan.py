@@ -100,14 +100,19 @@ def architecture_of(policy: str | None, bootstrap: dict | None) -> Architecture:
     )
 
 
+def _config_object(values: dict):
+    """The transformers config (its model_type's own class) of a config.json's values."""
+    from transformers import AutoConfig
+
+    skip = ("model_type", "transformers_version", "architectures", "quantization_config")
+    return AutoConfig.for_model(values["model_type"], **{k: v for k, v in values.items() if k not in skip})
+
+
 def _standard_sizes(values: dict) -> dict:
     """config.json of a model_type of no family, with the sizes under transformers' standard names (GPT-2 writes its
     hidden size as n_embd), read through the model's own config class; its MLP is taken as 4 x hidden where it
     names no width."""
-    from transformers import AutoConfig
-
-    skip = ("model_type", "transformers_version", "architectures", "quantization_config")
-    config = AutoConfig.for_model(values["model_type"], **{k: v for k, v in values.items() if k not in skip})
+    config = _config_object(values)
     hidden = config.hidden_size
     inner = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
     sizes = ("vocab_size", "num_hidden_layers", "num_attention_heads")
@@ -246,15 +251,13 @@ def planned_fast_paths(cfg, arch: Architecture) -> dict[str, tuple[str, str]]:
     """The sampler and forwards rloo.train will run, each with why: rloo.fast_paths itself, asked about an
     empty (meta-device) model built from the policy's config, so the plan and the run decide alike."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig
+    from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
     from rloo.fast_paths import fast_paths
 
     try:
         if arch.config is not None:
-            skip = ("model_type", "transformers_version", "architectures", "quantization_config")
-            values = {key: value for key, value in arch.config.items() if key not in skip}
-            config = AutoConfig.for_model(arch.config["model_type"], **values)
+            config = _config_object(arch.config)
         else:
             heads = arch.num_heads or max(arch.hidden_size // 128, 1)
             config = GPTNeoXConfig(
