@@ -66,11 +66,9 @@ def decode_body(model, linear: LinearFor) -> DecodeBody:
     body, config = model.model, model.config
     layers = []
     for layer in body.layers:
-        attn, mlp = layer.self_attn, layer.mlp
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         norms += (layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm)
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        layers.append(GemmaLayer(*map(_norm, norms), *map(linear, projections), mlp.act_fn))
+        layers.append(GemmaLayer(*map(_norm, norms), *llama.projections(layer, linear), layer.mlp.act_fn))
     attention = body.layers[0].self_attn
     shape = AttentionShape(
         config.num_attention_heads,

@@ -69,16 +69,24 @@ def _norm(module) -> tuple[Tensor, float]:
     return module.weight, module.variance_epsilon
 
 
+def projections(layer, linear: LinearFor) -> list[Proj]:
+    """A Llama-style block's q, k, v, o, gate, up and down projections, each through the decode's product."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return [
+        linear(m)
+        for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    ]
+
+
 def decode_body(model, linear: LinearFor) -> DecodeBody:
     """The body of a Llama-style causal LM (`model.model`), with Qwen3's q/k norms where its attention has them."""
     body = model.model
     layers = []
     for layer in body.layers:
-        attn, mlp = layer.self_attn, layer.mlp
+        attn = layer.self_attn
         qk_norms = (_norm(attn.q_norm), _norm(attn.k_norm)) if hasattr(attn, "q_norm") else (None, None)
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         norms = (_norm(layer.input_layernorm), _norm(layer.post_attention_layernorm))
-        layers.append(LlamaLayer(*norms, *map(linear, projections), mlp.act_fn, *qk_norms))
+        layers.append(LlamaLayer(*norms, *projections(layer, linear), layer.mlp.act_fn, *qk_norms))
     head_dim = body.layers[0].self_attn.head_dim
     config = model.config
     rotary = 2 * len(body.rotary_emb.inv_freq)
