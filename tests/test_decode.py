@@ -20,7 +20,7 @@ from rloo.rollout import truncate_after_stop
 from rloo.sampling import filter_logits
 from tests.builders import hf_generate as generate
 from tests.builders import sampling as sampling_config
-from tests.tiny_models import EOS, PAD, VARIANTS, tiny_model
+from tests.tiny_models import EOS, FAMILIES, PAD, VARIANTS, tiny_model
 
 # every variant of tests/tiny_models.py: each family, GPT-NeoX's residual and rotary forms, Llama 3's untied MHA
 ARCHITECTURES = list(VARIANTS)
@@ -308,7 +308,7 @@ def test_each_call_decodes_with_the_weights_as_they_are_then(architecture):
     assert not torch.equal(before, after)
 
 
-@pytest.mark.parametrize("architecture", ["gpt_neox", "llama", "qwen2", "qwen3", "mistral", "gemma2"])
+@pytest.mark.parametrize("architecture", FAMILIES)
 def test_seeded_samples_follow_hf_generate(architecture):
     """Same seed, no EOS stop: both draw multinomial over [N, V] float32 probabilities each step."""
     model = tiny_model(architecture)

@@ -9,7 +9,7 @@ import torch
 
 from rloo.errors import ConfigError
 from tests.e2e import one_rollout
-from tests.tiny_models import FAMILIES, tiny_model
+from tests.tiny_models import FAMILIES, GATED_FAMILIES, tiny_model
 
 
 def onednn_reorders() -> bool:
@@ -134,7 +134,7 @@ def test_a_llama_policy_trains_with_lora_and_a_reward_function_reading_a_column(
     assert exported.config.model_type == "llama"
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma2"])
+@pytest.mark.parametrize("family", GATED_FAMILIES)
 def test_a_llama_family_run_takes_both_fast_paths_and_plans_its_memory(family, tokenizer, tmp_path, tiny_run_assets):
     root = tmp_path / "assets"
     root.mkdir()

@@ -12,6 +12,7 @@ from rloo.bench.presets import PRESETS, build_models, model_config
 from rloo.families import architecture_from_config
 from rloo.memory_plan import Architecture, Shape, estimate
 from tests.e2e import HANG_GUARD_S, ROOT
+from tests.tiny_models import GATED_FAMILIES
 
 ADAPTED = ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
 
@@ -165,7 +166,7 @@ def test_bad_input_is_one_line(args, message, capsys):
     assert result.returncode == 2 and message in result.stderr and len(lines) == 1, result.stderr
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma2"])
+@pytest.mark.parametrize("family", GATED_FAMILIES)
 def test_llama_family_counts_and_cache_are_the_models_own(family, tokenizer):
     """Parameters (separate q/k/v, Qwen2's q/k/v biases, Qwen3's per-head q/k norms, Gemma 2's four norms a block,
     SwiGLU, RMSNorm, tied or untied head) and the decode's cache width (grouped-query attention: 2 key/value heads

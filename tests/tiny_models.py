@@ -23,6 +23,7 @@ from transformers import (
 )
 
 FAMILIES = ("gpt_neox", "llama", "qwen2", "qwen3", "mistral", "gemma2")  # every family the fast paths serve
+GATED_FAMILIES = FAMILIES[1:]  # the Llama-style ones: separate q/k/v, a gated MLP, RMSNorm
 NEOX = {"gpt_neox": (True, 0.25), "gpt_neox_sequential": (False, 0.25), "gpt_neox_full_rotary": (True, 1.0)}
 VARIANTS = (*NEOX, "llama", "qwen2", "qwen3", "mistral", "gemma2", "llama3_untied_mha")
 PAD, EOS = 0, 1  # ids of the models built without a tokenizer
