@@ -150,6 +150,22 @@ def test_logprobs_equal_training_forward(architecture, temperature, top_k, top_p
     assert (logprobs[completion_mask == 0] == 0).all()
 
 
+def test_a_tied_gemma2_samples_as_its_training_forward():
+    """Gemma 2 ties its head to the embedding's weights, which its body reads scaled by sqrt(D): the decode's sampled
+    log-probs equal the training forward's (the variant in tiny_models is untied, for the greedy tests' sake)."""
+    model = tiny_model("gemma2", vocab_size=24, tie_word_embeddings=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids, mask = left_padded_prompts(16, 5, 24)
+    torch.manual_seed(0)
+    completions, logprobs = lean_generate(
+        model, ids, mask, sampling_config(max_new_tokens=12, temperature=1.0), EOS, PAD
+    )
+    completions, completion_mask, _ = truncate_after_stop(completions, EOS, PAD)
+    expected = training_logprobs(model, ids, mask, completions, completion_mask, 1.0)
+    torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
+    assert completions.unique().numel() > 3  # the rows are not one token repeated
+
+
 def hf_warp(scores, temperature, top_k, top_p):
     for warper in (
         TemperatureLogitsWarper(temperature),
