@@ -1,7 +1,8 @@
 """Config checks that run before any model loads, and the typed settings built from a checked config.
 
-Types, ranges and the keys each algorithm reads are rloo.schema's; the checks here span keys or groups (batch
-divisibility, k per algorithm, strategies, LoRA, rewards, judges, model and data locations). Every default lives in
+Types, ranges and the keys each algorithm reads are the schema's (rloo.schema: the run's keys, and each algorithm's
+config class, found through rloo/algorithms/registry.py); the checks here span keys or groups (batch divisibility,
+k per algorithm, strategies, LoRA, rewards, judges, model and data locations). Every default lives in
 the YAML (conf/); the dataclasses built here have none. Every error is one line naming the key and what is allowed
 (`ConfigError`).
 """

@@ -51,7 +51,7 @@ OLD_LOGPROBS = ("recompute", "generation")
 @dataclass(frozen=True)
 class OnlineRLConfig:
     """The keys of conf/train.yaml every algorithm reads (documented there, with their defaults), each with its type,
-    range and resume policy (rloo.schema.key): the schema of these keys and the typed settings the module reads, in
+    range and resume policy (rloo.keys.key): the schema of these keys and the typed settings the module reads, in
     one declaration. Built from a checked config by rloo.config.algorithm_config; `derived` fields are made there."""
 
     k: int = key(FIXED, low=1)
