@@ -59,8 +59,6 @@ def why_not_lean_decode(model, sequence_length: int | None) -> str | None:
     if reason := families.why_not(model, sequence_length):
         return reason
     family = families.family_of(model)
-    if family.decode_body is None:
-        return f"it has no layer code for the {family.name} family"
     if not isinstance(model, family.causal_lm):
         return f"it samples from {family.causal_lm.__name__}, not {type(model).__name__}"
     rope_type = model.base_model.rotary_emb.rope_type

@@ -152,9 +152,14 @@ def body_hidden_states(
     """
     body, prompt_len = model.base_model, input_ids.shape[1] - completion_len
     prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
-    # whether the rows share their prompts (and the body is a family's) before what packing costs in that body
-    shared = group_size > 1 and shares_prefix(model, prompt_ids, prompt_mask, group_size, input_ids.shape[1])
-    if not (shared and packing_pays(model, prompt_len, completion_len, group_size)):
+    # the cheap questions first (a family's body, where packing pays), then the rows' prompts (a host sync)
+    packed = (
+        group_size > 1
+        and why_not_shared_prefix(model, input_ids.shape[1]) is None
+        and packing_pays(model, prompt_len, completion_len, group_size)
+        and shares_prefix(model, prompt_ids, prompt_mask, group_size, input_ids.shape[1])
+    )
+    if not packed:
         hidden = body(
             input_ids=input_ids,
             attention_mask=attention_mask,

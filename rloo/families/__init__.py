@@ -68,4 +68,4 @@ def why_not(model, sequence_length: int | None) -> str | None:
     if window is not None and (sequence_length is None or sequence_length > window):
         length = "rows of unknown length" if sequence_length is None else f"{sequence_length}-token rows"
         return f"its sliding-window attention ({window} tokens) does not cover {length} (prompt + completion)"
-    return family.why_not(model)
+    return None

@@ -119,6 +119,13 @@ class DecodeBody(NamedTuple):
     logit_softcap: float | None = None  # logits = softcap * tanh(logits / softcap) (Gemma 2)
 
 
+def layer_types_window(config) -> int | None:
+    """The sliding window where any layer of `config.layer_types` attends through one (Qwen2, Qwen3, Gemma 2)."""
+    if any(kind == "sliding_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return config.sliding_window
+    return None
+
+
 @dataclass(frozen=True)
 class Family:
     """Everything rloo knows of one model family, in one record; rloo/families/__init__.py lists them.
@@ -126,9 +133,8 @@ class Family:
     model_types: config.json's `model_type` values it claims; causal_lm: its transformers causal-LM class (the lean
     decode samples from that class only); projections: a block's linear layers in the model's names, which LoRA's
     `auto` adapts and the decode reads; mlp: its MLP form (rloo.mlp_recompute); architecture: config.json -> the
-    memory plan's Architecture; decode_body: (model, linear) -> the lean decode's weights and layer code, None where
-    the decode has none for it; attention_window: the sliding window of a config (None: full attention everywhere);
-    why_not: what else keeps the fast paths from this model (None: nothing)."""
+    memory plan's Architecture; decode_body: (model, linear) -> the lean decode's weights and layer code;
+    attention_window: the sliding window of a config (None: full attention everywhere)."""
 
     name: str
     model_types: tuple[str, ...]
@@ -136,16 +142,8 @@ class Family:
     projections: tuple[str, ...]
     mlp: MLPForm
     architecture: Callable[[dict], Architecture]
-    decode_body: Callable[[nn.Module, LinearFor], DecodeBody] | None = None
-    attention_window: Callable[[object], int | None] = field(default=lambda config: layer_types_window(config))
-    why_not: Callable[[nn.Module], str | None] = field(default=lambda model: None)
-
-
-def layer_types_window(config) -> int | None:
-    """The sliding window where any layer of `config.layer_types` attends through one (Qwen2, Qwen3, Gemma 2)."""
-    if any(kind == "sliding_attention" for kind in getattr(config, "layer_types", None) or ()):
-        return config.sliding_window
-    return None
+    decode_body: Callable[[nn.Module, LinearFor], DecodeBody]
+    attention_window: Callable[[object], int | None] = layer_types_window
 
 
 def llama_like_architecture(values: dict, biased: tuple[str, ...], norms_per_layer: int, qk_norm: bool = False):
