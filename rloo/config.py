@@ -197,6 +197,8 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             "missing-EOS rule at a time (subtract the penalty, or replace the score); set the other to null"
         )
     validate_reward(cfg, spec.value_model)
+    if cfg.get("advantage") is not None:  # the GRPO family (conf/algo/shared/group.yaml)
+        validate_group_estimator(cfg, world_size)
     validate_lora(cfg)
     validate_strategy(cfg)
     from rloo.resume import check_resume_argument
@@ -293,6 +295,47 @@ def refuse_inert(cfg: DictConfig, key: str, setting: str, what_it_does: str) -> 
     value = OmegaConf.select(cfg, key)
     if value is not None and value != default:
         raise ConfigError(f"{key}={value} does nothing with {setting} ({what_it_does}); remove it")
+
+
+GROUP_INERT = (  # (key, when it does nothing, the setting that says so, what it does)
+    ("std_eps", lambda c: c.advantage != "group_std", "advantage={advantage}", "it divides group_std's std"),
+    (
+        "aggregation_constant",
+        lambda c: c.loss_aggregation != "token_sum_norm",
+        "loss_aggregation={loss_aggregation}",
+        "it is token_sum_norm's denominator",
+    ),
+    ("kl_in", lambda c: c.kl_coef == 0, "kl_coef=0", "it places the KL penalty"),
+    ("kl_estimator", lambda c: c.kl_coef == 0, "kl_coef=0", "it estimates the KL penalty"),
+    (
+        "dynamic_sampling_rounds",
+        lambda c: not c.dynamic_sampling,
+        "dynamic_sampling=false",
+        "it caps dynamic sampling's extra rounds",
+    ),
+    ("overlong_cache", lambda c: c.overlong != "shape", "overlong={overlong}", "it is overlong=shape's L_cache"),
+)
+
+
+def validate_group_estimator(cfg: DictConfig, world_size: int) -> None:
+    """The GRPO family's keys: one that the chosen forms do not read, set away from conf/algo/shared/group.yaml's
+    value, is refused; so are the mixes that cannot be formed."""
+    shared = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "algo" / "shared" / "group.yaml")
+    for name, inert, setting, what in GROUP_INERT:
+        if inert(cfg) and cfg.get(name) != shared.get(name) and cfg.get(name) is not None:
+            raise ConfigError(
+                f"{name}={cfg.get(name)} does nothing with {setting.format(**cfg)} ({what}); remove it"
+            )
+    if cfg.advantage == "return_to_go_batch_std" and cfg.ratio_level == "sequence":
+        raise ConfigError(
+            "ratio_level=sequence needs one advantage per completion, but advantage=return_to_go_batch_std gives one "
+            "per token; use ratio_level=token or a group advantage"
+        )
+    if cfg.dynamic_sampling and world_size > 1:
+        raise ConfigError(
+            f"dynamic_sampling=true runs on one device (ranks would sample different numbers of rounds), got "
+            f"{world_size} devices; use dynamic_sampling=false or one device"
+        )
 
 
 JUDGE_NEEDS = {"rloo.toy.judge.OracleJudge": "data=toy (the oracle scores the embedded task only)"}

@@ -287,6 +287,14 @@ class PromptDataModule(LightningDataModule):
             generator=torch.Generator().manual_seed(self.seed),
         )
 
+    def extra_prompts(self, count: int, rollout: int, round_: int) -> dict:
+        """`count` train prompts for a rollout's extra sampling round (DAPO's dynamic sampling), drawn from the seed,
+        the rollout's number, the round and the rank alone: a resumed run draws the same ones."""
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        generator = torch.Generator().manual_seed(((self.seed * 1_000_003 + rollout) * 1_009 + round_) * 1_013 + rank)
+        picked = torch.randint(len(self.train_rows), (count,), generator=generator).tolist()
+        return self.collate([self.train_rows[i] for i in picked])
+
     def eval_rows(self, num_prompts: int) -> list[dict]:
         """The first `num_prompts` held-out rows (fixed, so before/after compare the same prompts)."""
         return self.validation_rows[:num_prompts]

@@ -58,6 +58,23 @@ class Rollout:
         return Rollout(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
+def concatenate(parts: list[Rollout], pad_token_id: int) -> Rollout:
+    """Rollouts of the same prompt-major layout, one after the other; prompts and completions padded to the widest
+    (prompts on the left, completions on the right, as sampled; ids with pad_token_id, the rest with 0)."""
+    prompt_width = max(p.prompt_ids.shape[1] for p in parts)
+    width = max(p.completion_ids.shape[1] for p in parts)
+
+    def pad(name: str, value: Tensor) -> Tensor:
+        fill = pad_token_id if name.endswith("_ids") else 0
+        if name.startswith("prompt"):
+            return F.pad(value, (prompt_width - value.shape[1], 0), value=fill)
+        if value.dim() == 2:
+            return F.pad(value, (0, width - value.shape[1]), value=fill)
+        return value
+
+    return Rollout(**{f.name: torch.cat([pad(f.name, getattr(p, f.name)) for p in parts]) for f in fields(Rollout)})
+
+
 def generation_config_for(sampling: SamplingConfig, eos_token_id: int, pad_token_id: int) -> GenerationConfig:
     """Every field that changes sampling is set here, so nothing comes from the model's own generation_config."""
     return GenerationConfig(

@@ -59,3 +59,7 @@ def hangs(prompts, completions):
     if os.environ.get("RLOO_TEST_HANG_MARK"):
         Path(os.environ["RLOO_TEST_HANG_MARK"]).touch()
     time.sleep(3600)
+
+
+def constant(prompts, completions):
+    return [1.0] * len(completions)

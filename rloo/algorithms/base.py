@@ -230,13 +230,15 @@ class OnlineRLModule(LightningModule):
             return None, sequence_w, {"is_weight": sequence_w.mean()}
         return None, None, {}
 
-    def accumulate_gradients(self, loss: Tensor, micro: MicroBatch) -> None:
-        """Accumulate the gradient of a micro-batch's mean loss as its share of the mini-batch mean; gradients are
-        reduced across ranks after the last micro-batch of a mini-batch only."""
+    def accumulate_gradients(self, loss: Tensor, micro: MicroBatch, share: float | None = None) -> None:
+        """Accumulate the gradient of a micro-batch's mean loss as its share of the mini-batch mean (its share of the
+        rows, unless `share` says otherwise: of the tokens, for a token mean); gradients are reduced across ranks
+        after the last micro-batch of a mini-batch only."""
+        if share is None:
+            share = len(micro.index) / (self.config.rollout_batch_size // self.config.num_mini_batches)
         self.strategy.before_backward(micro.last_of_mini_batch)
         with self.optimizers().toggle_model(sync_grad=micro.last_of_mini_batch):  # DDP's switch
-            rows = len(micro.index)
-            self.manual_backward(loss * rows / (self.config.rollout_batch_size // self.config.num_mini_batches))
+            self.manual_backward(loss * share)
 
     def penalised_scores(self, rollout: Rollout) -> Tensor:
         """The rollout's scores after the missing-EOS rule (missing_eos_penalty subtracted, or missing_eos_score in

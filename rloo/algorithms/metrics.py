@@ -27,6 +27,7 @@ METRIC_NAMES = {
     "ratio_min": "policy/ratio_min",
     "ratio_max": "policy/ratio_max",
     "is_weight": "is/weight_mean",
+    "kl_loss": "loss/kl_avg",
     "baseline": "objective/baseline",
     "mismatch_abs_mean": "mismatch/logprob_abs_mean",
     "mismatch_abs_max": "mismatch/logprob_abs_max",

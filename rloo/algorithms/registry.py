@@ -39,5 +39,10 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("vanilla_pg", "rloo.algorithms.reinforce", "VanillaPGModule", "RLOOConfig"),
         Algorithm("ppo", "rloo.algorithms.ppo", "PPOModule", "PPOConfig", value_model=True),
         Algorithm("dpo", "rloo.algorithms.dpo", "DPOModule", "DPOConfig", min_k=2, trains_on_pairs=True),
+        Algorithm("grpo", "rloo.algorithms.grpo", "GroupModule", "GroupConfig", min_k=2),
+        Algorithm("dr_grpo", "rloo.algorithms.grpo", "GroupModule", "GroupConfig", min_k=2),
+        Algorithm("dapo", "rloo.algorithms.grpo", "GroupModule", "GroupConfig", min_k=2),
+        Algorithm("reinforce_pp", "rloo.algorithms.grpo", "GroupModule", "GroupConfig", min_k=2),
+        Algorithm("gspo", "rloo.algorithms.grpo", "GroupModule", "GroupConfig", min_k=2),
     )
 }

@@ -33,6 +33,7 @@ def mini_batch_indices(
 class MicroBatch(NamedTuple):
     index: Tensor  # the rollout rows it holds
     last_of_mini_batch: bool  # gradients are reduced across ranks after it, and the optimiser steps
+    mini_batch: Tensor  # the rows of its whole mini-batch (a loss averaged over tokens weighs its share of them)
 
 
 def micro_batches(passes: Iterable[Iterator[list[Tensor]]], step: Callable[[], None]) -> Iterator[MicroBatch]:
@@ -42,7 +43,7 @@ def micro_batches(passes: Iterable[Iterator[list[Tensor]]], step: Callable[[], N
     for mini_batches in passes:
         for mini_batch in mini_batches:
             for position, index in enumerate(mini_batch):
-                yield MicroBatch(index, position == len(mini_batch) - 1)
+                yield MicroBatch(index, position == len(mini_batch) - 1, torch.cat(mini_batch))
             step()
 
 

@@ -1,0 +1,262 @@
+"""The GRPO family's math (rloo/estimators.py) against values computed by hand (in the comments), pass@k and the
+majority vote against hand counts, and the module (rloo/algorithms/grpo.py) in a real Trainer: it reduces to RLOO's
+step where its choices are RLOO's, its token mean is the same whatever the micro-batches, and DAPO's dynamic
+sampling refills a rollout from fresh prompts."""
+
+import math
+
+import lightning as L
+import pytest
+import torch
+
+from rloo.algorithms.grpo import GroupModule
+from rloo.algorithms.rloo import RLOOModule
+from rloo.estimators import (
+    aggregate,
+    aggregation_share,
+    batch_whitened_tokens,
+    clipped_terms,
+    group_advantages,
+    informative_groups,
+    k3_kl,
+    overlong_penalty,
+    returns_to_go,
+    sequence_clipped_objective,
+    token_clipped_objective,
+)
+from rloo.objectives import per_token_rewards
+from rloo.pass_at_k import majority_vote, pass_at_k
+from tests.test_module import fit
+
+D = torch.float64
+ROOT7 = math.sqrt(7.0)
+
+
+def close(a, b, tol=1e-6):
+    assert torch.allclose(torch.as_tensor(a, dtype=D), torch.as_tensor(b, dtype=D), atol=tol), (a, b)
+
+
+# ---- advantages -----------------------------------------------------------------------------------------------
+REWARDS = torch.tensor([1.0, 2.0, 6.0, 0.0, 0.0, 0.0], dtype=D)  # two groups of k=3
+
+
+def test_group_advantages_hand_values():
+    # group 1: mean 3, centred [-2, -1, 3], unbiased var (4 + 1 + 9) / 2 = 7; group 2: all equal
+    close(group_advantages(REWARDS, 3, "group_mean"), [-2, -1, 3, 0, 0, 0])
+    close(group_advantages(REWARDS, 3, "group_std", std_eps=0.0 + 1e-12), [-2 / ROOT7, -1 / ROOT7, 3 / ROOT7, 0, 0, 0])
+    close(group_advantages(REWARDS, 3, "group_std", std_eps=1.0), [-2 / (ROOT7 + 1), -1 / (ROOT7 + 1), 3 / (ROOT7 + 1), 0, 0, 0])
+    # leave-one-out: b_i = (9 - r_i) / 2 = [4, 3.5, 1.5] -> [-3, -1.5, 4.5], k/(k-1) times the centred rewards
+    close(group_advantages(REWARDS, 3, "leave_one_out"), [-3, -1.5, 4.5, 0, 0, 0])
+    # REINFORCE++-baseline: [-2, -1, 3, 0, 0, 0] has mean 0 and unbiased var 14 / 5 = 2.8
+    s = math.sqrt(2.8)
+    close(group_advantages(REWARDS, 3, "group_mean_batch_std"), [-2 / s, -1 / s, 3 / s, 0, 0, 0])
+
+
+def test_reinforce_pp_returns_to_go_and_batch_whitening_hand_values():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    kl = torch.tensor([[0.1, 0.2, 0.3, 9.0], [0.5, 9.0, 9.0, 9.0]], dtype=D)  # 9 on padding must not count
+    # r_t = -KL_t, the score on the last real token: [-0.1, -0.2, -0.3 + 2], [-0.5 - 1]
+    rewards = per_token_rewards(torch.tensor([2.0, -1.0], dtype=D), kl, mask, 1.0)
+    returns = returns_to_go(rewards, mask)
+    close(returns, [[1.4, 1.5, 1.7, 0], [-1.5, 0, 0, 0]])
+    # the four real returns: mean 0.775, deviations .625 .725 .925 -2.275, unbiased var = 6.6475 / 3
+    std = math.sqrt((0.625**2 + 0.725**2 + 0.925**2 + 2.275**2) / 3)
+    close(batch_whitened_tokens(returns, mask), [[0.625 / std, 0.725 / std, 0.925 / std, 0], [-2.275 / std, 0, 0, 0]])
+
+
+# ---- loss aggregation ----------------------------------------------------------------------------------------
+TERMS = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 100.0, 100.0, 100.0]], dtype=D)  # 100 on padding
+MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+
+
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token_mean", (1 + 2 + 3 + 4) / 4),  # every token alike: 2.5
+        ("seq_mean_token_mean", (2 + 4) / 2),  # each completion's token mean, then the mean: 3
+        ("seq_mean_token_sum", (6 + 4) / 2),  # each completion's sum, then the mean: 5
+        ("token_sum_norm", 10 / (2 * 5)),  # the sum over (completions * constant 5): 1
+    ],
+)
+def test_aggregation_hand_values(mode, expected):
+    close(aggregate(TERMS, MASK, mode, constant=5), expected)
+
+
+def test_aggregation_shares_add_micro_batches_up_to_the_whole():
+    for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm"):
+        whole = aggregate(TERMS, MASK, mode, constant=5)
+        parts = sum(
+            aggregation_share(mode, MASK[i : i + 1], MASK) * aggregate(TERMS[i : i + 1], MASK[i : i + 1], mode, 5)
+            for i in range(2)
+        )
+        close(parts, whole)
+    assert aggregation_share("token_mean", MASK[:1], MASK) == 0.75  # 3 of the 4 tokens
+    assert aggregation_share("seq_mean_token_mean", MASK[:1], MASK) == 0.5
+
+
+# ---- clipping and ratios --------------------------------------------------------------------------------------
+def test_asymmetric_clip_hand_values():
+    ratio = torch.tensor([0.7, 1.0, 1.25, 1.3], dtype=D)
+    # A = 1: clip(r, 0.8, 1.28) = [0.8, 1, 1.25, 1.28]; max(-r, -clip) = [-0.7, -1, -1.25, -1.28]
+    terms, active = clipped_terms(torch.ones(4, dtype=D), ratio, 0.2, 0.28)
+    close(terms, [-0.7, -1.0, -1.25, -1.28])
+    assert active.tolist() == [False, False, False, True]
+    # A = -1: max(r, clip) = [0.8, 1, 1.25, 1.3]: the low side binds
+    terms, active = clipped_terms(-torch.ones(4, dtype=D), ratio, 0.2, 0.28)
+    close(terms, [0.8, 1.0, 1.25, 1.3])
+    assert active.tolist() == [True, False, False, False]
+    # symmetric 0.2 clips 1.25 as well: clip-higher is what lets it through
+    assert clipped_terms(torch.ones(4, dtype=D), ratio, 0.2, 0.2)[1].tolist() == [False, False, True, True]
+
+
+def test_sequence_ratio_is_length_normalised_and_clipped_per_completion():
+    old = torch.zeros(2, 3, dtype=D)
+    new = torch.tensor([[0.1, 0.3, 7.0], [-0.6, 7.0, 7.0]], dtype=D)  # 7 on padding
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    terms, active, ratio = sequence_clipped_objective(torch.tensor([1.0, -1.0], dtype=D), new, old, mask, 3e-4, 4e-4)
+    close(ratio, [math.exp(0.2), math.exp(-0.6)])  # exp(mean_t log rho): exp((0.1 + 0.3) / 2), exp(-0.6)
+    # A = 1, s = 1.2214 > 1.0004: -clip = -1.0004 wins; A = -1, s = 0.5488 < 0.9997: clip = 0.9997 wins
+    close(terms[:, 0], [-1.0004, 0.9997])
+    assert active.tolist() == [True, True]
+    close(aggregate(terms, mask, "seq_mean_token_mean"), (-1.0004 + 0.9997) / 2)
+
+
+def test_on_policy_gradients_of_the_token_and_sequence_ratios():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    adv = torch.tensor([1.0, -1.0], dtype=D)
+    logprobs = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], dtype=D, requires_grad=True)
+    # sequence (GSPO), seq_mean_token_mean: d/dlogp_{i,t} of mean_i(-A_i s_i) = -A_i / |y_i| / N at s = 1
+    terms, _, _ = sequence_clipped_objective(adv, logprobs, logprobs.detach(), mask, 0.2, 0.2)
+    (grad,) = torch.autograd.grad(aggregate(terms, mask, "seq_mean_token_mean"), logprobs)
+    close(grad, [[-0.25, -0.25, 0], [0.5, 0, 0]])
+    # token ratios, token_mean over the 3 real tokens: -A_i / 3 on each
+    terms, _, _ = token_clipped_objective(adv, logprobs, logprobs.detach(), mask, 0.2, 0.28)
+    (grad,) = torch.autograd.grad(aggregate(terms, mask, "token_mean"), logprobs)
+    close(grad, [[-1 / 3, -1 / 3, 0], [1 / 3, 0, 0]])
+
+
+def test_k3_kl_loss_term_hand_values():
+    logprobs = torch.tensor([math.log(0.5), math.log(0.3)], dtype=D, requires_grad=True)
+    ref = torch.tensor([math.log(0.25), math.log(0.3)], dtype=D)
+    kl = k3_kl(logprobs, ref)
+    # pi_ref / pi = 0.5: 0.5 - log 0.5 - 1 = 0.19315; equal log-probs: 0
+    close(kl, [0.5 - math.log(0.5) - 1, 0.0])
+    (grad,) = torch.autograd.grad(kl.sum(), logprobs)
+    close(grad, [1 - 0.5, 0.0])  # d/dlogp (e^{ref - lp} - (ref - lp) - 1) = 1 - pi_ref / pi
+
+
+# ---- DAPO's sampling changes ---------------------------------------------------------------------------------
+def test_overlong_shaping_hand_values():
+    # L_max 16, L_cache 4: free up to 12, then (12 - |y|) / 4 down to -1 at 16, -1 beyond
+    close(overlong_penalty(torch.tensor([10, 12, 13, 15, 16, 17]), 16, 4), [0, 0, -0.25, -0.75, -1.0, -1.0])
+
+
+def test_dynamic_sampling_filter_keeps_groups_with_a_signal():
+    scores = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    assert informative_groups(scores, 3).tolist() == [False, True, False]
+
+
+# ---- pass@k and majority vote ---------------------------------------------------------------------------------
+def test_pass_at_k_hand_values():
+    assert pass_at_k(5, 2, 1) == pytest.approx(2 / 5)  # c / n
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2) / C(5,2)
+    assert pass_at_k(4, 3, 2) == 1.0  # C(1, 2) = 0: any two draws hold a correct one
+    assert pass_at_k(4, 0, 4) == 0.0
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 4)
+
+
+def test_majority_vote_hand_values():
+    assert majority_vote(["4", "5", "4", "7"], [True, False, True, False]) is True
+    assert majority_vote(["3", "5", "5", "3"], [False, True, True, False]) is False  # a tie: the first seen, "3"
+    assert majority_vote([None, None, "8", None], [False, False, True, False]) is True  # no answer, no vote
+    assert majority_vote([None, None], [False, False]) is False
+
+
+# ---- the module in a Trainer -----------------------------------------------------------------------------------
+def test_group_module_with_rloo_choices_trains_as_rloo(tiny_run_assets, tokenizer):
+    """advantage=leave_one_out, sequence sums and the KL in the reward are RLOO's step: the same weights after
+    three rollouts as RLOOModule's, from the same samples."""
+    shared = dict(kl_coef=0.05, kl_estimator="k1", micro_batch_size=16)
+    _, rloo = fit(tiny_run_assets, tokenizer, loss="reinforce", **shared)
+    _, group = fit(
+        tiny_run_assets,
+        tokenizer,
+        module_class=GroupModule,
+        algorithm="grpo",
+        advantage="leave_one_out",
+        loss_aggregation="seq_mean_token_sum",
+        kl_in="reward",
+        **shared,
+    )
+    for (name, a), b in zip(rloo.policy.state_dict().items(), group.policy.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-5), name
+
+
+@pytest.mark.parametrize("algorithm", ["dapo", "reinforce_pp"])
+def test_token_mean_is_the_same_whatever_the_micro_batches(tiny_run_assets, tokenizer, algorithm):
+    """The token mean weighs each micro-batch by its share of the mini-batch's tokens: one micro-batch of 16 and
+    four of 4 take the same optimiser steps."""
+    runs = [
+        fit(tiny_run_assets, tokenizer, module_class=GroupModule, algorithm=algorithm, micro_batch_size=size)[1]
+        for size in (16, 4)
+    ]
+    for (name, a), b in zip(runs[0].policy.state_dict().items(), runs[1].policy.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-5), name
+
+
+class RecordSteps(L.Callback):
+    """Each step's rollout and targets, and the metrics it logged (rloo.algorithms.grpo.log_metrics, wrapped)."""
+
+    def __init__(self, monkeypatch=None, reward=None):
+        import rloo.algorithms.grpo as grpo
+
+        self.reward, self.metrics, self.rollouts = reward, [], []
+        if monkeypatch is not None:
+            logged = grpo.log_metrics
+            monkeypatch.setattr(
+                grpo, "log_metrics", lambda module, m, **kw: (self.metrics.append(dict(m)), logged(module, m, **kw))
+            )
+
+    def setup(self, trainer, module, stage):
+        if self.reward is not None:
+            module.reward = self.reward
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.rollouts.append((module.last_rollout, module.last_targets))
+
+
+def test_grpo_advantages_are_the_group_standardised_scores(tiny_run_assets, tokenizer):
+    record = RecordSteps()
+    fit(tiny_run_assets, tokenizer, module_class=GroupModule, algorithm="grpo", callbacks=[record])
+    for rollout, targets in record.rollouts:
+        scores = rollout.scores.double() - 1.0 * (~rollout.ended_with_eos.bool()).double()  # missing-EOS penalty 1
+        for p in range(len(scores) // 4):
+            group = scores[p * 4 : p * 4 + 4]
+            expected = (group - group.mean()) / (group.std() + 1e-4)
+            got = targets.sequence_advantages(rollout.completion_mask)[p * 4 : p * 4 + 4]
+            close(got[rollout.lengths[p * 4 : p * 4 + 4] > 0], expected[rollout.lengths[p * 4 : p * 4 + 4] > 0], 1e-4)
+
+
+def test_dynamic_sampling_refills_from_fresh_prompts_and_says_how_many_were_dropped(
+    tiny_run_assets, tokenizer, monkeypatch
+):
+    from rloo.scoring import Reward, parse_reward
+
+    constant = Reward(parse_reward("tests.reward_functions:constant"), "raise")
+    record = RecordSteps(monkeypatch, constant)  # every group's scores are equal: every group is dropped, every round
+    fit(tiny_run_assets, tokenizer, module_class=GroupModule, algorithm="dapo", callbacks=[record], num_rollouts=2)
+    first = record.metrics[0]
+    assert first["dynamic_sampling/rounds"] == 3  # dynamic_sampling_rounds
+    assert first["dynamic_sampling/dropped_groups"] == 4 * 4  # 4 prompts a round, 4 rounds
+    assert first["dynamic_sampling/filled_with_dropped"] == 4
+    assert first["dynamic_sampling/sampled_completions"] == 64
+    rollout, targets = record.rollouts[0]
+    assert len(rollout) == 16 and torch.count_nonzero(targets.advantages) == 0
+
+    record = RecordSteps(monkeypatch, Reward(parse_reward("tests.reward_functions:length"), "raise"))
+    fit(tiny_run_assets, tokenizer, module_class=GroupModule, algorithm="dapo", callbacks=[record], num_rollouts=2)
+    for step, (rollout, _) in zip(record.metrics, record.rollouts):
+        kept = 4 - step["dynamic_sampling/filled_with_dropped"]
+        groups = informative_groups(rollout.scores - 0.0, 4)  # the refilled rollout leads with informative groups
+        assert groups[: int(kept)].all() and len(rollout) == 16
