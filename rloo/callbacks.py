@@ -40,10 +40,12 @@ class HeldOutEval(Callback):
         table_rows: int = 64,
         log=print,
         judge_timeout_s: float = 0,
+        verifiable=None,
     ):
         self.rows, self.sampling, self.batch_size, self.judge = rows, sampling, batch_size, judge
         self.before, self.after, self.every, self.log_fn = before, after, every, log
         self.samples_path, self.table_rows, self.judge_timeout_s = samples_path, table_rows, judge_timeout_s
+        self.verifiable = verifiable  # rloo.heldout.VerifiableEval: pass@k and majority vote, or None
         self.initial: dict[str, float] | None = None
         self.final: dict[str, float] | None = None
         self.history: list[dict] = []  # {"step", **summary} of every evaluation, in order
@@ -74,6 +76,7 @@ class HeldOutEval(Callback):
                 reward=module.reward,
                 judge_timeout_s=self.judge_timeout_s,
                 should_stop=lambda: trainer.received_sigterm,
+                verifiable=self.verifiable,
             )
         per_row, samples = {k: v[:real] for k, v in per_row.items()}, samples[:real]
         if world > 1:  # shards differ by at most one row: pad with nan, gather, keep the rows that exist
@@ -244,7 +247,7 @@ class ExportPolicy(Callback):
             self.exported()
 
 
-SHOWN = ("win_rate", "win_rate_ci_low", "win_rate_ci_high", "invalid", "score", "mean_length")
+SHOWN = ("win_rate", "win_rate_ci_low", "win_rate_ci_high", "invalid", "score", "mean_length", "accuracy", "pass@1")
 
 
 class SampleTable(Callback):

@@ -104,6 +104,19 @@ def eval_sampling(cfg: DictConfig) -> SamplingConfig:
     )
 
 
+def verifiable_eval(cfg: DictConfig):
+    """The sampled evaluation for verifiable rewards (eval.samples_per_prompt), or None where it is off."""
+    if cfg.eval.samples_per_prompt == 0:
+        return None
+    from rloo.heldout import VerifiableEval
+    from rloo.scoring import load_function
+
+    answer = load_function(cfg.eval.answer, key="eval.answer") if cfg.eval.answer is not None else None
+    return VerifiableEval(
+        cfg.eval.samples_per_prompt, tuple(cfg.eval.pass_k), cfg.eval.correct_at, rollout_sampling(cfg), answer
+    )
+
+
 def algorithm_config(cfg: DictConfig, total_rollouts: int):
     """The typed settings of `cfg.algorithm`'s config class (rloo/algorithms/registry.py) from a checked config: each
     key by its field's name, the derived fields made here."""
@@ -197,6 +210,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             "missing-EOS rule at a time (subtract the penalty, or replace the score); set the other to null"
         )
     validate_reward(cfg, spec.value_model)
+    validate_verifiable_eval(cfg)
     if cfg.get("advantage") is not None:  # the GRPO family (conf/algo/shared/group.yaml)
         validate_group_estimator(cfg, world_size)
     validate_lora(cfg)
@@ -285,6 +299,29 @@ def validate_reward(cfg: DictConfig, value_model: bool) -> None:
         )
 
 
+def validate_verifiable_eval(cfg: DictConfig) -> None:
+    """eval.samples_per_prompt and the keys that read its samples: reward functions to judge them, each k of pass_k
+    at most n, an importable answer function; off (0), the other three are refused if set."""
+    from rloo.scoring import MODEL, load_function, parse_reward
+
+    n = cfg.eval.samples_per_prompt
+    if n == 0:
+        for name in ("pass_k", "correct_at", "answer"):
+            refuse_inert(cfg, f"eval.{name}", "eval.samples_per_prompt=0", "it reads the sampled evaluation")
+        return
+    if all(term.name == MODEL for term in parse_reward(cfg.reward)):
+        raise ConfigError(
+            f"eval.samples_per_prompt={n} needs reward functions to judge each sample correct, but reward="
+            f"{cfg.reward!r} has none; give reward=module:function or set eval.samples_per_prompt=0"
+        )
+    if max(cfg.eval.pass_k) > n or min(cfg.eval.pass_k) < 1:
+        raise ConfigError(
+            f"eval.pass_k={list(cfg.eval.pass_k)} is not allowed: each k in [1, eval.samples_per_prompt={n}]"
+        )
+    if cfg.eval.answer is not None:
+        load_function(cfg.eval.answer, key="eval.answer")
+
+
 def refuse_inert(cfg: DictConfig, key: str, setting: str, what_it_does: str) -> None:
     """`key` does nothing under `setting`: set away from its default (conf/train.yaml, conf/sampling.yaml), it is
     refused rather than ignored."""
@@ -323,9 +360,7 @@ def validate_group_estimator(cfg: DictConfig, world_size: int) -> None:
     shared = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "algo" / "shared" / "group.yaml")
     for name, inert, setting, what in GROUP_INERT:
         if inert(cfg) and cfg.get(name) != shared.get(name) and cfg.get(name) is not None:
-            raise ConfigError(
-                f"{name}={cfg.get(name)} does nothing with {setting.format(**cfg)} ({what}); remove it"
-            )
+            raise ConfigError(f"{name}={cfg.get(name)} does nothing with {setting.format(**cfg)} ({what}); remove it")
     if cfg.advantage == "return_to_go_batch_std" and cfg.ratio_level == "sequence":
         raise ConfigError(
             "ratio_level=sequence needs one advantage per completion, but advantage=return_to_go_batch_std gives one "

@@ -24,10 +24,10 @@ OVERLONG = ("none", "shape", "mask")
 def group_advantages(rewards: Tensor, k: int, form: str, std_eps: float = 1e-4) -> Tensor:
     """One advantage per completion from its group of k, [N] -> [N]:
 
-      leave_one_out          A_i = R_i - mean_{j != i} R_j                      (RLOO; Kool et al. 2019)
-      group_mean             A_i = R_i - mean_j R_j                             (Dr. GRPO, Liu et al. 2025)
-      group_std              A_i = (R_i - mean_j R_j) / (std_j R_j + eps)       (GRPO, Shao et al. 2024; unbiased std)
-      group_mean_batch_std   A_i = z-score over the batch of (R_i - mean_j R_j) (REINFORCE++-baseline, Hu 2025)
+    leave_one_out          A_i = R_i - mean_{j != i} R_j                      (RLOO; Kool et al. 2019)
+    group_mean             A_i = R_i - mean_j R_j                             (Dr. GRPO, Liu et al. 2025)
+    group_std              A_i = (R_i - mean_j R_j) / (std_j R_j + eps)       (GRPO, Shao et al. 2024; unbiased std)
+    group_mean_batch_std   A_i = z-score over the batch of (R_i - mean_j R_j) (REINFORCE++-baseline, Hu 2025)
     """
     if form == "leave_one_out":
         return leave_one_out_advantages(rewards, k)
@@ -63,11 +63,11 @@ def batch_whitened_tokens(values: Tensor, mask: Tensor) -> Tensor:
 def aggregate(objective: Tensor, mask: Tensor, mode: str, constant: float | None = None) -> Tensor:
     """The scalar loss from per-token terms L_{i,t} [N, T] over real tokens (veRL's loss_agg_mode names):
 
-      token_mean            sum_{i,t} L / sum_{i,t} 1                 every token weighs the same (DAPO)
-      seq_mean_token_mean   mean_i ( sum_t L_{i,t} / |y_i| )          every sequence weighs the same (GRPO, GSPO)
-      seq_mean_token_sum    mean_i sum_t L_{i,t}                      the sequence's log-prob summed (RLOO, the paper)
-      token_sum_norm        sum_{i,t} L / (N * constant)              a constant, not the length (Dr. GRPO: the
-                                                                      generation budget)
+    token_mean            sum_{i,t} L / sum_{i,t} 1                 every token weighs the same (DAPO)
+    seq_mean_token_mean   mean_i ( sum_t L_{i,t} / |y_i| )          every sequence weighs the same (GRPO, GSPO)
+    seq_mean_token_sum    mean_i sum_t L_{i,t}                      the sequence's log-prob summed (RLOO, the paper)
+    token_sum_norm        sum_{i,t} L / (N * constant)              a constant, not the length (Dr. GRPO: the
+                                                                    generation budget)
     """
     if mode == "token_mean":
         return masked_mean(objective, mask)

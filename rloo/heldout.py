@@ -5,17 +5,57 @@ policy's completions), and summarise as a win rate with a 95% interval."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import torch
 
 from rloo.data import left_pad
 from rloo.forward import reward_scores
 from rloo.judges import Judge, judge_pairs, win_rate_summary
+from rloo.pass_at_k import majority_vote, pass_at_k
 from rloo.rollout import chunked, sample_completions
 from rloo.sampling import SamplingConfig
 
 INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)
+MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy")  # per-row values summarised alike
+
+
+@dataclass(frozen=True)
+class VerifiableEval:
+    """Evaluation for verifiable rewards (train.yaml's eval.samples_per_prompt and the keys below it): n samples per
+    prompt at the rollout's settings, each correct where the reward functions' weighted sum reaches correct_at."""
+
+    samples_per_prompt: int
+    pass_k: tuple[int, ...]
+    correct_at: float
+    sampling: SamplingConfig  # the rollout's
+    answer: Callable[[str], str | None] | None = None  # null: the completion, stripped
+
+
+def sampled_correctness(
+    policy, tokenizer, rows: list[dict], reward, verifiable: VerifiableEval, batch_size: int, device, columns: dict
+) -> dict[str, torch.Tensor]:
+    """pass@k (unbiased, Chen et al. 2021) for each k and majority-vote accuracy, one value per row, from n sampled
+    completions of each row's prompt."""
+    n = verifiable.samples_per_prompt
+    repeated = [row for row in rows for _ in range(n)]
+    done = complete(policy, tokenizer, repeated, verifiable.sampling, batch_size, device)
+    prompts = [row["prompt"] for row in repeated]
+    columns = {name: [value for value in values for _ in range(n)] for name, values in columns.items()}
+    correct = reward.function_total(reward.function_values(prompts, done["texts"], columns)) >= verifiable.correct_at
+    correct = correct.reshape(len(rows), n).tolist()
+    answer_of = verifiable.answer or (lambda text: text.strip())
+    answers = [answer_of(text) for text in done["texts"]]
+    out = {
+        f"pass@{k}": torch.tensor([pass_at_k(n, sum(row), k) for row in correct], device=device)
+        for k in verifiable.pass_k
+    }
+    out["majority_vote"] = torch.tensor(
+        [float(majority_vote(answers[i * n : (i + 1) * n], correct[i])) for i in range(len(rows))], device=device
+    )
+    return out
 
 
 @torch.no_grad()
@@ -51,12 +91,14 @@ def evaluate_policy(
     reward=None,
     judge_timeout_s: float = 0,
     should_stop=None,
+    verifiable: VerifiableEval | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """Complete, score and judge `rows`; the candidate is judged against `others` (default: the references).
 
     Returns per-row tensors (score: nan without a reward model; outcome: 1 / 0.5 / 0, -1 invalid, nan without a
     judge; length; eos; reward/<name> for each reward function of `reward`, a rloo.scoring.Reward, which gets the
-    rows' columns as in training) and one record per row for the JSONL / W&B table. The judge runs under guard
+    rows' columns as in training; with `verifiable`, accuracy of these completions and pass@k and majority_vote from
+    sampled ones) and one record per row for the JSONL / W&B table. The judge runs under guard
     (rloo.judges.judge_pairs: `judge_timeout_s`, `should_stop` says SIGTERM came).
     """
     done = complete(policy, tokenizer, rows, sampling, batch_size, device)
@@ -81,8 +123,14 @@ def evaluate_policy(
     }
     if reward is not None and reward.functions:
         columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
-        for name, values in reward.function_values(prompts, done["texts"], columns).items():
-            per_row[f"reward/{name}"] = values.to(scores.device)
+        values = reward.function_values(prompts, done["texts"], columns)
+        for name, value in values.items():
+            per_row[f"reward/{name}"] = value.to(scores.device)
+        if verifiable is not None:
+            per_row["accuracy"] = (reward.function_total(values) >= verifiable.correct_at).float().to(scores.device)
+            per_row.update(
+                sampled_correctness(policy, tokenizer, rows, reward, verifiable, batch_size, scores.device, columns)
+            )
     samples = []
     for i, (prompt, reference, other, text, verdict) in enumerate(
         zip(prompts, references, others, done["texts"], verdicts)
@@ -110,7 +158,7 @@ def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> d
         f"{prefix}mean_length": per_row["length"].mean().item(),
         f"{prefix}eos_frac": per_row["eos"].mean().item(),
     }
-    for key in [k for k in per_row if k.startswith("reward/")]:  # mean with a normal 95% interval over rows
+    for key in [k for k in per_row if k.startswith(MEANS_WITH_INTERVALS)]:  # mean, normal 95% interval over rows
         values = per_row[key][~torch.isnan(per_row[key])].double()
         if len(values):
             mean = values.mean().item()

@@ -44,6 +44,10 @@ class EvalKeys:
     judge_timeout_s: float = key(APPLIED, low=0)
     before: bool = key(APPLIED)  # training only
     after: bool = key(APPLIED)  # training only
+    samples_per_prompt: int = key(APPLIED, low=0)  # training only, as the three below
+    pass_k: list[int] = key(APPLIED)
+    correct_at: float = key(APPLIED)
+    answer: str | None = key(APPLIED)
 
 
 @dataclass
@@ -282,7 +286,7 @@ def _describe(allowed_types: tuple, meta: dict) -> str:
     if base is bool:
         text = "true or false"
     elif typing.get_origin(base) is list:
-        text = "a non-empty list of names"
+        text = "a non-empty list of integers" if typing.get_args(base)[0] is int else "a non-empty list of names"
     elif base is int:
         text = (
             "a positive integer"

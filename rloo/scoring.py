@@ -61,21 +61,22 @@ def parse_reward(spec: str) -> list[RewardTerm]:
     return terms
 
 
-def load_function(name: str) -> Callable:
-    """`module:function`, imported; a one-line ConfigError if it is not there (checked before any model loads)."""
+def load_function(name: str, key: str = "reward") -> Callable:
+    """`module:function`, imported; a one-line ConfigError naming `key` if it is not there (checked before any
+    model loads)."""
     module_name, _, function_name = name.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ConfigError(f"reward: cannot import {module_name!r} for {name!r} ({error})") from None
+        raise ConfigError(f"{key}: cannot import {module_name!r} for {name!r} ({error})") from None
     except (Exception, SystemExit) as error:  # the module itself fails as it runs
         detail = (str(error).strip().splitlines() or [""])[0]
         raise ConfigError(
-            f"reward: importing {module_name!r} for {name!r} raised {type(error).__name__}: {detail}"
+            f"{key}: importing {module_name!r} for {name!r} raised {type(error).__name__}: {detail}"
         ) from None
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise ConfigError(f"reward: {module_name} has no function {function_name!r}")
+        raise ConfigError(f"{key}: {module_name} has no function {function_name!r}")
     return function
 
 
@@ -190,6 +191,14 @@ class Reward:
             finite = torch.isfinite(values)
             self.last_term_means[term.name] = float(values[finite].mean()) if finite.any() else float("nan")
             total += term.weight * values
+        return total
+
+    def function_total(self, values: dict) -> Tensor:
+        """The weighted sum of the function terms (the reward model's left out) from `function_values`' output."""
+        total = torch.zeros(len(next(iter(values.values()))), dtype=torch.float32)
+        for term in self.terms:
+            if term.name != MODEL:
+                total += term.weight * values[term.name.rsplit(":", 1)[-1]].float().cpu()
         return total
 
     def function_values(self, prompts: list[str], completions: list[str], columns: dict | None = None) -> dict:

@@ -179,7 +179,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
     from rloo import atomic
     from rloo.assemble import precision_arguments
     from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, RanksAgree, SampleTable
-    from rloo.config import eval_sampling
+    from rloo.config import eval_sampling, verifiable_eval
     from rloo.resume import continued_wandb_run
 
     cfg, out = plan.cfg, plan.out
@@ -201,6 +201,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
         samples_path=out / "eval_samples.jsonl",
         log=plan.log,
         judge_timeout_s=cfg.eval.judge_timeout_s,
+        verifiable=verifiable_eval(cfg),
     )
     # in list order at each hook. on_train_end: the policy exported, the summary so far (RunRecord.write), then
     # the final evaluation. After each rollout: evaluation and samples, then the checkpoint that includes them.
@@ -472,7 +473,9 @@ def print_summary(summary: dict, log=print) -> None:
         return f"{evaluation[key]:.3f}"
 
     rewards = [key for key in final if key.startswith("eval/reward/") and not key.endswith(("_ci_low", "_ci_high"))]
-    for key in ("eval/win_rate", *rewards, "eval/score", "eval/mean_length"):
+    verifiable = [k for k in final if k.startswith(("eval/accuracy", "eval/pass@", "eval/majority_vote"))]
+    verifiable = [k for k in verifiable if not k.endswith(("_ci_low", "_ci_high"))]
+    for key in ("eval/win_rate", *rewards, *verifiable, "eval/score", "eval/mean_length"):
         if key in final:
             log(f"  {key:<17} {shown(initial, key)} -> {shown(final, key)}")
 

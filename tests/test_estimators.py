@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from rloo.algorithms.grpo import GroupModule
-from rloo.algorithms.rloo import RLOOModule
 from rloo.estimators import (
     aggregate,
     aggregation_share,
@@ -43,8 +42,9 @@ REWARDS = torch.tensor([1.0, 2.0, 6.0, 0.0, 0.0, 0.0], dtype=D)  # two groups of
 def test_group_advantages_hand_values():
     # group 1: mean 3, centred [-2, -1, 3], unbiased var (4 + 1 + 9) / 2 = 7; group 2: all equal
     close(group_advantages(REWARDS, 3, "group_mean"), [-2, -1, 3, 0, 0, 0])
-    close(group_advantages(REWARDS, 3, "group_std", std_eps=0.0 + 1e-12), [-2 / ROOT7, -1 / ROOT7, 3 / ROOT7, 0, 0, 0])
-    close(group_advantages(REWARDS, 3, "group_std", std_eps=1.0), [-2 / (ROOT7 + 1), -1 / (ROOT7 + 1), 3 / (ROOT7 + 1), 0, 0, 0])
+    close(group_advantages(REWARDS, 3, "group_std", std_eps=1e-12), [-2 / ROOT7, -1 / ROOT7, 3 / ROOT7, 0, 0, 0])
+    plus_one = ROOT7 + 1  # std_eps = 1 in the denominator
+    close(group_advantages(REWARDS, 3, "group_std", std_eps=1.0), [-2 / plus_one, -1 / plus_one, 3 / plus_one, 0, 0, 0])
     # leave-one-out: b_i = (9 - r_i) / 2 = [4, 3.5, 1.5] -> [-3, -1.5, 4.5], k/(k-1) times the centred rewards
     close(group_advantages(REWARDS, 3, "leave_one_out"), [-3, -1.5, 4.5, 0, 0, 0])
     # REINFORCE++-baseline: [-2, -1, 3, 0, 0, 0] has mean 0 and unbiased var 14 / 5 = 2.8
@@ -260,3 +260,68 @@ def test_dynamic_sampling_refills_from_fresh_prompts_and_says_how_many_were_drop
         kept = 4 - step["dynamic_sampling/filled_with_dropped"]
         groups = informative_groups(rollout.scores - 0.0, 4)  # the refilled rollout leads with informative groups
         assert groups[: int(kept)].all() and len(rollout) == 16
+
+
+# ---- the named algorithms and the keys they refuse ------------------------------------------------------------
+PUBLISHED = {  # (advantage, loss_aggregation, ratio_level, clip low, clip high, KL where, beta, estimator)
+    "grpo": ("group_std", "seq_mean_token_mean", "token", 0.2, 0.2, "loss", 0.04, "k3"),
+    "dr_grpo": ("group_mean", "token_sum_norm", "token", 0.2, 0.2, "loss", 0.04, "k3"),
+    "dapo": ("group_std", "token_mean", "token", 0.2, 0.28, None, 0.0, None),
+    "reinforce_pp": ("return_to_go_batch_std", "token_mean", "token", 0.2, 0.2, "reward", 0.05, "k1"),
+    "gspo": ("group_std", "seq_mean_token_mean", "sequence", 3e-4, 4e-4, None, 0.0, None),
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(PUBLISHED))
+def test_each_named_algorithm_composes_to_its_published_defaults(algorithm):
+    from tests.builders import train_config
+
+    config = train_config(algorithm, 10)
+    advantage, aggregation, level, low, high, kl_in, beta, estimator = PUBLISHED[algorithm]
+    assert (config.advantage, config.loss_aggregation, config.ratio_level) == (advantage, aggregation, level)
+    assert (config.clip_range, config.clip_high, config.kl_coef) == (low, high, beta)
+    assert config.kl_in_loss == (kl_in == "loss") and config.kl_in_reward == (kl_in == "reward")
+    if estimator is not None:
+        assert config.kl_estimator == estimator
+    dapo = algorithm == "dapo"
+    assert (config.dynamic_sampling, config.overlong == "shape", config.missing_eos_penalty is None) == (dapo,) * 3
+    assert type(config).__name__ == "GroupConfig" and config.k == 4
+
+
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [
+        (["algo=grpo", "std_eps=0.1", "advantage=group_mean"], "std_eps=0.1 does nothing with advantage=group_mean"),
+        (["algo=grpo", "aggregation_constant=64"], "aggregation_constant=64 does nothing with loss_aggregation"),
+        (["algo=dapo", "kl_in=reward"], "kl_in=reward does nothing with kl_coef=0"),
+        (["algo=gspo", "kl_estimator=k1"], "kl_estimator=k1 does nothing with kl_coef=0"),
+        (["algo=grpo", "dynamic_sampling_rounds=5"], "dynamic_sampling_rounds=5 does nothing with dynamic_sampling"),
+        (["algo=grpo", "overlong_cache=2"], "overlong_cache=2 does nothing with overlong=none"),
+        (["algo=reinforce_pp", "ratio_level=sequence"], "ratio_level=sequence needs one advantage per completion"),
+        (["algo=rloo", "advantage=group_std"], "advantage does nothing with algo=rloo: only dapo, dr_grpo, grpo"),
+        (["algo=grpo", "eval.pass_k=[1,8]"], "eval.pass_k=[1, 8] does nothing with eval.samples_per_prompt=0"),
+        (["algo=grpo", "eval.samples_per_prompt=4"], "needs reward functions"),
+        (
+            ["algo=grpo", "reward=rloo.toy.rule_rewards:topic_recall", "eval.samples_per_prompt=4", "eval.pass_k=[8]"],
+            "eval.pass_k=[8] is not allowed: each k in [1, eval.samples_per_prompt=4]",
+        ),
+        (
+            ["algo=grpo", "reward=rloo.toy.rule_rewards:topic_recall", "eval.samples_per_prompt=4", "eval.answer=x:y"],
+            "eval.answer: cannot import 'x'",
+        ),
+    ],
+)
+def test_a_key_the_estimator_does_not_read_is_refused_in_one_line(overrides, refused):
+    from tests.test_config import first_error
+
+    error = first_error(*overrides)
+    assert refused in error and "\n" not in error
+
+
+def test_dynamic_sampling_is_refused_on_several_devices():
+    from rloo.cli import compose_train_config
+    from rloo.config import ConfigError, validate_train_config, world_size
+
+    cfg = compose_train_config(["algo=dapo", "trainer.devices=2", "trainer.strategy=ddp"])
+    with pytest.raises(ConfigError, match="dynamic_sampling=true runs on one device"):
+        validate_train_config(cfg, world_size(cfg.trainer))

@@ -20,10 +20,12 @@ The named algorithms are configs over these choices (conf/algo/<name>.yaml cites
 |--------------|------------------------|---------------------|----------|-----------------|--------------------|
 | grpo         | group_std              | seq_mean_token_mean | token    | 0.2 / 0.2       | loss, k3, 0.04     |
 | dr_grpo      | group_mean             | token_sum_norm      | token    | 0.2 / 0.2       | loss, k3, 0.04     |
-| dapo         | group_std              | token_mean          | token    | 0.2 / 0.28      | none; dynamic sampling, overlong shaping |
-| reinforce_pp | return_to_go_batch_std | token_mean          | token    | 0.2 / 0.2       | reward, k1, per token |
+| dapo         | group_std              | token_mean          | token    | 0.2 / 0.28      | none (*)           |
+| reinforce_pp | return_to_go_batch_std | token_mean          | token    | 0.2 / 0.2       | reward, k1, 0.05   |
 | gspo         | group_std              | seq_mean_token_mean | sequence | 3e-4 / 4e-4     | none               |
 | (rloo)       | leave_one_out          | seq_mean_token_sum  | sequence (summed) | 0.2    | reward, k1         |
+
+(*) and dynamic sampling, overlong shaping, no missing-EOS penalty.
 
 With one update per rollout (the default schedule) every ratio is exactly 1 and no clip acts; the clip variants
 differ once a rollout is reused (num_mini_batches or num_ppo_epochs > 1).
@@ -295,7 +297,8 @@ class GroupModule(OnlineRLModule):
             terms = terms * token_w
         if sequence_w is not None:
             terms = terms * sequence_w[:, None]
-        stats = {"clipfrac": clipfrac, "ratio": ratio.mean() if cfg.ratio_level == "sequence" else masked_mean(ratio, mask)}
+        mean_ratio = ratio.mean() if cfg.ratio_level == "sequence" else masked_mean(ratio, mask)
+        stats = {"clipfrac": clipfrac, "ratio": mean_ratio}
         if cfg.kl_in_loss:  # GRPO: + beta * k3_t, aggregated with the policy terms
             kl_terms = k3_kl(logprobs, part.ref_logprobs)
             terms = terms + cfg.kl_coef * kl_terms
