@@ -9,7 +9,10 @@ writes, into the multirun dir:
 - win_rate_vs_k.png and kl_vs_k.png: one line per clip range;
 - settings.md: the jobs grouped by their overrides other than seed (a method, say), the final win rate as mean and
   Student-t 95% interval over the seeds, the other columns as means;
-- win_rate_vs_episodes.png and win_rate_vs_seconds.png: learning curves, one line per setting (mean over seeds).
+- win_rate_vs_episodes.png and win_rate_vs_seconds.png: learning curves, one line per setting (mean over seeds);
+- differences.md: every pair of settings, the difference of their means and its Welch 95% interval, for the win rate
+  and for each verifiable outcome the runs report (eval/accuracy, eval/pass@k, eval/majority_vote, the reward
+  functions' held-out means), which verifiable.md tabulates per setting.
 A job with no summary.json is reported as failed, and one whose summary.json says it did not finish by its status
 (interrupted, failed, evaluating); none is dropped.
 """
@@ -63,6 +66,19 @@ T_975 = {
     30: 2.042,
 }
 TAIL_STEPS = 10  # train metrics are averaged over the last steps: one step is noisy
+OUTCOMES = ("accuracy", "majority_vote")  # and pass@<k>, reward/<name>: what a held-out evaluation scored per row
+
+
+def outcomes_of(final: dict) -> dict[str, float]:
+    """The verifiable outcomes of a final evaluation (without their intervals): accuracy, pass@k, majority_vote,
+    reward/<name>."""
+    return {
+        key.removeprefix("eval/"): value
+        for key, value in final.items()
+        if key.removeprefix("eval/").startswith(("pass@", "reward/", *OUTCOMES))
+        and not key.endswith(("_ci_low", "_ci_high"))
+        and value is not None
+    }
 
 
 def job_dirs(multirun_dir: Path) -> list[Path]:
@@ -117,6 +133,7 @@ def job_row(job: Path) -> dict:
         "peak_rss_mb": summary.get("peak_rss_mb"),
         "peak_gpu_mb": summary.get("peak_gpu_mb"),
         "history": history,
+        "outcomes": outcomes_of(final),
     }
 
 
@@ -175,22 +192,31 @@ def difference_interval(a: list[float], b: list[float]) -> tuple[float, float, f
     return difference, difference - half, difference + half
 
 
-def finished_by_setting(rows: list[dict]) -> dict[str, list[dict]]:
-    """The finished jobs that report a final win rate, grouped by setting (their overrides other than seed)."""
+def finished_by_setting(rows: list[dict], metric: str = "win_rate") -> dict[str, list[dict]]:
+    """The finished jobs that report a final `metric`, grouped by setting (their overrides other than seed)."""
     groups: dict[str, list[dict]] = {}
     for r in rows:
-        if r["status"] == "ok" and r.get("win_rate") is not None:
+        if r["status"] == "ok" and metric_of(r, metric) is not None:
             groups.setdefault(r["setting"], []).append(r)
     return groups
 
 
-def differences_markdown(rows: list[dict]) -> str:
-    """Every pair of settings with two seeds or more, the better first: the difference of their mean final win rates
-    and its 95% interval (difference_interval); "yes" where the interval excludes 0."""
-    rates = {s: [j["win_rate"] for j in jobs] for s, jobs in finished_by_setting(rows).items() if len(jobs) >= 2}
+def metric_of(job: dict, metric: str) -> float | None:
+    return job.get("win_rate") if metric == "win_rate" else (job.get("outcomes") or {}).get(metric)
+
+
+def differences_markdown(rows: list[dict], metric: str = "win_rate") -> str:
+    """Every pair of settings with two seeds or more, the better first: the difference of their mean final `metric`
+    (the win rate, or a verifiable outcome) and its 95% interval (difference_interval); "yes" where the interval
+    excludes 0."""
+    rates = {}
+    for setting, jobs in finished_by_setting(rows, metric).items():
+        if len(jobs) >= 2:
+            rates[setting] = [metric_of(j, metric) for j in jobs]
     ranked = sorted(rates, key=lambda s: -statistics.fmean(rates[s]))
+    name = "win rates" if metric == "win_rate" else metric
     lines = [
-        "| better | worse | difference of mean final win rates [95% CI, Welch] | separated |",
+        f"| better | worse | difference of mean final {name} [95% CI, Welch] | separated |",
         "|---|---|---|---|",
     ]
     for i, a in enumerate(ranked):
@@ -239,6 +265,36 @@ def settings_markdown(table: list[dict]) -> str:
             f"| {_cell(r['wall_seconds'])} | {_cell(r['peak_rss_mb'])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def verifiable_metrics(rows: list[dict]) -> list[str]:
+    """The verifiable outcomes some finished job reports, in a fixed order."""
+    found = {name for r in rows if r["status"] == "ok" for name in r.get("outcomes") or {}}
+    return sorted(found, key=lambda name: (not name.startswith("reward/"), name != "accuracy", name))
+
+
+def verifiable_markdown(rows: list[dict]) -> str:
+    """One row per setting: each verifiable outcome's mean and Student-t 95% interval over seeds."""
+    metrics = verifiable_metrics(rows)
+    if not metrics:
+        return ""
+    lines = ["| setting | seeds | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 2) + "|"]
+    groups = finished_by_setting(rows, metrics[0])
+    ranked = sorted(groups, key=lambda s: -statistics.fmean(metric_of(j, metrics[0]) for j in groups[s]))
+    for setting in ranked:
+        cells = []
+        for metric in metrics:
+            values = [v for j in groups[setting] if (v := metric_of(j, metric)) is not None]
+            mean, low, high = seed_interval(values) if values else (None, None, None)
+            cells.append("-" if mean is None else f"{mean:.3f} [{low:.3f}, {high:.3f}]")
+        lines.append(f"| {setting} | {len(groups[setting])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def all_differences_markdown(rows: list[dict]) -> str:
+    """differences_markdown for the win rate and for each verifiable outcome, one section each."""
+    sections = [("win_rate", "## Final win rate")] + [(m, f"## {m}") for m in verifiable_metrics(rows)]
+    return "\n".join(f"{title}\n\n{differences_markdown(rows, metric)}" for metric, title in sections)
 
 
 def plot_curves(rows: list[dict], x_key: str, xlabel: str, path: Path) -> None:
@@ -319,7 +375,9 @@ def report(multirun_dir: Path) -> list[dict]:
     plot_against_k(rows, "win_rate", "final win rate (95% CI)", multirun_dir / "win_rate_vs_k.png")
     plot_against_k(rows, "kl", f"KL (mean of last {TAIL_STEPS} steps)", multirun_dir / "kl_vs_k.png")
     (multirun_dir / "settings.md").write_text(settings_markdown(by_setting(rows)))
-    (multirun_dir / "differences.md").write_text(differences_markdown(rows))
+    (multirun_dir / "differences.md").write_text(all_differences_markdown(rows))
+    if verifiable_metrics(rows):
+        (multirun_dir / "verifiable.md").write_text(verifiable_markdown(rows))
     plot_curves(rows, "episodes", "episodes (completions trained on)", multirun_dir / "win_rate_vs_episodes.png")
     plot_curves(rows, "train_seconds", "seconds of training (no evaluation)", multirun_dir / "win_rate_vs_seconds.png")
     return rows
@@ -348,7 +406,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = report(multirun_dir)
     print(markdown(rows))
     print(settings_markdown(by_setting(rows)))
-    print(differences_markdown(rows))
+    print(all_differences_markdown(rows))
+    print(verifiable_markdown(rows))
     print(
         f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished; wrote report.md, "
         f"report.csv, settings.md, differences.md, win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, "

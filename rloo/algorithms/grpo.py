@@ -169,9 +169,8 @@ class GroupModule(OnlineRLModule):
         if on_policy:
             rollout_policy_logprobs = torch.zeros_like(rollout.ref_logprobs, dtype=torch.float32)  # [N, T]
             entropy = torch.zeros_like(rollout_policy_logprobs)
-            targets = GroupTargets(
-                *(torch.zeros(n, device=self.device) for _ in range(2)), torch.zeros_like(rollout_policy_logprobs)
-            )
+            zeros = torch.zeros(n, device=self.device, dtype=torch.float32)  # not the default dtype (bf16-true)
+            targets = GroupTargets(zeros, zeros.clone(), torch.zeros_like(rollout_policy_logprobs))
         stats = StepStats()
         for micro in self.update_micro_batches(n, shuffle=not on_policy, epochs=1 if on_policy else None):
             index, part = micro.index, rollout.select(micro.index)
