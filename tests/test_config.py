@@ -248,7 +248,11 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
         ),
         ("judge=gpt5", "judge='gpt5'", "hf, none, openai, oracle, reward_model"),
         ("eval_every=-1", "eval_every=-1", "integer >= 0"),
-        ("algo=a2c", "algo='a2c'", "dapo, dpo, dr_grpo, grpo, gspo, ppo, raft, reinforce, reinforce_pp, rloo, rloo_k2, vanilla_pg"),
+        (
+            "algo=a2c",
+            "algo='a2c'",
+            "dapo, dpo, dr_grpo, grpo, gspo, ppo, raft, reinforce, reinforce_pp, rloo, rloo_k2, vanilla_pg",
+        ),
         ("algo=raft k=1", "k=1", "integer >= 2 with algo=raft"),
         ("algo=reinforce baseline_decay=1.5", "baseline_decay=1.5", "number in"),
         (
