@@ -297,9 +297,11 @@ def all_differences_markdown(rows: list[dict]) -> str:
     return "\n".join(f"{title}\n\n{differences_markdown(rows, metric)}" for metric, title in sections)
 
 
-def plot_curves(rows: list[dict], x_key: str, xlabel: str, path: Path) -> None:
-    """Held-out win rate against `x_key` of each evaluation (episodes, train_seconds): one line per setting, the
-    mean over its seeds at each evaluation."""
+def plot_curves(
+    rows: list[dict], x_key: str, xlabel: str, path: Path, y_key: str = "eval/win_rate", ylabel: str = "win rate"
+) -> None:
+    """Held-out `y_key` (the win rate, or a verifiable outcome) against `x_key` of each evaluation (episodes,
+    train_seconds): one line per setting, the mean over its seeds at each evaluation."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -308,16 +310,16 @@ def plot_curves(rows: list[dict], x_key: str, xlabel: str, path: Path) -> None:
     figure, axes = plt.subplots(figsize=(5.5, 3.8), dpi=120)
     groups: dict[str, list[list[dict]]] = {}
     for r in rows:
-        evaluations = [h for h in r.get("history") or [] if h.get("eval/win_rate") is not None and x_key in h]
+        evaluations = [h for h in r.get("history") or [] if h.get(y_key) is not None and x_key in h]
         if r["status"] == "ok" and evaluations:
             groups.setdefault(r["setting"], []).append(evaluations)
     for setting, runs in sorted(groups.items()):
         points = min(len(run) for run in runs)  # evaluations every seed has
         xs = [statistics.fmean(run[i][x_key] for run in runs) for i in range(points)]
-        ys = [statistics.fmean(run[i]["eval/win_rate"] for run in runs) for i in range(points)]
+        ys = [statistics.fmean(run[i][y_key] for run in runs) for i in range(points)]
         axes.plot(xs, ys, marker="o", markersize=3, label=f"{setting} ({len(runs)} seeds)")
     axes.set_xlabel(xlabel)
-    axes.set_ylabel("held-out win rate (mean over seeds)")
+    axes.set_ylabel(f"held-out {ylabel} (mean over seeds)")
     if groups:
         axes.legend(fontsize=7)
     axes.grid(alpha=0.3)
@@ -380,6 +382,9 @@ def report(multirun_dir: Path) -> list[dict]:
         (multirun_dir / "verifiable.md").write_text(verifiable_markdown(rows))
     plot_curves(rows, "episodes", "episodes (completions trained on)", multirun_dir / "win_rate_vs_episodes.png")
     plot_curves(rows, "train_seconds", "seconds of training (no evaluation)", multirun_dir / "win_rate_vs_seconds.png")
+    for metric in verifiable_metrics(rows)[:2]:  # the reward functions' mean and the accuracy, where reported
+        name = metric.replace("/", "_").replace("@", "_at_")
+        plot_curves(rows, "episodes", "episodes", multirun_dir / f"{name}_vs_episodes.png", f"eval/{metric}", metric)
     return rows
 
 
@@ -410,8 +415,8 @@ def main(argv: list[str] | None = None) -> None:
     print(verifiable_markdown(rows))
     print(
         f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished; wrote report.md, "
-        f"report.csv, settings.md, differences.md, win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, "
-        f"win_rate_vs_seconds.png in {multirun_dir}"
+        f"report.csv, settings.md, differences.md{', verifiable.md' if verifiable_metrics(rows) else ''}, "
+        f"win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, win_rate_vs_seconds.png in {multirun_dir}"
     )
 
 

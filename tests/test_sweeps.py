@@ -149,6 +149,35 @@ def test_settings_are_named_by_what_differs_between_jobs():
     assert alone[0]["setting"] == "(defaults)"
 
 
+def test_the_report_compares_every_verifiable_outcome_with_welch_intervals():
+    from rloo.report import (
+        all_differences_markdown,
+        difference_interval,
+        outcomes_of,
+        seed_interval,
+        verifiable_markdown,
+    )
+
+    final = {"eval/accuracy": 0.5, "eval/accuracy_ci_low": 0.4, "eval/pass@4": 0.9, "eval/win_rate": 0.7}
+    assert outcomes_of(final) == {"accuracy": 0.5, "pass@4": 0.9}  # no intervals, no win rate
+    accuracy = {"algo=grpo": [0.50, 0.56, 0.53], "algo=rloo": [0.40, 0.42, 0.47]}
+    rows = [
+        {"status": "ok", "setting": setting, "win_rate": None, "outcomes": {"accuracy": a, "pass@4": a + 0.3}}
+        for setting, values in accuracy.items()
+        for a in values
+    ]
+    mean, low, high = seed_interval(accuracy["algo=grpo"])
+    table = verifiable_markdown(rows)
+    assert table.splitlines()[0] == "| setting | seeds | accuracy | pass@4 |"
+    assert f"| algo=grpo | 3 | {mean:.3f} [{low:.3f}, {high:.3f}] |" in table
+    diff, low, high = difference_interval(accuracy["algo=grpo"], accuracy["algo=rloo"])
+    differences = all_differences_markdown(rows)
+    assert "## accuracy" in differences and "## pass@4" in differences
+    assert f"| algo=grpo | algo=rloo | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {'yes' if low > 0 else 'no'} |" in (
+        differences
+    )
+
+
 @pytest.mark.slow
 def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curves(finished_run):
     """sweeps/methods.yaml's shape at the tests' size: methods x seeds, then rloo.report's per-method table."""
