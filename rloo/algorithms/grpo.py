@@ -130,10 +130,9 @@ class GroupModule(OnlineRLModule):
         cfg, timer, started = self.config, PhaseTimer(), clock()
 
         # 1. rollout (DAPO: groups without a learning signal replaced by fresh prompts' groups)        [N = P * k]
-        rollout = self.collect(batch, timer)
-        sampling_stats = self.keep_informative_groups(rollout, timer) if cfg.dynamic_sampling else {}
-        if sampling_stats:
-            rollout = sampling_stats.pop("rollout")
+        rollout, sampling_stats = self.collect(batch, timer), {}
+        if cfg.dynamic_sampling:
+            rollout, sampling_stats = self.keep_informative_groups(rollout, timer)
         if not self.scores_are_finite(rollout) and not self.masks_bad_scores():
             return self.skip_rollout(rollout, timer, started)
 
@@ -190,11 +189,11 @@ class GroupModule(OnlineRLModule):
         return targets, rollout_policy_logprobs if on_policy else None, entropy if on_policy else None, stats
 
     # ---- 1. DAPO's dynamic sampling -------------------------------------------------------------------------------
-    def keep_informative_groups(self, rollout: Rollout, timer: PhaseTimer) -> dict:
+    def keep_informative_groups(self, rollout: Rollout, timer: PhaseTimer) -> tuple[Rollout, dict]:
         """Drop the groups whose k scores are all equal and sample fresh prompts' groups until the rollout is full
-        again, at most dynamic_sampling_rounds more times; still short, it is filled with dropped groups (their
-        advantages are 0 under every group form). The extra prompts are drawn by the data module, from the seed and
-        this rollout's number (a resumed run draws the same)."""
+        again, at most dynamic_sampling_rounds more times; still short, it is filled with dropped groups (equal
+        scores: no signal from the group itself). The extra prompts are drawn by the data module, from the seed and
+        this rollout's number (a resumed run draws the same). Returns the full rollout and its metrics."""
         cfg, k = self.config, self.config.k
         prompts = len(rollout) // k
         kept, dropped, sampled_groups, rounds = [], [], 0, 0
@@ -212,8 +211,7 @@ class GroupModule(OnlineRLModule):
             extra = self.trainer.datamodule.extra_prompts(prompts, self.state.rollouts, rounds)
             candidate = self.collect({key: _to(value, self.device) for key, value in extra.items()}, timer)
         full = concatenate(kept + dropped, self.tokenizer.pad_token_id).select(slice(0, prompts * k))
-        return {
-            "rollout": full,
+        return full, {
             "dynamic_sampling/dropped_groups": float(sampled_groups - have),
             "dynamic_sampling/rounds": float(rounds),
             "dynamic_sampling/filled_with_dropped": float(max(prompts - have, 0)),
