@@ -226,12 +226,20 @@ def differences_markdown(rows: list[dict], metric: str = "win_rate") -> str:
     return "\n".join(lines) + "\n"
 
 
+def headline_metric(rows: list[dict]) -> str:
+    """What settings.md ranks by: the final win rate where a judge gave one, else the first verifiable outcome."""
+    if any(r["status"] == "ok" and r.get("win_rate") is not None for r in rows):
+        return "win_rate"
+    return (verifiable_metrics(rows) or ["win_rate"])[0]
+
+
 def by_setting(rows: list[dict]) -> list[dict]:
     """The finished jobs grouped by their overrides other than seed: one row per setting (a method, say), the final
-    win rate as mean and 95% interval over its seeds, the other columns as means."""
-    table = []
-    for setting, jobs in finished_by_setting(rows).items():
-        mean, low, high = seed_interval([j["win_rate"] for j in jobs])
+    win rate (or, with no judge, the first verifiable outcome: headline_metric) as mean and 95% interval over its
+    seeds, the other columns as means."""
+    table, metric = [], headline_metric(rows)
+    for setting, jobs in finished_by_setting(rows, metric).items():
+        mean, low, high = seed_interval([metric_of(j, metric) for j in jobs])
         averaged = {
             key: statistics.fmean(values) if (values := [j[key] for j in jobs if j.get(key) is not None]) else None
             for key in ("score", "reward", "kl", "episodes", "train_seconds", "wall_seconds", "peak_rss_mb")
@@ -241,6 +249,7 @@ def by_setting(rows: list[dict]) -> list[dict]:
         table.append(
             {
                 "setting": setting,
+                "metric": metric,
                 "seeds": len(jobs),
                 "win_rate": mean,
                 "win_rate_low": low,
@@ -252,8 +261,10 @@ def by_setting(rows: list[dict]) -> list[dict]:
 
 
 def settings_markdown(table: list[dict]) -> str:
+    metric = table[0]["metric"] if table else "win_rate"
     lines = [
-        "| setting | seeds | final win rate, mean [95% CI over seeds] | RM score (held-out) | reward | KL "
+        f"| setting | seeds | final {metric.replace('_', ' ')}, mean [95% CI over seeds] | RM score (held-out) "
+        "| reward | KL "
         "| episodes | train s | ms per episode | wall s | peak RSS MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -289,6 +300,34 @@ def verifiable_markdown(rows: list[dict]) -> str:
             cells.append("-" if mean is None else f"{mean:.3f} [{low:.3f}, {high:.3f}]")
         lines.append(f"| {setting} | {len(groups[setting])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def plot_outcomes(rows: list[dict], path: Path) -> None:
+    """Each verifiable outcome's final mean per setting with its Student-t 95% interval over seeds, settings side
+    by side at each outcome."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [m for m in verifiable_metrics(rows) if not m.startswith("reward/")] or verifiable_metrics(rows)
+    groups = finished_by_setting(rows, metrics[0])
+    figure, axes = plt.subplots(figsize=(6.5, 3.8), dpi=120)
+    width = 0.8 / max(len(groups), 1)
+    for n, setting in enumerate(sorted(groups)):
+        means, lows, highs = [], [], []
+        for metric in metrics:
+            mean, low, high = seed_interval([v for j in groups[setting] if (v := metric_of(j, metric)) is not None])
+            means, lows, highs = means + [mean], lows + [mean - low], highs + [high - mean]
+        xs = [i - 0.4 + width * (n + 0.5) for i in range(len(metrics))]
+        axes.errorbar(xs, means, yerr=[lows, highs], fmt="o", capsize=3, label=f"{setting} ({len(groups[setting])})")
+    axes.set_xticks(range(len(metrics)), metrics)
+    axes.set_ylabel("final, mean over seeds (95% CI)")
+    axes.legend(fontsize=7)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
 
 
 def all_differences_markdown(rows: list[dict]) -> str:
@@ -380,6 +419,7 @@ def report(multirun_dir: Path) -> list[dict]:
     (multirun_dir / "differences.md").write_text(all_differences_markdown(rows))
     if verifiable_metrics(rows):
         (multirun_dir / "verifiable.md").write_text(verifiable_markdown(rows))
+        plot_outcomes(rows, multirun_dir / "verifiable.png")
     plot_curves(rows, "episodes", "episodes (completions trained on)", multirun_dir / "win_rate_vs_episodes.png")
     plot_curves(rows, "train_seconds", "seconds of training (no evaluation)", multirun_dir / "win_rate_vs_seconds.png")
     for metric in verifiable_metrics(rows)[:2]:  # the reward functions' mean and the accuracy, where reported
@@ -415,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     print(verifiable_markdown(rows))
     print(
         f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished; wrote report.md, "
-        f"report.csv, settings.md, differences.md{', verifiable.md' if verifiable_metrics(rows) else ''}, "
+        f"report.csv, settings.md, differences.md{', verifiable.md/.png' if verifiable_metrics(rows) else ''}, "
         f"win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, win_rate_vs_seconds.png in {multirun_dir}"
     )
 
