@@ -149,7 +149,7 @@ def test_settings_are_named_by_what_differs_between_jobs():
     assert alone[0]["setting"] == "(defaults)"
 
 
-def test_the_report_compares_every_verifiable_outcome_with_welch_intervals():
+def test_the_report_compares_every_verifiable_outcome_with_welch_intervals(tmp_path):
     from rloo.report import (
         all_differences_markdown,
         difference_interval,
@@ -176,6 +176,13 @@ def test_the_report_compares_every_verifiable_outcome_with_welch_intervals():
     assert f"| algo=grpo | algo=rloo | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {'yes' if low > 0 else 'no'} |" in (
         differences
     )
+    from rloo.report import by_setting, plot_outcomes, settings_markdown
+
+    table = by_setting(rows)  # no judge, no win rate: ranked by the first verifiable outcome
+    assert [r["setting"] for r in table] == ["algo=grpo", "algo=rloo"] and table[0]["win_rate"] == pytest.approx(mean)
+    assert "final accuracy, mean [95% CI over seeds]" in settings_markdown(table)
+    plot_outcomes(rows, tmp_path / "verifiable.png")
+    assert matplotlib.image.imread(tmp_path / "verifiable.png").shape[0] > 100
 
 
 @pytest.mark.slow
