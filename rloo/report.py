@@ -23,6 +23,7 @@ import csv
 import json
 import statistics
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -302,17 +303,35 @@ def verifiable_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_outcomes(rows: list[dict], path: Path) -> None:
-    """Each verifiable outcome's final mean per setting with its Student-t 95% interval over seeds, settings side
-    by side at each outcome."""
+@contextmanager
+def figure_file(path: Path, size: tuple[float, float]):
+    """Axes for the caller to draw on; the figure is then gridded, saved to `path` and closed (files only, no
+    display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    figure, axes = plt.subplots(figsize=size, dpi=120)
+    try:
+        yield axes
+        axes.grid(alpha=0.3)
+        figure.tight_layout()
+        figure.savefig(path)
+    finally:
+        plt.close(figure)
+
+
+def plot_outcomes(rows: list[dict], path: Path) -> None:
+    """Each verifiable outcome's final mean per setting with its Student-t 95% interval over seeds, settings side
+    by side at each outcome."""
     metrics = [m for m in verifiable_metrics(rows) if not m.startswith("reward/")] or verifiable_metrics(rows)
     groups = finished_by_setting(rows, metrics[0])
-    figure, axes = plt.subplots(figsize=(6.5, 3.8), dpi=120)
+    with figure_file(path, (6.5, 3.8)) as axes:
+        draw_outcomes(axes, groups, metrics)
+
+
+def draw_outcomes(axes, groups: dict[str, list[dict]], metrics: list[str]) -> None:
     width = 0.8 / max(len(groups), 1)
     for n, setting in enumerate(sorted(groups)):
         means, lows, highs = [], [], []
@@ -324,10 +343,6 @@ def plot_outcomes(rows: list[dict], path: Path) -> None:
     axes.set_xticks(range(len(metrics)), metrics)
     axes.set_ylabel("final, mean over seeds (95% CI)")
     axes.legend(fontsize=7)
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
 
 
 def all_differences_markdown(rows: list[dict]) -> str:
@@ -341,41 +356,36 @@ def plot_curves(
 ) -> None:
     """Held-out `y_key` (the win rate, or a verifiable outcome) against `x_key` of each evaluation (episodes,
     train_seconds): one line per setting, the mean over its seeds at each evaluation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(5.5, 3.8), dpi=120)
     groups: dict[str, list[list[dict]]] = {}
     for r in rows:
         evaluations = [h for h in r.get("history") or [] if h.get(y_key) is not None and x_key in h]
         if r["status"] == "ok" and evaluations:
             groups.setdefault(r["setting"], []).append(evaluations)
+    with figure_file(path, (5.5, 3.8)) as axes:
+        draw_curves(axes, groups, x_key, y_key)
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel(f"held-out {ylabel} (mean over seeds)")
+
+
+def draw_curves(axes, groups: dict[str, list[list[dict]]], x_key: str, y_key: str) -> None:
     for setting, runs in sorted(groups.items()):
         points = min(len(run) for run in runs)  # evaluations every seed has
         xs = [statistics.fmean(run[i][x_key] for run in runs) for i in range(points)]
         ys = [statistics.fmean(run[i][y_key] for run in runs) for i in range(points)]
         axes.plot(xs, ys, marker="o", markersize=3, label=f"{setting} ({len(runs)} seeds)")
-    axes.set_xlabel(xlabel)
-    axes.set_ylabel(f"held-out {ylabel} (mean over seeds)")
     if groups:
         axes.legend(fontsize=7)
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
 
 
 def plot_against_k(rows: list[dict], key: str, ylabel: str, path: Path) -> None:
     """`key` of the finished jobs against k, one line per clip range (error bars for the win rate)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(5, 3.5), dpi=120)
     done = [r for r in rows if r["status"] == "ok" and r.get(key) is not None and r.get("k") is not None]
+    with figure_file(path, (5, 3.5)) as axes:
+        draw_against_k(axes, done, key)
+        axes.set_ylabel(ylabel)
+
+
+def draw_against_k(axes, done: list[dict], key: str) -> None:
     for clip in sorted({r["clip_range"] for r in done}, key=lambda c: (c is None, c)):
         line = sorted((r for r in done if r["clip_range"] == clip), key=lambda r: r["k"])
         ks, values = [r["k"] for r in line], [r[key] for r in line]
@@ -388,14 +398,9 @@ def plot_against_k(rows: list[dict], key: str, ylabel: str, path: Path) -> None:
         else:
             axes.plot(ks, values, marker="o", label=f"clip_range={clip}")
     axes.set_xlabel("k (completions per prompt)")
-    axes.set_ylabel(ylabel)
     if done:
         axes.set_xticks(sorted({r["k"] for r in done}))
         axes.legend(fontsize=8)
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
 
 
 def name_settings(rows: list[dict]) -> None:
