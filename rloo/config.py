@@ -322,13 +322,17 @@ def validate_verifiable_eval(cfg: DictConfig) -> None:
         load_function(cfg.eval.answer, key="eval.answer")
 
 
-def refuse_inert(cfg: DictConfig, key: str, setting: str, what_it_does: str) -> None:
-    """`key` does nothing under `setting`: set away from its default (conf/train.yaml, conf/sampling.yaml), it is
+def refuse_inert(
+    cfg: DictConfig,
+    key: str,
+    setting: str,
+    what_it_does: str,
+    defaults: tuple[str, ...] = ("train.yaml", "sampling.yaml"),
+) -> None:
+    """`key` does nothing under `setting`: set away from its default (in the `defaults` files of conf/), it is
     refused rather than ignored."""
     conf = Path(__file__).resolve().parent.parent / "conf"
-    default = OmegaConf.select(
-        OmegaConf.merge(*(OmegaConf.load(conf / f) for f in ("train.yaml", "sampling.yaml"))), key
-    )
+    default = OmegaConf.select(OmegaConf.merge(*(OmegaConf.load(conf / f) for f in defaults)), key)
     value = OmegaConf.select(cfg, key)
     if value is not None and value != default:
         raise ConfigError(f"{key}={value} does nothing with {setting} ({what_it_does}); remove it")
@@ -357,10 +361,9 @@ GROUP_INERT = (  # (key, when it does nothing, the setting that says so, what it
 def validate_group_estimator(cfg: DictConfig, world_size: int) -> None:
     """The GRPO family's keys: one that the chosen forms do not read, set away from conf/algo/shared/group.yaml's
     value, is refused; so are the mixes that cannot be formed."""
-    shared = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "algo" / "shared" / "group.yaml")
     for name, inert, setting, what in GROUP_INERT:
-        if inert(cfg) and cfg.get(name) != shared.get(name) and cfg.get(name) is not None:
-            raise ConfigError(f"{name}={cfg.get(name)} does nothing with {setting.format(**cfg)} ({what}); remove it")
+        if inert(cfg):
+            refuse_inert(cfg, name, setting.format(**cfg), what, defaults=("algo/shared/group.yaml",))
     if cfg.advantage == "return_to_go_batch_std" and cfg.ratio_level == "sequence":
         raise ConfigError(
             "ratio_level=sequence needs one advantage per completion, but advantage=return_to_go_batch_std gives one "
