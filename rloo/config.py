@@ -87,6 +87,7 @@ def rollout_sampling(cfg: DictConfig) -> SamplingConfig:
         stop_at_eos=cfg.stop_token == "eos",
         lean_decode=cfg.lean_decode,
         sampler=cfg.sampler,
+        cuda_graph=cfg.cuda_graph,
     )
 
 
@@ -101,6 +102,7 @@ def eval_sampling(cfg: DictConfig) -> SamplingConfig:
         stop_at_eos=cfg.stop_token == "eos",
         lean_decode=cfg.lean_decode,
         sampler=cfg.sampler,
+        cuda_graph=cfg.cuda_graph,
     )
 
 
@@ -524,6 +526,7 @@ SHARED_KEYS = (
     "stop_token",
     "lean_decode",
     "sampler",
+    "cuda_graph",
     "eval.num_prompts",
     "eval.batch_size",
     "eval.greedy",

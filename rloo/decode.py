@@ -9,7 +9,8 @@ and then its values (so reading the keys reads no value bytes): the prompt's (`[
 per distinct prompt, read once per step by all k rows of the prompt) and each row's own completion
 (`[B, kv_heads, 2, max_new, head_dim]`); one softmax spans both. On CPU, float32 linear layers run through oneDNN,
 their weights reordered into its blocked layout once per rollout or evaluation pass (`prepared_weights`).
-The draws themselves (rloo.sampling.sample_tokens) follow HF's order.
+The draws themselves (rloo.sampling.sample_tokens) follow HF's order. On a GPU (`sampling.cuda_graph`) the
+same step runs at static shapes and is replayed as a CUDA graph (rloo.static_decode).
 Plain torch + transformers; no Lightning or Hydra.
 """
 
@@ -238,16 +239,22 @@ class _Groups(NamedTuple):
     slot_group: Tensor  # [B] the slot's prompt group
     slot_member: Tensor  # [B] its rank within the group
     size: int  # rows per group, the largest
-    prompt_bias: Tensor  # [U, P] float32: 0 on prompt tokens, -inf on left padding
-    step: int  # the completion position being written: each slot's own cache holds 0..step
+    prompt_bias: Tensor | None  # [B, 1, 1, P] float32: 0 on the slot's prompt tokens, -inf on its left padding
+    step: int | Tensor  # the completion position being written: int, each own cache holds 0..step; a `[1]` tensor
+    # (the static-shape step, rloo.static_decode): the whole cache is read, positions past it masked by own_bias
+    regular: bool  # slot b is member b % size of group b // size: grouping is a reshape, no index copies
+    own_bias: Tensor | None = None  # [max_new] float32 with a tensor step: 0 up to the step, -inf after it
 
 
 def _scatter_to_groups(x: Tensor, groups: _Groups, num_groups: int) -> Tensor:
     """`[B, kv_heads, rep, n]` -> `[U, kv_heads, size * rep, n]`: each slot's rows in its group's block (zeros where
     a group has fewer live rows), so one matmul per group meets the group's shared prompt cache."""
     slots, kv_heads, rep, n = x.shape
-    grouped = x.new_zeros(num_groups, groups.size, kv_heads, rep, n)
-    grouped[groups.slot_group, groups.slot_member] = x
+    if groups.regular:
+        grouped = x.view(num_groups, groups.size, kv_heads, rep, n)
+    else:
+        grouped = x.new_zeros(num_groups, groups.size, kv_heads, rep, n)
+        grouped[groups.slot_group, groups.slot_member] = x
     return grouped.transpose(1, 2).reshape(num_groups, kv_heads, groups.size * rep, n)
 
 
@@ -255,6 +262,8 @@ def _gather_from_groups(x: Tensor, groups: _Groups) -> Tensor:
     """The inverse of `_scatter_to_groups`: `[U, kv_heads, size * rep, n]` -> `[B, kv_heads, rep, n]`."""
     num_groups, kv_heads, _, n = x.shape
     per_member = x.view(num_groups, kv_heads, groups.size, -1, n).transpose(1, 2)  # [U, size, kv_heads, rep, n]
+    if groups.regular:
+        return per_member.flatten(0, 1)
     return per_member[groups.slot_group, groups.slot_member]
 
 
@@ -269,16 +278,23 @@ def _decode_attend(
     as if each row held a copy of its prompt's cache; with k rows per prompt the prompt's keys and values are read
     once instead of k times, and not copied k times. Scores are q.k * scale, soft-capped where `softcap` is set."""
     step, hd = groups.step, q.shape[-1]
-    own_kv[:, :, :, step] = kv[:, :, 0].unflatten(-1, (2, hd))
+    if groups.own_bias is None:
+        own_kv[:, :, :, step] = kv[:, :, 0].unflatten(-1, (2, hd))
+        own_kv = own_kv[:, :, :, : step + 1]
+    else:  # a static shape: written at the step tensor, read whole
+        own_kv.index_copy_(3, step, kv[:, :, :1].unflatten(-1, (2, hd)).transpose(2, 3))
     slots, heads = q.shape[:2]
     kv_heads = own_kv.shape[1]
     q = (q * scale).reshape(slots, kv_heads, heads // kv_heads, hd)  # [B, kv_heads, rep, hd]
-    own_keys, own_values = own_kv[:, :, 0, : step + 1], own_kv[:, :, 1, : step + 1]  # [B, kv_heads, T, hd]
+    own_keys, own_values = own_kv[:, :, 0], own_kv[:, :, 1]  # [B, kv_heads, T, hd]
     prompt_keys, prompt_values = prompt_kv[:, :, 0], prompt_kv[:, :, 1]  # [U, kv_heads, P, hd]
     prompt_scores = torch.matmul(_scatter_to_groups(q, groups, len(prompt_kv)), prompt_keys.transpose(-1, -2))
-    prompt_scores = _soft_cap(_gather_from_groups(prompt_scores, groups), softcap)
-    prompt_scores = prompt_scores.float() + groups.prompt_bias[groups.slot_group, None, None]
+    prompt_scores = _soft_cap(_gather_from_groups(prompt_scores, groups), softcap).float()
+    if groups.prompt_bias is not None:
+        prompt_scores = prompt_scores + groups.prompt_bias
     own_scores = _soft_cap(torch.matmul(q, own_keys.transpose(-1, -2)), softcap).float()
+    if groups.own_bias is not None:
+        own_scores = own_scores + groups.own_bias
     scores = torch.cat((prompt_scores, own_scores), dim=-1)
     probs = torch.softmax(scores, dim=-1).to(q.dtype)  # [B, kv_heads, rep, P + step + 1]
     prompt_len = prompt_keys.shape[2]
@@ -290,8 +306,8 @@ def _decode_attend(
 def _prefill_groups(weights: Prepared, prompt_ids: Tensor, prompt_mask: Tensor, cos_table: Tensor, sin_table: Tensor):
     """The prefill of each distinct prompt `[U]` and how rows `[N]` map onto it: per layer the prompt caches, the
     first logits of every row `[N, V]`, each row's group `[N]` and rank in it `[N]`, the largest group size, and
-    the prompt bias `[U, P]` (0 on tokens, -inf on left padding). Groups of very unequal sizes (padding them would
-    cost more than a copy of the prompt's cache per row) get a copy per row instead."""
+    the prompt bias `[U, P]` (0 on tokens, -inf on left padding; None without padding). Groups of very unequal
+    sizes (padding them would cost more than a copy of the prompt's cache per row) get a copy per row instead."""
     num_rows, device = len(prompt_ids), prompt_ids.device
     first, inverse = _prompt_groups(prompt_ids, prompt_mask)  # [U], [N]
     prompt_kvs, group_logits = _prefill(weights, prompt_ids[first], prompt_mask[first], cos_table, sin_table)
@@ -302,9 +318,24 @@ def _prefill_groups(weights: Prepared, prompt_ids: Tensor, prompt_mask: Tensor, 
     if len(first) * group_size > 2 * num_rows:
         prompt_kvs = [kv[inverse] for kv in prompt_kvs]
         inverse, member, group_size, group_masks = torch.arange(num_rows, device=device), member * 0, 1, prompt_mask
-    prompt_bias = torch.zeros(group_masks.shape, dtype=torch.float32, device=device)
-    prompt_bias.masked_fill_(group_masks == 0, float("-inf"))  # [U, P]
+    prompt_bias = None
+    if not bool(group_masks.bool().all()):  # left padding somewhere
+        prompt_bias = torch.zeros(group_masks.shape, dtype=torch.float32, device=device)
+        prompt_bias.masked_fill_(group_masks == 0, float("-inf"))  # [U, P]
     return prompt_kvs, logits, inverse, member, group_size, prompt_bias
+
+
+def _slot_groups(inverse: Tensor, member: Tensor, size: int, prompt_bias: Tensor | None, rows: Tensor) -> _Groups:
+    """The groups of the slots holding `rows` `[B]` (original row of each slot), made when the slots change. Regular
+    where slot b holds member b % size of group b // size of all U groups (the rollout's blocks of k, before any row
+    is dropped). prompt_bias: `[U, P]` or None."""
+    slot_group, slot_member = inverse[rows], member[rows]
+    slots = torch.arange(len(rows), device=rows.device)
+    regular = len(rows) == (int(inverse.max()) + 1) * size and bool(
+        ((slot_group == slots // size) & (slot_member == slots % size)).all()
+    )
+    bias = None if prompt_bias is None else prompt_bias[slot_group][:, None, None]  # [B, 1, 1, P]
+    return _Groups(slot_group, slot_member, size, bias, 0, regular)
 
 
 def _drop_rows(ended_slots: Tensor, num_live: int, *state: Tensor) -> list[Tensor]:
@@ -317,6 +348,24 @@ def _drop_rows(ended_slots: Tensor, num_live: int, *state: Tensor) -> list[Tenso
     for tensor in state:
         tensor.index_copy_(0, holes, tensor.index_select(0, movers))
     return [tensor[:num_live] for tensor in state]
+
+
+def _decode_step(weights: Prepared, hidden, cos, sin, prompt_kvs, own_kvs, groups: _Groups) -> Tensor:
+    """Every layer over one new token per slot (hidden `[B, 1, D]`, cos, sin `[B, 1, rot]`), each storing the
+    token's k|v in the slot's own cache: the logits `[B, V]` of the next token."""
+    body = weights.body
+    shape = body.shape
+    for layer, prompt_kv, own_kv in zip(body.layers, prompt_kvs, own_kvs):
+        attend = partial(
+            _decode_attend,
+            prompt_kv=prompt_kv,
+            own_kv=own_kv,
+            groups=groups,
+            scale=shape.scale,
+            softcap=shape.softcap,
+        )
+        hidden = body.layer_forward(hidden, layer, shape, cos, sin, attend)
+    return _last_logits(weights, hidden)
 
 
 @torch.no_grad()
@@ -339,10 +388,19 @@ def lean_generate(
     drop_finished=False keeps ended rows in the forward, fed pad as generate does (the reference the tests compare
     against); either way only live rows draw, in row order, so both settings consume the random stream alike.
     weights: `prepared_weights(model, rows)` made before, for several calls with the same weights; None: made here.
+    With sampling.cuda_graph, where the model is on a GPU, rloo.static_decode's graph loop samples instead (the same
+    ids and draws; ended rows wait for a smaller row bucket instead of leaving at once).
     """
     if sampling.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
     weights = weights if weights is not None else prepared_weights(model, len(prompt_ids))
+    if sampling.cuda_graph and drop_finished:
+        from rloo.static_decode import static_generate, why_not_graph
+
+        if why_not_graph(model) is None:
+            return static_generate(
+                model, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, weights=weights
+            )
     body = weights.body
     num_rows, prompt_len = prompt_ids.shape
     device, max_new = prompt_ids.device, sampling.max_new_tokens
@@ -370,6 +428,7 @@ def lean_generate(
     # dropping (and as in generate while no row has ended); None: every slot, already in that order
     draw = None
     width = max_new
+    groups = _slot_groups(inverse, member, group_size, prompt_bias, rows)
     for step in range(max_new):
         if draw is None:
             new_tokens, logprobs = sample_tokens(logits, sampling)  # [B]
@@ -396,6 +455,7 @@ def lean_generate(
                     ended_slots, num_live, tokens, rows, next_position, *own_kvs
                 )
                 draw = rows.argsort()
+                groups = _slot_groups(inverse, member, group_size, prompt_bias, rows)
             else:
                 live[ended_slots] = False
                 draw = live.nonzero().squeeze(1)
@@ -403,17 +463,6 @@ def lean_generate(
         # one decode step: the token just drawn goes into each slot's own cache at position `step`
         hidden = _embed(body, tokens[:, None])  # [B, 1, D]
         cos, sin = cos_table[next_position][:, None], sin_table[next_position][:, None]  # [B, 1, rot]
-        groups = _Groups(inverse[rows], member[rows], group_size, prompt_bias, step)
-        for layer, prompt_kv, own_kv in zip(body.layers, prompt_kvs, own_kvs):
-            attend = partial(
-                _decode_attend,
-                prompt_kv=prompt_kv,
-                own_kv=own_kv,
-                groups=groups,
-                scale=shape.scale,
-                softcap=shape.softcap,
-            )
-            hidden = body.layer_forward(hidden, layer, shape, cos, sin, attend)
-        logits = _last_logits(weights, hidden)  # [B, V]
+        logits = _decode_step(weights, hidden, cos, sin, prompt_kvs, own_kvs, groups._replace(step=step))  # [B, V]
         next_position += 1
     return completion_ids[:, :width], generation_logprobs[:, :width]

@@ -20,6 +20,16 @@ def decode_reorders_weights(cfg: DictConfig) -> bool:
     return float32_on_cpu and onednn_applies(torch.empty(0))
 
 
+def decode_steps(cfg: DictConfig) -> str:
+    """How the lean decode steps (rloo.static_decode where CUDA graphs serve, else the eager loop), with why."""
+    eager = "eager steps that drop finished rows"
+    if not cfg.cuda_graph:
+        return f"{eager} (cuda_graph=false)"
+    if cfg.trainer.accelerator != "gpu":
+        return f"{eager} (CUDA graphs need a GPU; this run is on {cfg.trainer.accelerator})"
+    return "static-shape steps replayed as CUDA graphs (finished rows wait for a smaller row bucket)"
+
+
 def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, str]]:
     """What samples and what runs the forward passes of this run, each with why: the lean decode or HF generate,
     the packed shared-prefix forward or the plain one (for the policy and reference, and for the reward model), and what
@@ -40,7 +50,7 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
                 f"linear layers through F.linear (oneDNN's reordered weights serve float32 on CPU only; this run is "
                 f"{cfg.precision.trainer} on {cfg.trainer.accelerator})"
             )
-        sampler = ("lean_decode", f"KV-cache loop that drops finished rows; {products}")
+        sampler = ("lean_decode", f"KV-cache loop, {decode_steps(cfg)}; {products}")
 
     def forward(model) -> tuple[str, str]:
         if not cfg.shared_prefix:

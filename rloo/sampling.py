@@ -24,6 +24,7 @@ class SamplingConfig:
     stop_at_eos: bool
     lean_decode: bool  # rloo.decode's KV-cache loop where the model's family has decode layer code, else HF generate
     sampler: str  # the lean decode's draw: inverse_cdf | multinomial (HF generate's random stream)
+    cuda_graph: bool = True  # the lean decode on a GPU: static-shape steps replayed as CUDA graphs (rloo.static_decode)
 
     @classmethod
     def greedy_decoding(cls, max_new_tokens: int, stop_at_eos: bool, lean_decode: bool) -> "SamplingConfig":
@@ -70,27 +71,38 @@ def filter_logits(scores: Tensor, top_k: int, top_p: float) -> Tensor:
 def inverse_cdf_draw(probs: Tensor) -> Tensor:
     """One token per row of `probs` `[B, V]` (rows need not sum to 1): the first token whose cumulative probability
     exceeds a uniform draw. The sum runs in float64, so no token's share is lost to rounding; a zero-probability
-    token is never drawn (the cumulative sum does not rise there). On CPU about 20x cheaper than torch.multinomial,
-    whose exponential noise costs a logarithm per vocabulary entry; one uniform per row instead."""
+    token is never drawn (the cumulative sum does not rise there), and a draw that rounds up to the row's total is
+    held just below it, so it lands on the last token with probability. On CPU about 20x cheaper than
+    torch.multinomial, whose exponential noise costs a logarithm per vocabulary entry; one uniform per row instead."""
     cumulative = probs.cumsum(-1, dtype=torch.float64)  # [B, V]
     total = cumulative[:, -1:]
     draw = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * total
-    index = torch.searchsorted(cumulative, draw, right=True)  # first c_v > draw: p_v > 0
-    last_nonzero = (cumulative < total).sum(-1, keepdim=True)  # where a draw rounded up to total lands
-    return torch.minimum(index, last_nonzero).squeeze(1)
+    draw = torch.minimum(draw, torch.nextafter(total, torch.zeros_like(total)))  # < total: some c_v exceeds it
+    return torch.searchsorted(cumulative, draw, right=True).squeeze(1)  # first c_v > draw: p_v > 0
 
 
 def sample_tokens(logits: Tensor, sampling: SamplingConfig) -> tuple[Tensor, Tensor]:
-    """Next tokens `[B]` and their log-probs `[B]` (float32) under softmax(logits / temperature), unfiltered."""
+    """Next tokens `[B]` and their log-probs `[B]` (float32) under softmax(logits / temperature), unfiltered.
+
+    The log-prob is z_y - logsumexp(z), with logsumexp as torch computes it (max + log sum exp(z - max)); the
+    inverse-CDF draw reads the same exp(z - max) (unnormalised: the draw scales to the row's total), so the scores
+    are exponentiated once."""
     scores = logits.float()  # HF samples from float32 logits
+    if sampling.temperature != 1.0 and not sampling.greedy:
+        scores = scores / sampling.temperature
+    top = scores.amax(-1, keepdim=True)  # [B, 1]
+    top = top.masked_fill(top.isinf(), 0.0)  # as torch.logsumexp: an infinite max shifts nothing
+    weights = (scores - top).exp()  # [B, V]
+    log_total = weights.sum(-1).log() + top.squeeze(1)  # torch.logsumexp's arithmetic, its result bit for bit
     if sampling.greedy:
         tokens = scores.argmax(-1)
     else:
-        scores = scores / sampling.temperature
-        probs = filter_logits(scores, sampling.top_k, sampling.top_p).softmax(-1)
+        filtered = filter_logits(scores, sampling.top_k, sampling.top_p)
         if sampling.sampler == "multinomial":  # HF generate's draw, the same random stream
-            tokens = torch.multinomial(probs, 1).squeeze(1)
+            tokens = torch.multinomial(filtered.softmax(-1), 1).squeeze(1)
+        elif filtered is scores:  # nothing filtered: the weights are the unnormalised probabilities
+            tokens = inverse_cdf_draw(weights)
         else:
-            tokens = inverse_cdf_draw(probs)
+            tokens = inverse_cdf_draw(filtered.softmax(-1))
     picked = scores.gather(1, tokens[:, None]).squeeze(1)
-    return tokens, picked - scores.logsumexp(-1)  # log p(y) = z_y - log sum_v exp(z_v), as token_logprobs
+    return tokens, picked - log_total  # log p(y) = z_y - log sum_v exp(z_v), as token_logprobs

@@ -59,6 +59,7 @@ class SamplingKeys:
     stop_token: str | None = key(FIXED, choices=("eos", None))
     lean_decode: bool = key(APPLIED)
     sampler: str = key(APPLIED, choices=SAMPLERS)
+    cuda_graph: bool = key(APPLIED)
     eval: EvalKeys = key(APPLIED)
 
 

@@ -247,3 +247,14 @@ def test_the_sampler_names_its_linear_product(policy, overrides, product):
         product = OFF + "32-true on cpu)"  # this torch has no oneDNN weight reorder: the log says F.linear
     sampler = fast_paths(compose_train_config(list(overrides)), policy, None)["sampler"]
     assert sampler[0] == "lean_decode" and sampler[1].endswith(product)
+    on_gpu = overrides == ("trainer=gpu",)
+    steps = "static-shape steps replayed as CUDA graphs" if on_gpu else "eager steps (CUDA graphs"
+    assert steps in sampler[1].replace(" that drop finished rows", "")
+
+
+def test_the_sampler_says_when_cuda_graphs_are_switched_off(policy):
+    from rloo.cli import compose_train_config
+    from rloo.fast_paths import fast_paths
+
+    sampler = fast_paths(compose_train_config(["trainer=gpu", "cuda_graph=false"]), policy, None)["sampler"]
+    assert "eager steps that drop finished rows (cuda_graph=false)" in sampler[1]

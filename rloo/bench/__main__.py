@@ -34,13 +34,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "mode",
         nargs="?",
         default="speed",
-        choices=("speed", "quality", "stability", "logprobs", "strategies", "gpu"),
+        choices=("speed", "quality", "stability", "logprobs", "strategies", "gpu", "decode"),
         help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock; "
         "stability: the bf16 mismatch, peer-like vs rloo defaults; logprobs: peak memory of the "
         "log-prob pass, whole vs chunked LM head, at a 50k vocabulary; strategies: peak memory per rank and "
         "time of real rloo.train runs in one process, under ddp and under fsdp2; gpu: the GPU check (decode "
         "tokens/s, step time, planned vs measured memory at 1B-sized Pythia and Llama in bf16, the embedded task's "
-        "bf16 mismatch; reduced sizes on CPU)",
+        "bf16 mismatch; reduced sizes on CPU); decode: the lean decode's ms per token and read rate against "
+        "torch.sum's, and its per-op profile (default preset long-160m)",
     )
     parser.add_argument(
         "overrides",
@@ -427,6 +428,17 @@ def main(argv=None) -> None:
         preset = args.presets.split(",")[0] if args.presets else "pythia-160m"
         strategies.run(out_dir.resolve(), preset, overrides=args.overrides)
         print(f"bench: wrote {out_dir / 'strategies.json'} and {out_dir / 'strategies.md'}")
+        return
+    if args.mode == "decode":
+        from rloo.bench import decode
+
+        preset = args.presets.split(",")[0] if args.presets else "long-160m"
+        result = decode.measure(preset, args.device, args.threads)
+        result |= {"date": now.isoformat(timespec="seconds"), "machine": machine()}
+        (out_dir / "decode.json").write_text(json.dumps(result, indent=2))
+        table = f"{result['machine']['cpu']}, torch {result['machine']['torch']}\n\n" + decode.markdown(result)
+        (out_dir / "decode.md").write_text(table)
+        print("\n" + table + f"\nbench: wrote {out_dir / 'decode.json'} and {out_dir / 'decode.md'}")
         return
     if args.mode == "gpu":
         from rloo.bench import gpu

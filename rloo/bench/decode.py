@@ -1,0 +1,222 @@
+"""python -m rloo.bench decode: how close the lean decode (rloo/decode.py) reads at the machine's memory limit, and
+where its time goes.
+
+At a preset's shape (default `long-160m`: Pythia-160m, 2 prompts x k = 4 = 8 rows, 64-token prompts), random
+weights, in the preset's dtype (float32 on CPU):
+
+- ms per generated token: a decode of T tokens minus one of 1 token (the prefill and the first draw), over T - 1;
+- the bytes one decode step reads: every weight it reads (the linear layers, the LM head, the norms; the embedding
+  only for the rows' tokens) and the KV cache at the mean completion length (each prompt's keys and values once for
+  its k rows, each row's own completion so far);
+- the read rate that implies, beside `torch.sum`'s over a buffer as large as the weights, measured between the
+  decodes (the median of each; at least 256 MiB, beyond any cache): their ratio is the **bandwidth fraction**. On a GPU the same bytes over the sum's
+  rate are the **read floor**, the time a step could not go below;
+- on CPU a per-op profile (torch.profiler) of one decode in four parts: the linear products, attention over the
+  cache, sampling, and everything else (the small ops of each layer and the Python between them);
+- where CUDA graphs serve (`rloo.static_decode`: the model on a GPU), the graph loop's ms per token beside the
+  eager loop's.
+
+Writes decode.json and decode.md. Plain torch + transformers.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+
+import torch
+
+SUM_BYTES = 256 * 2**20  # torch.sum reads at least this much: memory, not a cache
+LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _seconds(fn, device: torch.device) -> float:
+    _sync(device)
+    started = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - started
+
+
+def sum_read_rate(nbytes: int, device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
+    """Bytes per second `torch.sum` reads from a buffer of `nbytes` (median of `repeats`, after one warm-up)."""
+    buffer = torch.ones(nbytes // torch.finfo(dtype).bits * 8, dtype=dtype, device=device)
+    buffer.sum()
+    times = [_seconds(buffer.sum, device) for _ in range(repeats)]
+    return buffer.numel() * buffer.element_size() / statistics.median(times)
+
+
+def step_bytes(model, num_prompts: int, rows: int, prompt_length: int, new_tokens: int) -> dict[str, float]:
+    """Bytes one decode step reads, on average over a decode of `new_tokens`: weights and KV cache."""
+    from rloo.families import architecture_from_config
+
+    embedding = model.get_input_embeddings().weight
+    params = {id(p): p for p in model.parameters()}  # a tied head counts once
+    weights = sum(p.numel() * p.element_size() for p in params.values())
+    if not any(p is embedding for p in (model.get_output_embeddings().weight,)):
+        weights -= embedding.numel() * embedding.element_size()  # the untied embedding: a row per token only
+    arch = architecture_from_config(model.config.to_dict())
+    per_token_kv = arch.num_layers * arch.kv_width * embedding.element_size()
+    # a step at completion position s attends to the prompt (read once per group) and s + 1 own tokens
+    mean_own = sum(s + 1 for s in range(new_tokens - 1)) / max(new_tokens - 1, 1)
+    kv = per_token_kv * (num_prompts * prompt_length + rows * mean_own)
+    return {"weights": float(weights), "kv_cache": float(kv), "total": float(weights + kv)}
+
+
+@contextmanager
+def _labelled():
+    """Label attention and sampling in the profile (record_function around rloo.decode's two hooks)."""
+    from rloo import decode
+
+    originals = decode._decode_attend, decode.sample_tokens
+
+    def attend(*args, **kwargs):
+        with torch.profiler.record_function("rloo.attention"):
+            return originals[0](*args, **kwargs)
+
+    def sample(*args, **kwargs):
+        with torch.profiler.record_function("rloo.sampling"):
+            return originals[1](*args, **kwargs)
+
+    decode._decode_attend, decode.sample_tokens = attend, sample
+    try:
+        yield
+    finally:
+        decode._decode_attend, decode.sample_tokens = originals
+
+
+def op_profile(run, steps: int) -> dict:
+    """ms per decode step in four parts, from torch.profiler over one decode of `steps` + 1 tokens (`run`):
+    linear products (self time of the product ops), attention and sampling (their labels' total), the rest
+    (the profiled wall time less those three), and the ten ops with the most self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _labelled(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        started = time.perf_counter()
+        run()
+        wall = time.perf_counter() - started
+    averages = prof.key_averages()
+    linear = sum(e.self_cpu_time_total for e in averages if e.key in LINEAR_OPS) / 1e3
+    attention = sum(e.cpu_time_total for e in averages if e.key == "rloo.attention") / 1e3
+    sampling = sum(e.cpu_time_total for e in averages if e.key == "rloo.sampling") / 1e3
+    parts = {"linear products": linear, "attention over the cache": attention, "sampling": sampling}
+    parts["small ops and Python"] = wall * 1e3 - sum(parts.values())
+    top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:10]
+    return {
+        "profiled_ms_per_step": wall * 1e3 / steps,
+        "parts_ms_per_step": {name: ms / steps for name, ms in parts.items()},
+        "top_ops": [
+            {"op": e.key, "ms_per_step": e.self_cpu_time_total / 1e3 / steps, "calls_per_step": e.count / steps}
+            for e in top
+        ],
+    }
+
+
+def measure(
+    preset_name: str = "long-160m",
+    device: str = "cpu",
+    threads: int = 2,
+    repeats: int = 3,
+    profile_tokens: int = 32,
+) -> dict:
+    """The decode's ms per token, bytes per step, read rate against torch.sum's, and (CPU) the op profile."""
+    from transformers import AutoModelForCausalLM
+
+    from rloo.bench.presets import get_preset, model_config, random_prompts
+    from rloo.decode import lean_generate, prepared_weights
+    from rloo.sampling import SamplingConfig
+    from rloo.static_decode import why_not_graph
+
+    torch.set_num_threads(threads)
+    preset = get_preset(preset_name)
+    where = torch.device(device)
+    dtype = torch.float32 if where.type == "cpu" else torch.bfloat16
+    new_tokens = preset.response_length
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(model_config(preset)).to(where, dtype).eval()
+    prompts = random_prompts(preset, preset.prompts_per_step).repeat_interleave(preset.k, 0).to(where)
+    mask = torch.ones_like(prompts)
+    rows = len(prompts)
+
+    def sampling(tokens: int, graph: bool = False) -> SamplingConfig:  # every row runs to its last token
+        return SamplingConfig(tokens, 1.0, 0, 1.0, False, False, True, "inverse_cdf", graph)
+
+    weights = prepared_weights(model, rows)
+
+    def decode(tokens: int, graph: bool = False):  # graph=False: the eager loop, wherever it runs
+        return lambda: lean_generate(model, prompts, mask, sampling(tokens, graph), 0, 1, weights=weights)
+
+    nbytes = step_bytes(model, preset.prompts_per_step, rows, preset.prompt_length, new_tokens)
+    decode(new_tokens)()  # warm-up: first-call allocations, oneDNN's kernels
+    full, first, sums = [], [], []
+    for _ in range(repeats):
+        sums.append(sum_read_rate(max(int(nbytes["weights"]), SUM_BYTES), where, dtype))
+        first.append(_seconds(decode(1), where))
+        full.append(_seconds(decode(new_tokens), where))
+    per_token = (statistics.median(full) - statistics.median(first)) / (new_tokens - 1)
+    sum_rate = statistics.median(sums)
+    result = {
+        "preset": preset_name,
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "rows": rows,
+        "prompts": preset.prompts_per_step,
+        "prompt_length": preset.prompt_length,
+        "new_tokens": new_tokens,
+        "threads": threads,
+        "ms_per_token": per_token * 1e3,
+        "bytes_per_step": nbytes,
+        "read_gb_per_s": nbytes["total"] / per_token / 1e9,
+        "sum_gb_per_s": sum_rate / 1e9,
+        "bandwidth_fraction": nbytes["total"] / per_token / sum_rate,
+        "read_floor_ms": nbytes["total"] / sum_rate * 1e3,
+    }
+    if why := why_not_graph(model):
+        result["graph"] = {"used": False, "why_not": why}
+    else:
+        decode(new_tokens, graph=True)()
+        graph_full = statistics.median(_seconds(decode(new_tokens, graph=True), where) for _ in range(repeats))
+        graph_first = statistics.median(_seconds(decode(1, graph=True), where) for _ in range(repeats))
+        result["graph"] = {"used": True, "ms_per_token": (graph_full - graph_first) / (new_tokens - 1) * 1e3}
+    if where.type == "cpu":
+        steps = min(profile_tokens, new_tokens) - 1
+        result["profile"] = op_profile(decode(steps + 1), steps)
+    return result
+
+
+def markdown(result: dict) -> str:
+    nbytes = result["bytes_per_step"]
+    lines = [
+        f"Decode at `{result['preset']}`: {result['rows']} rows ({result['prompts']} prompts), "
+        f"{result['prompt_length']}-token prompts, {result['new_tokens']} new tokens, {result['dtype']} on "
+        f"{result['device']}, {result['threads']} threads",
+        "",
+        "| ms/token | MB read per step (weights + KV) | read GB/s | torch.sum GB/s | bandwidth fraction "
+        "| read floor ms |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {result['ms_per_token']:.2f} | {nbytes['total'] / 1e6:.0f} ({nbytes['weights'] / 1e6:.0f} + "
+        f"{nbytes['kv_cache'] / 1e6:.0f}) | {result['read_gb_per_s']:.1f} | {result['sum_gb_per_s']:.1f} | "
+        f"{result['bandwidth_fraction']:.2f} | {result['read_floor_ms']:.2f} |",
+    ]
+    graph = result["graph"]
+    lines += [
+        "",
+        f"Graph step: {graph['ms_per_token']:.2f} ms/token"
+        if graph["used"]
+        else f"Graph step: not used ({graph['why_not']})",
+    ]
+    if profile := result.get("profile"):
+        lines += ["", f"Per-op profile, ms per step (profiled: {profile['profiled_ms_per_step']:.2f} ms a step):", ""]
+        lines += ["| part | ms/step | share |", "|---|---:|---:|"]
+        total = profile["profiled_ms_per_step"]
+        for name, ms in profile["parts_ms_per_step"].items():
+            lines.append(f"| {name} | {ms:.2f} | {ms / total:.0%} |")
+        lines += ["", "| op (self time) | ms/step | calls/step |", "|---|---:|---:|"]
+        lines += [f"| {op['op']} | {op['ms_per_step']:.2f} | {op['calls_per_step']:.0f} |" for op in profile["top_ops"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,103 @@
+"""rloo.static_decode against the same references as the eager loop: HF generate's greedy ids, the training
+forward's log-probs, and the eager loop's seeded samples. On CPU the static step runs eagerly (capture=False); on a
+GPU (the GPU check runs this file there) the same tests replay it as CUDA graphs."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from rloo import static_decode
+from rloo.decode import lean_generate
+from rloo.rollout import truncate_after_stop
+from rloo.static_decode import buckets, static_generate, why_not_graph
+from tests.builders import sampling as sampling_config
+from tests.test_decode import (
+    ARCHITECTURES,
+    hf_generate,
+    left_padded_prompts,
+    pick_stop_token,
+    shared_prompt_layout,
+    training_logprobs,
+)
+from tests.tiny_models import EOS, PAD, tiny_model
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")),
+]
+
+
+@pytest.fixture
+def compactions(monkeypatch):
+    """How often the loop moved live rows into a smaller bucket."""
+    moves = []
+    original = static_decode._Slots.compact
+
+    def compact(self, width, size, own_kvs):
+        moves.append((width, size))
+        return original(self, width, size, own_kvs)
+
+    monkeypatch.setattr(static_decode._Slots, "compact", compact)
+    return moves
+
+
+def test_buckets_halve_down_to_at_most_four_sizes():
+    assert buckets(16) == [16, 8, 4, 2]
+    assert buckets(5) == [5, 3, 2, 1]
+    assert buckets(2) == [2, 1]
+    assert buckets(1) == [1]
+
+
+def test_the_graph_serves_gpus_only_and_says_why_not():
+    assert why_not_graph(tiny_model()) == "the policy is on cpu; CUDA graphs need a GPU"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_static_greedy_ids_equal_hf_generate(architecture, device, compactions):
+    model = tiny_model(architecture).to(device)
+    ids, mask = left_padded_prompts(12, 6, model.config.vocab_size)
+    ids, mask = torch.cat([ids, ids[:4]]).to(device), torch.cat([mask, mask[:4]]).to(device)  # shared prefills
+    free_run = hf_generate(model, ids, mask, sampling_config(max_new_tokens=16, greedy=True, stop_at_eos=False))
+    stop = pick_stop_token(free_run)
+    sampling = sampling_config(max_new_tokens=16, greedy=True)
+    expected = hf_generate(model, ids, mask, sampling, eos=stop)
+    completions, logprobs = static_generate(model, ids, mask, sampling, stop, PAD, capture=device == "cuda")
+    assert torch.equal(completions, expected)
+    _, completion_mask, _ = truncate_after_stop(completions, stop, PAD)
+    assert (logprobs[completion_mask == 0] == 0).all()
+    expected_logprobs = training_logprobs(model, ids, mask, completions, completion_mask, 1.0)
+    torch.testing.assert_close(logprobs, expected_logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("layout", ["blocks of 4", "interleaved", "unequal"])
+def test_static_samples_equal_the_eager_loops(architecture, layout, device, compactions):
+    """Seeded: the same ids as the eager loop (which drops rows at once), log-probs equal to float rounding and to
+    the training forward's, while rows end at different steps and the live ones move into smaller buckets."""
+    model = tiny_model(architecture, vocab_size=20).to(device)
+    ids, mask = (t.to(device) for t in shared_prompt_layout(layout, 20))
+    sampling = sampling_config(max_new_tokens=48, temperature=0.9, top_k=12, top_p=0.95)
+    torch.manual_seed(3)
+    eager, eager_logprobs = lean_generate(model, ids, mask, replace(sampling, cuda_graph=False), EOS, PAD)
+    torch.manual_seed(3)
+    static, static_logprobs = static_generate(model, ids, mask, sampling, EOS, PAD, capture=device == "cuda")
+    assert torch.equal(static, eager)
+    torch.testing.assert_close(static_logprobs, eager_logprobs, atol=1e-5, rtol=0)
+    completions, completion_mask, ended = truncate_after_stop(static, EOS, PAD)
+    assert ended.any() and compactions  # rows ended, and the loop moved to a smaller bucket
+    expected = training_logprobs(model, ids, mask, completions, completion_mask, 0.9)
+    torch.testing.assert_close(static_logprobs, expected, atol=1e-5, rtol=0)
+
+
+def test_on_cpu_cuda_graph_true_runs_the_eager_loop(compactions):
+    model = tiny_model(vocab_size=20)
+    ids, mask = left_padded_prompts(8, 5, 20)
+    sampling = sampling_config(max_new_tokens=12, temperature=0.9)
+    torch.manual_seed(0)
+    with_key, _ = lean_generate(model, ids, mask, sampling, EOS, PAD)
+    torch.manual_seed(0)
+    without, _ = lean_generate(model, ids, mask, replace(sampling, cuda_graph=False), EOS, PAD)
+    assert torch.equal(with_key, without) and not compactions  # the static loop never ran
