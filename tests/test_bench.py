@@ -283,6 +283,13 @@ def test_the_gpu_check_runs_at_a_reduced_size_on_cpu(tmp_path, embedded_task):
     for row in report["models"]:
         assert row["precision"] == "bf16-true" and row["decode_tokens_per_second"] > 0 and row["step_seconds"] > 0
         assert row["planned_peak_mib"] > 0 and row["measured_peak_mib"] > 0
+    assert [row["model"] for row in report["decode"]] == ["small", "llama-small"]
+    for row in report["decode"]:  # the decode alone: eager ms per token beside the read floor; no graph on CPU
+        assert row["decode_ms_per_token"] > row["read_floor_ms"] > 0 and row["graph_ms_per_token"] is None
+        assert row["graph_why_not"] == "the policy is on cpu; CUDA graphs need a GPU"
+    for row in report["trl"]:  # TRL's step where this interpreter has TRL, else the row says so
+        assert row.get("step_seconds", 0) > 0 or "no TRL" in row["error"]
     assert {cell["config"] for cell in report["mismatch"]} == {"peer-like", "rloo default"}
     assert all("error" not in cell and 0 <= cell["win_rate"] <= 1 for cell in report["mismatch"])
-    assert "llama-small" in (out / "gpu.md").read_text()
+    table = (out / "gpu.md").read_text()
+    assert "llama-small" in table and "| decode ms/token, eager | CUDA graph | read floor ms |" in table

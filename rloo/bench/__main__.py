@@ -451,13 +451,14 @@ def main(argv=None) -> None:
             args.threads,
             args.timeout,
             overrides=args.overrides,
+            trl_python=args.trl_python,
         )
         report |= {"date": now.isoformat(timespec="seconds"), "machine": machine()}
         (out_dir / "gpu.json").write_text(json.dumps(report, indent=2))
         table = gpu.markdown(report)
         (out_dir / "gpu.md").write_text(table)
         print("\n" + table + f"\nbench: wrote {out_dir / 'gpu.json'} and {out_dir / 'gpu.md'}")
-        failed = [row["model"] for row in report["models"] if "error" in row]
+        failed = [row["model"] for row in report["models"] + report["decode"] if "error" in row]
         failed += [cell["config"] for cell in report.get("mismatch", []) if "error" in cell]
         if failed:
             raise SystemExit(f"error: bench gpu: {', '.join(failed)} failed (see {out_dir})")

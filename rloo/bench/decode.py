@@ -2,15 +2,15 @@
 where its time goes.
 
 At a preset's shape (default `long-160m`: Pythia-160m, 2 prompts x k = 4 = 8 rows, 64-token prompts), random
-weights, in the preset's dtype (float32 on CPU):
+weights, float32 on CPU and bfloat16 on a GPU, every row running to its last token:
 
 - ms per generated token: a decode of T tokens minus one of 1 token (the prefill and the first draw), over T - 1;
 - the bytes one decode step reads: every weight it reads (the linear layers, the LM head, the norms; the embedding
   only for the rows' tokens) and the KV cache at the mean completion length (each prompt's keys and values once for
   its k rows, each row's own completion so far);
-- the read rate that implies, beside `torch.sum`'s over a buffer as large as the weights, measured between the
-  decodes (the median of each; at least 256 MiB, beyond any cache): their ratio is the **bandwidth fraction**. On a GPU the same bytes over the sum's
-  rate are the **read floor**, the time a step could not go below;
+- the read rate that implies, beside `torch.sum`'s over a buffer as large as the weights (at least 256 MiB, beyond
+  any cache), measured between the decodes (the median of each): their ratio is the **bandwidth fraction**. The
+  same bytes over the sum's rate are the **read floor**, the time a step could not go below;
 - on CPU a per-op profile (torch.profiler) of one decode in four parts: the linear products, attention over the
   cache, sampling, and everything else (the small ops of each layer and the Python between them);
 - where CUDA graphs serve (`rloo.static_decode`: the model on a GPU), the graph loop's ms per token beside the
@@ -123,7 +123,7 @@ def measure(
     device: str = "cpu",
     threads: int = 2,
     repeats: int = 3,
-    profile_tokens: int = 32,
+    profile: bool = True,
 ) -> dict:
     """The decode's ms per token, bytes per step, read rate against torch.sum's, and (CPU) the op profile."""
     from transformers import AutoModelForCausalLM
@@ -184,9 +184,8 @@ def measure(
         graph_full = statistics.median(_seconds(decode(new_tokens, graph=True), where) for _ in range(repeats))
         graph_first = statistics.median(_seconds(decode(1, graph=True), where) for _ in range(repeats))
         result["graph"] = {"used": True, "ms_per_token": (graph_full - graph_first) / (new_tokens - 1) * 1e3}
-    if where.type == "cpu":
-        steps = min(profile_tokens, new_tokens) - 1
-        result["profile"] = op_profile(decode(steps + 1), steps)
+    if profile and where.type == "cpu":
+        result["profile"] = op_profile(decode(new_tokens), new_tokens - 1)
     return result
 
 

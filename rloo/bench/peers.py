@@ -19,7 +19,6 @@ import os
 import platform
 import subprocess
 import tempfile
-import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # PPOTrainer lives in trl.experimental in 1.12
@@ -29,6 +28,7 @@ import torch  # noqa: E402
 
 from rloo.bench.measure import current_rss_mb, median, model_state_mb, peak_rss_mb  # noqa: E402
 from rloo.bench.presets import build_models, build_tokenizer, get_preset, random_prompts  # noqa: E402
+from rloo.rollout import clock  # noqa: E402  (waits for queued CUDA work before reading the clock)
 
 TEMPERATURE, LEARNING_RATE, MISSING_EOS_PENALTY = 0.7, 1e-6, 1.0
 
@@ -54,6 +54,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "as-shipped keeps TRL's CPU fallback, which scores every position, prompts included",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--precision",
+        choices=("32-true", "bf16-true"),
+        default="32-true",
+        help="the models' dtype (bf16-true: bfloat16 weights, as rloo's worker; TRL's autocast flags stay off)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="where the JSON result goes")
     return parser.parse_args(argv)
@@ -99,10 +106,10 @@ class Recorder:
         self._tokens = 0
 
     def start(self):
-        self._started, self._rollout, self._tokens = time.perf_counter(), None, 0
+        self._started, self._rollout, self._tokens = clock(), None, 0
 
     def stop(self):
-        wall = time.perf_counter() - self._started
+        wall = clock() - self._started
         self.steps.append({"wall": wall, "rollout": self._rollout, "tokens": self._tokens})
 
     def rollout_seconds(self, seconds: float):
@@ -111,7 +118,7 @@ class Recorder:
     def rollout_ended(self):
         """First update forward of the step: everything since the step began was the rollout."""
         if self._rollout is None:
-            self._rollout = time.perf_counter() - self._started
+            self._rollout = clock() - self._started
 
     def count_completions(self, sequences: torch.Tensor, prompt_length: int):
         """[B, prompt_length + T] -> real tokens: up to and including the first EOS, as both trainers mask them."""
@@ -189,7 +196,8 @@ def clock_callback(recorder: Recorder, begin_event: str):
 
 
 def common_args(args, workdir: str) -> dict:
-    """TrainingArguments shared by both trainers: fp32 on CPU, nothing saved, evaluated, reported or printed."""
+    """TrainingArguments shared by both trainers: no autocast (the models' own dtype), nothing saved, evaluated,
+    reported or printed."""
     from transformers import TrainingArguments
 
     # TRL defaults bf16 and activation checkpointing to True; our worker has neither. transformers 5.x renamed
@@ -198,7 +206,7 @@ def common_args(args, workdir: str) -> dict:
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     return {
         "output_dir": workdir,
-        "use_cpu": True,
+        "use_cpu": args.device == "cpu",
         "bf16": False,
         "fp16": False,
         checkpointing: False,
@@ -302,9 +310,9 @@ def build_rloo(args, preset, tokenizer, policy, reward_model, workdir: str, reco
     generate_and_score = trainer._generate_and_score_completions
 
     def timed_generate_and_score(*a, **kw):
-        started = time.perf_counter()
+        started = clock()
         out = generate_and_score(*a, **kw)
-        recorder.rollout_seconds(time.perf_counter() - started)
+        recorder.rollout_seconds(clock() - started)
         return out
 
     trainer._generate_and_score_completions = timed_generate_and_score
@@ -381,6 +389,11 @@ def per_rollout(steps: list[dict], updates: int) -> list[dict]:
     return grouped
 
 
+def reference_dtype(trainer) -> str | None:
+    reference = getattr(trainer, "ref_model", None)
+    return None if reference is None else str(next(reference.parameters()).dtype).removeprefix("torch.")
+
+
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -397,6 +410,8 @@ def run(args) -> dict:
     preset = get_preset(args.preset)
     tokenizer = build_tokenizer(preset.vocab_size)
     policy, reward_model = build_models(preset, args.seed)
+    if args.precision == "bf16-true":  # saved in bfloat16, so TRL's reference (loaded from the policy's path) is too
+        policy, reward_model = policy.bfloat16(), reward_model.bfloat16()
     recorder = Recorder(tokenizer.eos_token_id)
     build = build_rloo if args.algorithm == "rloo" else build_ppo
     with tempfile.TemporaryDirectory(prefix="rloo-bench-peer-") as workdir:
@@ -420,14 +435,15 @@ def run(args) -> dict:
             "num_mini_batches": minis,
             "completions_per_prompt": k,
             "prompts_per_step": preset.completions_per_step // k,
-            "precision": "fp32",
+            "precision": "fp32" if args.precision == "32-true" else "bf16-true",
+            "reference_dtype": reference_dtype(trainer),
             "temperature": TEMPERATURE,
             "learning_rate": LEARNING_RATE,
             "activation_checkpointing": activation_checkpointing(policy),
             **({"lm_head": args.lm_head} if args.algorithm == "rloo" else {}),
             **({"missing_eos_penalty": MISSING_EOS_PENALTY} if args.algorithm == "ppo" else {}),
         },
-        "device": "cpu",
+        "device": args.device,
         "threads": torch.get_num_threads(),
         "steps": len(timed),
         "warmup": args.warmup,
@@ -450,7 +466,7 @@ def run(args) -> dict:
         "baseline_rss_mb": baseline_rss,
         "peak_rss_mb": peak_rss,
         "peak_rss_above_baseline_mb": peak_rss - baseline_rss,
-        "peak_gpu_mb": None,
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else None,
         "model_state_mb": model_state_mb(models(), getattr(trainer.optimizer, "optimizer", trainer.optimizer)),
         "python": platform.python_version(),
         "versions": {
