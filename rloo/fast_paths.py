@@ -20,14 +20,19 @@ def decode_reorders_weights(cfg: DictConfig) -> bool:
     return float32_on_cpu and onednn_applies(torch.empty(0))
 
 
+def decode_replays_graphs(cfg: DictConfig) -> bool:
+    """Whether the lean decode's steps run at static shapes, replayed as CUDA graphs (rloo.static_decode)."""
+    return bool(cfg.cuda_graph) and cfg.trainer.accelerator == "gpu"
+
+
 def decode_steps(cfg: DictConfig) -> str:
     """How the lean decode steps (rloo.static_decode where CUDA graphs serve, else the eager loop), with why."""
+    if decode_replays_graphs(cfg):
+        return "static-shape steps replayed as CUDA graphs (finished rows wait for a smaller row bucket)"
     eager = "eager steps that drop finished rows"
     if not cfg.cuda_graph:
         return f"{eager} (cuda_graph=false)"
-    if cfg.trainer.accelerator != "gpu":
-        return f"{eager} (CUDA graphs need a GPU; this run is on {cfg.trainer.accelerator})"
-    return "static-shape steps replayed as CUDA graphs (finished rows wait for a smaller row bucket)"
+    return f"{eager} (CUDA graphs need a GPU; this run is on {cfg.trainer.accelerator})"
 
 
 def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, str]]:

@@ -153,6 +153,7 @@ class Shape:
     mlp_recompute: bool = False  # the MLPs' activations are recomputed in the backward (rloo.mlp_recompute)
     sampler: str = "lean_decode"  # lean_decode | hf_generate (which keeps every step's logits, [B, T, V])
     decode_weight_copy: bool = False  # the lean decode's reordered copy of the linear weights (float32 on CPU)
+    decode_graph: bool = False  # the lean decode's steps replayed as CUDA graphs (rloo.static_decode), on GPUs
 
 
 def _bytes(dtype: str) -> int:
@@ -225,6 +226,11 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     items["KV cache"] = cache
     if shape.decode_weight_copy:  # rloo.decode._linear: every linear weight and the head, float32, while sampling
         items["decode weights"] = (linear + arch.vocab_size * arch.hidden_size) * 4
+    if shape.decode_graph:  # the graphs' memory pool: one step's buffers at the largest bucket, kept between replays
+        heads = arch.num_heads or max(arch.hidden_size // 128, 1)
+        step_values = arch.vocab_size + 8 * arch.hidden_size + 2 * arch.intermediate_size + arch.kv_width
+        scores = 3 * heads * (prompt + response) * 4  # float32 scores, probabilities and their copy, per row
+        items["decode graph pool"] = batch * (step_values * compute + scores)
     if shape.strategy in ZERO3:  # the largest module gathered whole (a block, or the embedding), the next prefetched
         gathered = max(arch.block_linear_params(), arch.vocab_size * arch.hidden_size) + ZERO3_PREFETCH_ELEMENTS
         items["ZeRO-3 buffers"] = (gathered + ZERO3_REDUCE_BUCKET_ELEMENTS) * compute  # in the compute dtype
@@ -234,7 +240,7 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
         for key in ("policy weights", "reference weights", "reward model weights", "AdamW state", "ZeRO-3 buffers")
     )
     update = mib["gradients"] + mib["activations"] + mib["logit chunks"]
-    rollout = mib["KV cache"] + mib.get("decode weights", 0.0)
+    rollout = mib["KV cache"] + mib.get("decode weights", 0.0) + mib.get("decode graph pool", 0.0)
     mib["peak"] = static + max(update, rollout)
     return mib
 
@@ -281,7 +287,7 @@ def planned_fast_paths(cfg, arch: Architecture) -> dict[str, tuple[str, str]]:
 
 
 def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]] | None = None) -> Shape:
-    from rloo.fast_paths import decode_reorders_weights
+    from rloo.fast_paths import decode_reorders_weights, decode_replays_graphs
     from rloo.scoring import MODEL, parse_reward
 
     paths = paths if paths is not None else planned_fast_paths(cfg, arch)
@@ -306,6 +312,7 @@ def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]]
         mlp_recompute=paths.get("policy_activations", ("kept", ""))[0] == "mlp_recompute",
         sampler=paths["sampler"][0],
         decode_weight_copy=paths["sampler"][0] == "lean_decode" and decode_reorders_weights(cfg),
+        decode_graph=paths["sampler"][0] == "lean_decode" and decode_replays_graphs(cfg),
     )
 
 

@@ -239,3 +239,22 @@ def test_the_rollout_counts_the_decodes_reordered_weights_where_the_run_reorders
     assert shape_from_config(compose_train_config([]), arch).decode_weight_copy
     assert not shape_from_config(compose_train_config(["precision=bf16"]), arch).decode_weight_copy
     assert not shape_from_config(compose_train_config(["lean_decode=false"]), arch).decode_weight_copy
+
+
+def test_the_rollout_counts_the_cuda_graph_pool_where_the_decode_replays_graphs():
+    """On a GPU the decode's static-shape step keeps one step's buffers in the graphs' pool between replays: the
+    logits `[B, V]`, a block's widest values and the float32 scores over prompt + response, per row (hand-counted
+    here for Pythia-160m at bf16-true: B = 16, P = 32, T = 16, 12 heads)."""
+    from rloo.cli import compose_train_config
+    from rloo.memory_plan import shape_from_config
+
+    preset = PRESETS["pythia-160m"]
+    arch = architecture(preset)
+    shape = replace(bench_shape(preset), precision="bf16-true", decode_graph=True)
+    pool = estimate(arch, shape)["decode graph pool"] * 2**20
+    rows, per_row_values = shape.generation_batch_size, 50304 + 8 * 768 + 2 * 3072 + 2 * 768
+    assert rows == 16 and pool == rows * (per_row_values * 2 + 3 * 12 * (32 + 16) * 4)
+    assert "decode graph pool" not in estimate(arch, replace(shape, decode_graph=False))
+    assert shape_from_config(compose_train_config(["trainer=gpu"]), arch).decode_graph
+    assert not shape_from_config(compose_train_config(["trainer=gpu", "cuda_graph=false"]), arch).decode_graph
+    assert not shape_from_config(compose_train_config([]), arch).decode_graph  # CPU: eager steps
