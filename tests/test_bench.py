@@ -293,3 +293,33 @@ def test_the_gpu_check_runs_at_a_reduced_size_on_cpu(tmp_path, embedded_task):
     assert all("error" not in cell and 0 <= cell["win_rate"] <= 1 for cell in report["mismatch"])
     table = (out / "gpu.md").read_text()
     assert "llama-small" in table and "| decode ms/token, eager | CUDA graph | read floor ms |" in table
+
+
+def test_the_decode_bench_counts_the_bytes_a_step_reads():
+    """Hand-counted for `tiny` (hidden 128, 4 layers, inner 512, vocabulary 512, untied head, float32): every weight
+    but the input embedding, and the KV cache of 4 prompts of 24 tokens (once each) plus 16 rows' own completions,
+    a step at completion position s reading s + 1 of them (mean 8 over a 16-token decode's 15 steps)."""
+    from rloo.bench.decode import step_bytes
+
+    policy, _ = build_models(PRESETS["tiny"])
+    d, inner, vocab, layers = 128, 512, 512, 4
+    block = (d * 3 * d + 3 * d) + (d * d + d) + (d * inner + inner) + (inner * d + d) + 2 * 2 * d
+    weights = 4 * (layers * block + 2 * d + vocab * d)
+    kv = 4 * layers * 2 * d * (4 * 24 + 16 * 8)
+    assert step_bytes(policy, 4, 16, 24, 16) == {"weights": weights, "kv_cache": kv, "total": weights + kv}
+
+
+def test_the_decode_bench_times_reads_and_profiles_the_decode():
+    """In process at `tiny@T=8`: ms per token, a bandwidth fraction between its paired extremes, the profile's four
+    parts adding up to the profiled step, and on CPU the graph loop said to be off, with why."""
+    from rloo.bench.decode import markdown, measure
+
+    result = measure("tiny@T=8", repeats=2)
+    assert result["rows"] == 64 and result["new_tokens"] == 8 and result["ms_per_token"] > 0
+    low, high = result["bandwidth_fraction_range"]
+    assert 0 < low <= result["bandwidth_fraction"] <= high
+    profile = result["profile"]
+    assert sum(profile["parts_ms_per_step"].values()) == pytest.approx(profile["profiled_ms_per_step"])
+    assert min(list(profile["parts_ms_per_step"].values())[:3]) > 0  # products, attention and sampling all seen
+    assert result["graph"] == {"used": False, "why_not": "the policy is on cpu; CUDA graphs need a GPU"}
+    assert "| linear products |" in markdown(result)

@@ -9,8 +9,10 @@ weights, float32 on CPU and bfloat16 on a GPU, every row running to its last tok
   only for the rows' tokens) and the KV cache at the mean completion length (each prompt's keys and values once for
   its k rows, each row's own completion so far);
 - the read rate that implies, beside `torch.sum`'s over a buffer as large as the weights (at least 256 MiB, beyond
-  any cache), measured between the decodes (the median of each): their ratio is the **bandwidth fraction**. The
-  same bytes over the sum's rate are the **read floor**, the time a step could not go below;
+  any cache), measured before and after each decode: each decode's rate over the mean of its two sums is one
+  **bandwidth fraction** (the median and range of those are reported; on a shared machine both rates drift, and
+  pairing keeps the ratio). The bytes over the sum's median rate are the **read floor**, the time a step could not
+  go below;
 - on CPU a per-op profile (torch.profiler) of one decode in four parts: the linear products, attention over the
   cache, sampling, and everything else (the small ops of each layer and the Python between them);
 - where CUDA graphs serve (`rloo.static_decode`: the model on a GPU), the graph loop's ms per token beside the
@@ -155,12 +157,17 @@ def measure(
     nbytes = step_bytes(model, preset.prompts_per_step, rows, preset.prompt_length, new_tokens)
     decode(new_tokens)()  # warm-up: first-call allocations, oneDNN's kernels
     full, first, sums = [], [], []
-    for _ in range(repeats):
+    for _ in range(repeats):  # each decode between two sums: the pair's ratio, as the machine's speed drifts
         sums.append(sum_read_rate(max(int(nbytes["weights"]), SUM_BYTES), where, dtype))
         first.append(_seconds(decode(1), where))
         full.append(_seconds(decode(new_tokens), where))
+    sums.append(sum_read_rate(max(int(nbytes["weights"]), SUM_BYTES), where, dtype))
     per_token = (statistics.median(full) - statistics.median(first)) / (new_tokens - 1)
     sum_rate = statistics.median(sums)
+    fractions = [  # each decode's read rate over the mean of the sums either side of it
+        nbytes["total"] * (new_tokens - 1) / (seconds - statistics.median(first)) / ((before + after) / 2)
+        for seconds, before, after in zip(full, sums, sums[1:])
+    ]
     result = {
         "preset": preset_name,
         "device": device,
@@ -174,7 +181,9 @@ def measure(
         "bytes_per_step": nbytes,
         "read_gb_per_s": nbytes["total"] / per_token / 1e9,
         "sum_gb_per_s": sum_rate / 1e9,
-        "bandwidth_fraction": nbytes["total"] / per_token / sum_rate,
+        "sum_gb_per_s_range": [min(sums) / 1e9, max(sums) / 1e9],
+        "bandwidth_fraction": statistics.median(fractions),
+        "bandwidth_fraction_range": [min(fractions), max(fractions)],
         "read_floor_ms": nbytes["total"] / sum_rate * 1e3,
     }
     if why := why_not_graph(model):
@@ -191,17 +200,19 @@ def measure(
 
 def markdown(result: dict) -> str:
     nbytes = result["bytes_per_step"]
+    (low_sum, high_sum), (low, high) = result["sum_gb_per_s_range"], result["bandwidth_fraction_range"]
     lines = [
         f"Decode at `{result['preset']}`: {result['rows']} rows ({result['prompts']} prompts), "
         f"{result['prompt_length']}-token prompts, {result['new_tokens']} new tokens, {result['dtype']} on "
         f"{result['device']}, {result['threads']} threads",
         "",
-        "| ms/token | MB read per step (weights + KV) | read GB/s | torch.sum GB/s | bandwidth fraction "
-        "| read floor ms |",
+        "| ms/token | MB read per step (weights + KV) | read GB/s | torch.sum GB/s (range) | bandwidth fraction "
+        "(range) | read floor ms |",
         "|---:|---:|---:|---:|---:|---:|",
         f"| {result['ms_per_token']:.2f} | {nbytes['total'] / 1e6:.0f} ({nbytes['weights'] / 1e6:.0f} + "
-        f"{nbytes['kv_cache'] / 1e6:.0f}) | {result['read_gb_per_s']:.1f} | {result['sum_gb_per_s']:.1f} | "
-        f"{result['bandwidth_fraction']:.2f} | {result['read_floor_ms']:.2f} |",
+        f"{nbytes['kv_cache'] / 1e6:.0f}) | {result['read_gb_per_s']:.1f} | {result['sum_gb_per_s']:.1f} "
+        f"({low_sum:.1f}-{high_sum:.1f}) | {result['bandwidth_fraction']:.2f} ({low:.2f}-{high:.2f}) "
+        f"| {result['read_floor_ms']:.2f} |",
     ]
     graph = result["graph"]
     lines += [
