@@ -356,6 +356,23 @@ def _drop_rows(ended_slots: Tensor, num_live: int, *state: Tensor) -> list[Tenso
     return [tensor[:num_live] for tensor in state]
 
 
+def _draw(logits, rows, draw, sampling, pad_token_id: int, step: int, outputs) -> tuple[Tensor, Tensor]:
+    """The live slots draw their next tokens (`draw`: those slots in original row order; None: every slot, already
+    in that order), written at `step` into outputs (completion ids `[N, T]`, log-probs `[N, T]`): the drawn tokens
+    `[A]`, and every slot's next input `[B]` (pad where a row has ended)."""
+    completion_ids, generation_logprobs = outputs
+    if draw is None:
+        new_tokens, logprobs = sample_tokens(logits, sampling)  # [B]
+        drawn_rows, tokens = rows, new_tokens
+    else:
+        new_tokens, logprobs = sample_tokens(logits.index_select(0, draw), sampling)  # [A]
+        drawn_rows = rows.index_select(0, draw)
+        tokens = torch.full_like(rows, pad_token_id).index_copy_(0, draw, new_tokens)  # ended rows: pad
+    completion_ids[drawn_rows, step] = new_tokens
+    generation_logprobs[drawn_rows, step] = logprobs
+    return new_tokens, tokens
+
+
 def _decode_step(weights: Prepared, hidden, cos, sin, prompt_kvs, own_kvs, groups: _Groups) -> Tensor:
     """Every layer over one new token per slot (hidden `[B, 1, D]`, cos, sin `[B, 1, rot]`), each storing the
     token's k|v in the slot's own cache: the logits `[B, V]` of the next token."""
@@ -427,6 +444,7 @@ def lean_generate(
 
     completion_ids = torch.full((num_rows, max_new), pad_token_id, dtype=prompt_ids.dtype, device=device)
     generation_logprobs = torch.zeros(num_rows, max_new, dtype=torch.float32, device=device)
+    outputs = completion_ids, generation_logprobs
     rows = torch.arange(num_rows, device=device)  # [B] original row of each batch slot
     live = torch.ones(num_rows, dtype=torch.bool, device=device)  # [B] only without dropping: False once ended
     num_live = num_rows  # python int: the loop never syncs to count
@@ -436,15 +454,7 @@ def lean_generate(
     width = max_new
     groups = _slot_groups(inverse, member, group_size, prompt_bias, rows)
     for step in range(max_new):
-        if draw is None:
-            new_tokens, logprobs = sample_tokens(logits, sampling)  # [B]
-            drawn_rows, tokens = rows, new_tokens
-        else:
-            new_tokens, logprobs = sample_tokens(logits.index_select(0, draw), sampling)  # [A]
-            drawn_rows = rows.index_select(0, draw)
-            tokens = torch.full_like(rows, pad_token_id).index_copy_(0, draw, new_tokens)  # ended rows: pad
-        completion_ids[drawn_rows, step] = new_tokens
-        generation_logprobs[drawn_rows, step] = logprobs
+        new_tokens, tokens = _draw(logits, rows, draw, sampling, pad_token_id, step, outputs)
         if step == max_new - 1:
             break
 

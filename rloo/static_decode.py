@@ -26,13 +26,14 @@ from torch import Tensor
 from rloo.decode import (
     Prepared,
     _decode_step,
+    _draw,
     _embed,
     _Groups,
     _prefill_groups,
     prepared_weights,
     rotary_tables,
 )
-from rloo.sampling import SamplingConfig, position_ids_for, sample_tokens
+from rloo.sampling import SamplingConfig, position_ids_for
 
 MAX_BUCKETS = 4  # N, N/2, N/4, N/8 rows
 
@@ -54,15 +55,22 @@ def buckets(rows: int) -> list[int]:
     return sizes
 
 
+def _uncached_autocast():
+    """The autocast state in force (a bf16-mixed run samples under it), without its cache of cast weights: a cast
+    cached during capture would be freed when the run's autocast region ends, under the graph that reads it."""
+    enabled = torch.is_autocast_enabled("cuda")
+    return torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), enabled=enabled, cache_enabled=False)
+
+
 def _capture(step: Callable[[], Tensor], pool) -> Callable[[], Tensor]:
     """`step` captured as a CUDA graph into `pool`: a callable that replays it and returns its logits buffer."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # a warm-up outside capture: lazy initialisation, library workspaces
+    with torch.cuda.stream(side), _uncached_autocast():  # a warm-up outside capture: lazy init, library workspaces
         step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool), _uncached_autocast():
         logits = step()
 
     def replay() -> Tensor:
@@ -98,6 +106,24 @@ class _Slots:
             tensor.index_copy_(0, holes, tensor.index_select(0, movers))
 
 
+def _static_step(weights: Prepared, slots: _Slots, prompt_kvs, own_kvs, tables, group_size: int, width: int):
+    """The decode step over the first `width` slots, every shape fixed: it reads the tokens, positions and step
+    index from `slots` and returns the logits `[width, V]`."""
+    cos_table, sin_table = tables
+    positions_ahead = torch.arange(len(slots.own_bias), device=slots.step.device)
+
+    def step() -> Tensor:
+        slots.own_bias.copy_(torch.where(positions_ahead <= slots.step, 0.0, float("-inf")))
+        positions = slots.positions[:width]
+        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
+        bias = None if slots.bias is None else slots.bias[:width]
+        groups = _Groups(slots.group[:width], slots.member[:width], group_size, bias, slots.step, False, slots.own_bias)
+        hidden = _embed(weights.body, slots.tokens[:width, None])
+        return _decode_step(weights, hidden, cos, sin, prompt_kvs, [kv[:width] for kv in own_kvs], groups)
+
+    return step
+
+
 @torch.no_grad()
 def static_generate(
     model,
@@ -131,26 +157,9 @@ def static_generate(
     ]  # zeros: masked positions weigh 0 * value, never 0 * garbage
     bias = None if prompt_bias is None else prompt_bias[inverse][:, None, None]  # [N, 1, 1, P]
     slots = _Slots(num_rows, max_new, position_ids_for(prompt_mask)[:, -1] + 1, inverse, member, bias)
-    positions_ahead = torch.arange(max_new, device=device)
 
     def step_of(width: int) -> Callable[[], Tensor]:
-        def step() -> Tensor:  # every shape fixed by `width`; the step index is read from slots.step
-            slots.own_bias.copy_(torch.where(positions_ahead <= slots.step, 0.0, float("-inf")))
-            positions = slots.positions[:width]
-            cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
-            groups = _Groups(
-                slots.group[:width],
-                slots.member[:width],
-                group_size,
-                None if slots.bias is None else slots.bias[:width],
-                slots.step,
-                False,
-                slots.own_bias,
-            )
-            hidden = _embed(body, slots.tokens[:width, None])
-            return _decode_step(weights, hidden, cos, sin, prompt_kvs, [kv[:width] for kv in own_kvs], groups)
-
-        return step
+        return _static_step(weights, slots, prompt_kvs, own_kvs, (cos_table, sin_table), group_size, width)
 
     pool = torch.cuda.graph_pool_handle() if capture else None
     runners: dict[int, Callable[[], Tensor]] = {}
@@ -158,19 +167,12 @@ def static_generate(
     width, num_live = num_rows, num_rows
     completion_ids = torch.full((num_rows, max_new), pad_token_id, dtype=prompt_ids.dtype, device=device)
     generation_logprobs = torch.zeros(num_rows, max_new, dtype=torch.float32, device=device)
+    outputs = completion_ids, generation_logprobs
     draw = None  # the live slots in original row order; None: every slot, already in that order
     length = max_new
     for step in range(max_new):
         rows = slots.rows[:width]
-        if draw is None:
-            new_tokens, logprobs = sample_tokens(logits, sampling)
-            drawn_rows, tokens = rows, new_tokens
-        else:
-            new_tokens, logprobs = sample_tokens(logits.index_select(0, draw), sampling)
-            drawn_rows = rows.index_select(0, draw)
-            tokens = torch.full_like(rows, pad_token_id).index_copy_(0, draw, new_tokens)
-        completion_ids[drawn_rows, step] = new_tokens
-        generation_logprobs[drawn_rows, step] = logprobs
+        new_tokens, tokens = _draw(logits, rows, draw, sampling, pad_token_id, step, outputs)
         if step == max_new - 1:
             break
         slots.tokens[:width].copy_(tokens)

@@ -101,3 +101,23 @@ def test_on_cpu_cuda_graph_true_runs_the_eager_loop(compactions):
     torch.manual_seed(0)
     without, _ = lean_generate(model, ids, mask, replace(sampling, cuda_graph=False), EOS, PAD)
     assert torch.equal(with_key, without) and not compactions  # the static loop never ran
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("autocast", [False, True])
+def test_replayed_graphs_sample_as_the_same_steps_run_eagerly(architecture, autocast):
+    """The capture itself, on a GPU: seeded samples from the replayed graphs equal the same static steps run
+    eagerly, in float32 and under bf16 autocast (a bf16-mixed run samples under it; its cache of cast weights is
+    kept out of the capture)."""
+    model = tiny_model(architecture, vocab_size=20).cuda()
+    ids, mask = (t.cuda() for t in shared_prompt_layout("blocks of 4", 20))
+    sampling = sampling_config(max_new_tokens=32, temperature=0.9)
+    results = []
+    for capture in (False, True):
+        torch.manual_seed(5)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            results.append(static_generate(model, ids, mask, sampling, EOS, PAD, capture=capture))
+    (eager, eager_logprobs), (replayed, replayed_logprobs) = results
+    assert torch.equal(replayed, eager)
+    torch.testing.assert_close(replayed_logprobs, eager_logprobs, atol=1e-6, rtol=0)
