@@ -16,7 +16,7 @@ weights, float32 on CPU and bfloat16 on a GPU, every row running to its last tok
 - on CPU a per-op profile (torch.profiler) of one decode in four parts: the linear products, attention over the
   cache, sampling, and everything else (the small ops of each layer and the Python between them);
 - where CUDA graphs serve (`rloo.static_decode`: the model on a GPU), the graph loop's ms per token beside the
-  eager loop's.
+  eager loop's, its captures included (each call captures its buckets' steps, as a rollout's call does).
 
 Writes decode.json and decode.md. Plain torch + transformers.
 """
