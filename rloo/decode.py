@@ -10,7 +10,7 @@ per distinct prompt, read once per step by all k rows of the prompt) and each ro
 (`[B, kv_heads, 2, max_new, head_dim]`); one softmax spans both. On CPU, float32 linear layers run through oneDNN,
 their weights reordered into its blocked layout once per rollout or evaluation pass (`prepared_weights`).
 The draws themselves (rloo.sampling.sample_tokens) follow HF's order. On a GPU (`sampling.cuda_graph`) the
-same step runs at static shapes and is replayed as a CUDA graph (rloo.static_decode).
+rollout runs the same step at static shapes, replayed as a CUDA graph (rloo.static_decode).
 Plain torch + transformers; no Lightning or Hydra.
 """
 
@@ -411,19 +411,11 @@ def lean_generate(
     drop_finished=False keeps ended rows in the forward, fed pad as generate does (the reference the tests compare
     against); either way only live rows draw, in row order, so both settings consume the random stream alike.
     weights: `prepared_weights(model, rows)` made before, for several calls with the same weights; None: made here.
-    With sampling.cuda_graph, where the model is on a GPU, rloo.static_decode's graph loop samples instead (the same
-    ids and draws; ended rows wait for a smaller row bucket instead of leaving at once).
+    rloo.static_decode.static_generate samples the same at static shapes (on a GPU, as CUDA graphs).
     """
     if sampling.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
     weights = weights if weights is not None else prepared_weights(model, len(prompt_ids))
-    if sampling.cuda_graph and drop_finished:
-        from rloo.static_decode import static_generate, why_not_graph
-
-        if why_not_graph(model) is None:
-            return static_generate(
-                model, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, weights=weights
-            )
     body = weights.body
     num_rows, prompt_len = prompt_ids.shape
     device, max_new = prompt_ids.device, sampling.max_new_tokens

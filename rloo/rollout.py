@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import GenerationConfig, PreTrainedModel
 
-from rloo import decode
+from rloo import decode, static_decode
 from rloo.forward import completion_logprobs, reward_scores
 from rloo.lora import adapters_disabled
 from rloo.objectives import token_logprobs
@@ -143,12 +143,13 @@ def generate_with_logprobs(
     lean = sampling.lean_decode and decode.supports_lean_decode(policy, prompt_ids.shape[1] + sampling.max_new_tokens)
     # the weights as the lean decode reads them (on CPU in float32, reordered copies): once for every chunk
     weights = decode.prepared_weights(policy, min(batch_size, prompt_ids.shape[0])) if lean else None
+    # on a GPU the same steps at static shapes, replayed as CUDA graphs (rloo.fast_paths says which ran)
+    graphs = lean and sampling.cuda_graph and static_decode.why_not_graph(policy) is None
+    lean_sample = static_decode.static_generate if graphs else decode.lean_generate
     for start in range(0, prompt_ids.shape[0], batch_size):
         ids, mask = prompt_ids[start : start + batch_size], prompt_mask[start : start + batch_size]
         if lean:
-            chunks.append(
-                decode.lean_generate(policy, ids, mask, sampling, eos_token_id, pad_token_id, weights=weights)
-            )
+            chunks.append(lean_sample(policy, ids, mask, sampling, eos_token_id, pad_token_id, weights=weights))
         else:
             chunks.append(_hf_generate_with_logprobs(policy, ids, mask, sampling, eos_token_id, pad_token_id))
     width = max(c[0].shape[1] for c in chunks)

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import rloo.decode
 from rloo import static_decode
 from rloo.decode import lean_generate
 from rloo.rollout import truncate_after_stop
@@ -92,15 +93,23 @@ def test_static_samples_equal_the_eager_loops(architecture, layout, device, comp
     torch.testing.assert_close(static_logprobs, expected, atol=1e-5, rtol=0)
 
 
-def test_on_cpu_cuda_graph_true_runs_the_eager_loop(compactions):
-    model = tiny_model(vocab_size=20)
-    ids, mask = left_padded_prompts(8, 5, 20)
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_rollout_samples_through_graphs_on_a_gpu_and_the_eager_loop_elsewhere(device, monkeypatch):
+    """rloo.rollout's sampler: the static loop where cuda_graph=true and the policy is on a GPU, else the eager
+    loop (cuda_graph=false, or a CPU)."""
+    from rloo.rollout import generate_with_logprobs
+
+    calls = []
+    for module, name in ((static_decode, "static_generate"), (rloo.decode, "lean_generate")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    model = tiny_model(vocab_size=20).to(device)
+    ids, mask = (t.to(device) for t in left_padded_prompts(8, 5, 20))
     sampling = sampling_config(max_new_tokens=12, temperature=0.9)
-    torch.manual_seed(0)
-    with_key, _ = lean_generate(model, ids, mask, sampling, EOS, PAD)
-    torch.manual_seed(0)
-    without, _ = lean_generate(model, ids, mask, replace(sampling, cuda_graph=False), EOS, PAD)
-    assert torch.equal(with_key, without) and not compactions  # the static loop never ran
+    for cuda_graph in (True, False):
+        generate_with_logprobs(model, ids, mask, replace(sampling, cuda_graph=cuda_graph), EOS, PAD, batch_size=8)
+    graph_loop = "static_generate" if device == "cuda" else "lean_generate"
+    assert calls == [graph_loop, "lean_generate"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -133,7 +133,7 @@ def measure(
     from rloo.bench.presets import get_preset, model_config, random_prompts
     from rloo.decode import lean_generate, prepared_weights
     from rloo.sampling import SamplingConfig
-    from rloo.static_decode import why_not_graph
+    from rloo.static_decode import static_generate, why_not_graph
 
     torch.set_num_threads(threads)
     preset = get_preset(preset_name)
@@ -152,7 +152,8 @@ def measure(
     weights = prepared_weights(model, rows)
 
     def decode(tokens: int, graph: bool = False):  # graph=False: the eager loop, wherever it runs
-        return lambda: lean_generate(model, prompts, mask, sampling(tokens, graph), 0, 1, weights=weights)
+        sample = static_generate if graph else lean_generate
+        return lambda: sample(model, prompts, mask, sampling(tokens, graph), 0, 1, weights=weights)
 
     nbytes = step_bytes(model, preset.prompts_per_step, rows, preset.prompt_length, new_tokens)
     decode(new_tokens)()  # warm-up: first-call allocations, oneDNN's kernels
