@@ -227,9 +227,8 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     if shape.decode_weight_copy:  # rloo.decode._linear: every linear weight and the head, float32, while sampling
         items["decode weights"] = (linear + arch.vocab_size * arch.hidden_size) * 4
     if shape.decode_graph:  # the graphs' memory pool: one step's buffers at the largest bucket, kept between replays
-        heads = arch.num_heads or max(arch.hidden_size // 128, 1)
         step_values = arch.vocab_size + 8 * arch.hidden_size + 2 * arch.intermediate_size + arch.kv_width
-        scores = 3 * heads * (prompt + response) * 4  # float32 scores, probabilities and their copy, per row
+        scores = 3 * arch.heads * (prompt + response) * 4  # float32 scores, probabilities and their copy, per row
         items["decode graph pool"] = batch * (step_values * compute + scores)
     if shape.strategy in ZERO3:  # the largest module gathered whole (a block, or the embedding), the next prefetched
         gathered = max(arch.block_linear_params(), arch.vocab_size * arch.hidden_size) + ZERO3_PREFETCH_ELEMENTS
@@ -265,12 +264,11 @@ def planned_fast_paths(cfg, arch: Architecture) -> dict[str, tuple[str, str]]:
         if arch.config is not None:
             config = _config_object(arch.config)
         else:
-            heads = arch.num_heads or max(arch.hidden_size // 128, 1)
             config = GPTNeoXConfig(
                 vocab_size=arch.vocab_size,
                 hidden_size=arch.hidden_size,
                 num_hidden_layers=arch.num_layers,
-                num_attention_heads=heads,
+                num_attention_heads=arch.heads,
                 intermediate_size=arch.intermediate_size,
             )
         with torch.device("meta"):

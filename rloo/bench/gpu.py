@@ -70,12 +70,10 @@ def model_row(
     command = [sys.executable, "-m", "rloo.bench.worker", "--algorithm", "rloo", "--preset", preset_name]
     command += ["--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--device", device]
     command += ["--precision", precision, "--out", str(result_path)]
-    print(f"bench gpu: {' '.join(command[1:])}", flush=True)
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    (out_dir / f"{preset_name}.log").write_text(proc.stdout + proc.stderr)
+    proc, last = _subprocess_row(command, out_dir / f"{preset_name}.log", timeout)
     row = {"model": preset_name, "device": device, "precision": precision}
-    if proc.returncode != 0:
-        return row | {"error": ((proc.stderr or proc.stdout).strip().splitlines() or ["no output"])[-1]}
+    if proc is None or proc.returncode != 0:
+        return row | {"error": last}
     result = json.loads(result_path.read_text())
     preset = get_preset(preset_name)
     measured = result["peak_gpu_mb"] if device == "cuda" else result["peak_rss_above_baseline_mb"]
@@ -97,6 +95,8 @@ def model_row(
 
 
 def _subprocess_row(command: list[str], log: Path, timeout: int) -> tuple[subprocess.CompletedProcess | None, str]:
+    """Run one row's worker from the repo root, its output kept in `log`: the process (None if it timed out) and
+    its last line of output, which names the error where it failed."""
     print(f"bench gpu: {' '.join(command[1:])}", flush=True)
     try:
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -123,7 +123,7 @@ def decode_row(out_dir: Path, preset_name: str, device: str, threads: int, timeo
         "graph_ms_per_token": graph.get("ms_per_token"),
         "graph_why_not": graph.get("why_not"),
         "read_floor_ms": result["read_floor_ms"],
-        "read_gb_per_s": result["sum_gb_per_s"],
+        "sum_gb_per_s": result["sum_gb_per_s"],
         "decode_rows": result["rows"],
     }
 
@@ -217,14 +217,16 @@ def decode_markdown(report: dict) -> str:
             continue
         graph = row["graph_ms_per_token"]
         graph_cell = f"{graph:.2f}" if graph is not None else f"not used: {row['graph_why_not']}"
-        ours, theirs = steps.get(name, {}), trl.get(name, {})
-        if "error" in theirs or not theirs:
-            their_cells = f"{theirs.get('error', 'not run')} | | "
-        else:
-            ratio = ours["step_seconds"] / theirs["step_seconds"] if "step_seconds" in ours else None
-            memory = f"{ours.get('measured_peak_mib', 0):.0f} / {theirs['peak_mib']:.0f}"
-            their_cells = f"{theirs['step_seconds']:.2f} | {ratio:.2f} | {memory}" if ratio else "| | "
+        ours, theirs = steps.get(name, {}), trl.get(name, {"error": "not run"})
         step = f"{ours['step_seconds']:.2f}" if "step_seconds" in ours else "failed"
+        if "error" in theirs:
+            their_cells = f"{theirs['error']} | | "
+        elif "step_seconds" not in ours:
+            their_cells = f"{theirs['step_seconds']:.2f} | | "
+        else:
+            ratio = ours["step_seconds"] / theirs["step_seconds"]
+            memory = f"{ours['measured_peak_mib']:.0f} / {theirs['peak_mib']:.0f}"
+            their_cells = f"{theirs['step_seconds']:.2f} | {ratio:.2f} | {memory}"
         lines.append(
             f"| {name} | {row['decode_ms_per_token']:.2f} | {graph_cell} | {row['read_floor_ms']:.2f} | {step} "
             f"| {their_cells} |"

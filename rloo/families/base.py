@@ -52,6 +52,11 @@ class Architecture:
     config: dict | None = field(default=None, compare=False)  # the config.json it was read from, if any
 
     @property
+    def heads(self) -> int:
+        """Query heads: the config's, or one per 128 dims where it does not say."""
+        return self.num_heads or max(self.hidden_size // 128, 1)
+
+    @property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // max(self.num_heads, 1)
 
