@@ -38,15 +38,26 @@ def resolve_sources(cfg: DictConfig, log=print) -> tuple[dict, dict, dict]:
     return model, data, report
 
 
+# Other packages' warnings that rloo's own calls cannot avoid, each filtered by its exact text, here only; never one of
+# rloo's own. (What rloo's calls caused is fixed at the call: fit's checkpoint hints, W&B's `anonymous` setting.)
+THIRD_PARTY_WARNINGS = (
+    # Lightning's pytree helper builds torch's LeafSpec, which torch 2.13 deprecates (lightning/pytorch/utilities/
+    # _pytree.py): nothing a caller of Lightning can change
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # Lightning's advice to train modules in train mode: the policy, reference and reward model stay in eval mode on
+    # purpose (no dropout in sampling, scoring or the loss)
+    r".*module\(s\) in eval mode",
+)
+
+
 def quiet_lightning_logs() -> None:
-    """One copy of each Lightning message (Hydra's handler prints it), and no advertising."""
+    """One copy of each Lightning message (Hydra's handler prints it), no advertising, and THIRD_PARTY_WARNINGS
+    filtered."""
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
-    warnings.filterwarnings(
-        "ignore", message=r".*module\(s\) in eval mode.*"
-    )  # the three models stay in eval on purpose
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    for message in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, one per model

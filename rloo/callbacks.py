@@ -218,6 +218,21 @@ class RolloutCheckpoints(Callback):
             self.save(trainer, module)
 
 
+class InterruptedCheckpoint(Callback):
+    """`interrupted.ckpt` when SIGTERM, Ctrl-C or an error stops training, removed when a fit ends normally.
+    Lightning's OnExceptionCheckpoint does the same, but its presence turns `fit(ckpt_path=None)` into "last" with
+    two warnings on every fresh run; the resume point is rloo's own choice (rloo.resume)."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / "interrupted.ckpt"
+
+    def on_exception(self, trainer, module, exception) -> None:
+        trainer.save_checkpoint(self.path)
+
+    def teardown(self, trainer, module, stage: str) -> None:
+        trainer.strategy.remove_checkpoint(self.path)
+
+
 class ExportPolicy(Callback):
     """At the end of training, before the final evaluation: the policy and tokenizer to `directory`
     (save_pretrained, atomically), then `exported()` (rloo.train writes the summary so far)."""

@@ -74,8 +74,60 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CHOICE_GROUPS = ("model", "data", "judge", "precision", "trainer", "logger", "algo", "experiment", "debug", "bootstrap")
 
 
-def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+def config_dirs(argv: list[str]) -> tuple[Path, ...]:
+    """Where Hydra looks for a group's options, in its order: a --config-dir (before conf/), conf/, then each entry
+    of a `hydra.searchpath=[...]` override (file:// or pkg://), as Hydra documents them."""
+    dirs: list[Path] = []
+    for i, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if name in ("--config-dir", "-cd"):
+            value = value if sep else (argv[i + 1] if i + 1 < len(argv) else "")
+            dirs.append(Path(value).expanduser().resolve())
+    dirs.append(CONF_DIR)
+    for arg in argv:
+        if arg.startswith("hydra.searchpath="):
+            dirs += [d for d in map(_search_entry_dir, _override_list(arg)) if d is not None]
+    return tuple(dirs)
+
+
+def _override_list(arg: str) -> list[str]:
+    """The list a `key=[a,b]` override gives, parsed as Hydra parses it ([] where it is not a list)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        value = OverridesParser.create().parse_overrides([arg])[0].value()
+    except Exception:  # Hydra names a malformed override itself
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _search_entry_dir(entry: str) -> Path | None:
+    """The dir of a search-path entry: file://<dir> (or a bare dir), pkg://<package>; None for one that is not there."""
+    import importlib.util
+
+    if entry.startswith("pkg://"):
+        try:
+            spec = importlib.util.find_spec(entry.removeprefix("pkg://").strip("/").replace("/", "."))
+        except (ImportError, ValueError):
+            return None
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        return Path(locations[0]) if locations else None
+    return Path(entry.removeprefix("file://")).expanduser().resolve()
+
+
+def group_options(group: str, dirs: tuple[Path, ...] = (CONF_DIR,)) -> list[str]:
+    """The options of a config group across the search path `dirs` (config_dirs)."""
+    return sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
+
+
+def config_file(group: str, option: str, dirs: tuple[Path, ...] = (CONF_DIR,)) -> Path:
+    """The file Hydra composes for `group=option`: the first along the search path."""
+    files = [d / group / f"{option}.yaml" for d in dirs]
+    return next((f for f in files if f.is_file()), CONF_DIR / group / f"{option}.yaml")
+
+
+def _group_dirs(group: str, dirs: tuple[Path, ...]) -> str:
+    return " or ".join(f"rloo's conf/{group}/" if d == CONF_DIR else f"{d / group}/" for d in dirs)
 
 
 OPTIONAL_GROUPS = ("experiment", "debug", "bootstrap")  # group=none (or null) runs without one
@@ -115,34 +167,36 @@ def write_group_tables() -> None:
         path.write_text(head + begin + group_table() + end + tail)
 
 
-def check_group_choices(argv: list[str]) -> None:
-    """Name the allowed options for `group=value` overrides before Hydra prints its multi-line error."""
+def check_group_choices(argv: list[str], dirs: tuple[Path, ...] = (CONF_DIR,)) -> None:
+    """Name the allowed options for `group=value` overrides (along the search path `dirs`) before Hydra prints its
+    multi-line error."""
     for arg in argv:
         key, sep, value = arg.lstrip("+~").partition("=")
         if not sep or key not in CHOICE_GROUPS:
             continue
-        allowed = group_options(key)
+        allowed = group_options(key, dirs)
         for choice in value.split(","):  # multirun: model=a,b
             if choice not in allowed and not (key in OPTIONAL_GROUPS and choice in ("none", "null")):
                 extra = ", none" if key in OPTIONAL_GROUPS else ""
                 raise ConfigError(
-                    f"{key}={choice!r} is not a config in conf/{key}/: choose one of {', '.join(allowed)}{extra}"
+                    f"{key}={choice!r} is not a config in {_group_dirs(key, dirs)}: choose one of "
+                    f"{', '.join(allowed)}{extra}"
                 )
 
 
-def _experiment_defaults(option: str) -> tuple[list[str], str | None]:
+def _experiment_defaults(option: str, dirs: tuple[Path, ...] = (CONF_DIR,)) -> tuple[list[str], str | None]:
     """The experiments `option` builds on (plain entries of its defaults) and the model it selects itself."""
-    defaults = OmegaConf.load(CONF_DIR / "experiment" / f"{option}.yaml").get("defaults") or []
+    defaults = OmegaConf.load(config_file("experiment", option, dirs)).get("defaults") or []
     bases = [str(d) for d in defaults if isinstance(d, str) and d != "_self_"]
     model = next((d.get("override /model") for d in defaults if OmegaConf.is_dict(d) and "override /model" in d), None)
     return bases, model
 
 
-def recipe_of(model: str) -> str | None:
+def recipe_of(model: str, dirs: tuple[Path, ...] = (CONF_DIR,)) -> str | None:
     """The experiment `model=<model>` runs: of those that select the model (themselves or through the recipe they
     build on: experiment/tldr_pythia1b_trl09.yaml has `override /model: pythia1b`), the one no other builds on
     (tldr_pythia1b, rloo's recipe on top of TRL's published ones)."""
-    options = {option: _experiment_defaults(option) for option in group_options("experiment")}
+    options = {option: _experiment_defaults(option, dirs) for option in group_options("experiment", dirs)}
 
     def selected(option: str) -> str | None:
         bases, own = options[option]
@@ -154,7 +208,7 @@ def recipe_of(model: str) -> str | None:
     return tops[0] if len(tops) == 1 else None
 
 
-def expand_overrides(argv: list[str], say=None) -> list[str]:
+def expand_overrides(argv: list[str], say=None, dirs: tuple[Path, ...] = (CONF_DIR,)) -> list[str]:
     """The command line as Hydra composes it: `bootstrap=none` (experiment, debug) is Hydra's `=null`, and
     `model=pythia1b` without an experiment also selects the model's published recipe (experiment=tldr_pythia1b),
     said on stderr; `experiment=none` keeps the model alone."""
@@ -166,33 +220,33 @@ def expand_overrides(argv: list[str], say=None) -> list[str]:
                 out.append("~bootstrap")
             continue
         out.append(arg)
-        if key == "model" and "," not in value and "experiment" not in given and (recipe := recipe_of(value)):
+        if key == "model" and "," not in value and "experiment" not in given and (recipe := recipe_of(value, dirs)):
             out.append(f"experiment={recipe}")  # beside it: Hydra's flags (--cfg job) may follow the overrides
             if say:
                 say(f"rloo: model={value} runs its recipe, experiment={recipe} (experiment=none: the model alone)")
     return out
 
 
-def algorithms_of(argv: list[str]) -> list[str]:
+def algorithms_of(argv: list[str], dirs: tuple[Path, ...] = (CONF_DIR,)) -> list[str]:
     """The `algorithm` each `algo=` option of the command line sets (rloo by default; rloo_k2 is rloo)."""
     options = next((arg.partition("=")[2].split(",") for arg in argv if arg.startswith("algo=")), ["rloo"])
-    algorithms = []
+    algorithms, known = [], group_options("algo", dirs)
     for option in options:
-        while option in group_options("algo"):
-            node = OmegaConf.load(CONF_DIR / "algo" / f"{option}.yaml")
+        while option in known:
+            node = OmegaConf.load(config_file("algo", option, dirs))
             if "algorithm" in node:
                 algorithms.append(node.algorithm)
                 break
-            option = next(d for d in node.defaults if isinstance(d, str) and d in group_options("algo"))
+            option = next((d for d in node.get("defaults") or [] if isinstance(d, str) and d in known), None)
     return algorithms
 
 
-def check_override_keys(argv: list[str]) -> None:
+def check_override_keys(argv: list[str], dirs: tuple[Path, ...] = (CONF_DIR,)) -> None:
     """`key=value` overrides of keys the chosen algorithm does not read, or that no config has, in one line
     (Hydra's own error spans lines and suggests `+key`, which would make a key that does nothing)."""
     from rloo.schema import resume_policy, unknown_key_error
 
-    for algorithm in algorithms_of(argv):
+    for algorithm in algorithms_of(argv, dirs):
         for arg in argv:
             key, sep, _ = arg.partition("=")
             if not sep or arg.startswith(("-", "+", "~", "hydra.")) or key in CHOICE_GROUPS:
@@ -276,10 +330,11 @@ def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
     """What the command line alone tells, before Hydra composes or makes a run dir: the expanded overrides, or a
     ConfigError for an unknown group option, a key the algorithm does not read, a resume= that is not there, or a run
     dir that cannot be written or holds another run (check_run_dir)."""
-    argv = expand_overrides(argv, say) if train else argv
-    check_group_choices(argv)
+    dirs = config_dirs(argv)
+    argv = expand_overrides(argv, say, dirs) if train else argv
+    check_group_choices(argv, dirs)
     if train:
-        check_override_keys(argv)
+        check_override_keys(argv, dirs)
     else:
         check_added_keys(argv)
     check_run_dir(argv)

@@ -183,6 +183,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     an algorithm reads are the schema's (rloo.schema); what spans keys or groups is checked here."""
     algorithm = cfg.get("algorithm")
     check_config(cfg, algorithm)
+    check_sources_given(cfg)
     spec, k = ALGORITHMS[algorithm], cfg.k
     if k < spec.min_k:
         raise ConfigError(
@@ -267,6 +268,29 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             raise ConfigError(f"data.{split}.path=None is not allowed: a hub id, a local file or a dataset dir")
         if path is not None and _looks_local(path) and not Path(path).exists():
             raise ConfigError(f"data.{split}.path={path!r} does not exist: give an existing file or dir, or a hub id")
+
+
+def check_sources_given(cfg: DictConfig) -> None:
+    """Your own model, data and reward (bootstrap=null, as experiment=own_model): every one still to be filled in,
+    in one line, rather than one per try."""
+    from rloo.scoring import MODEL, parse_reward
+
+    if cfg.get("bootstrap") is not None:  # the embedded task fills whatever is null
+        return
+    data = [
+        f"data.{split}.path" for split in ("train", "validation") if OmegaConf.select(cfg, f"data.{split}.path") is None
+    ]
+    missing = (
+        ["model.policy (a model dir, a cached hub id or package:<module>/<file>)"] if cfg.model.policy is None else []
+    )
+    if data:
+        missing.append(
+            f"{' and '.join(data)} (a .jsonl/.json/.csv/.parquet/.arrow file, a dataset dir or a cached hub dataset)"
+        )
+    if any(term.name == MODEL for term in parse_reward(cfg.reward)) and cfg.model.reward_model is None:
+        missing.append(f"reward (module:function; reward={cfg.reward!r} needs model.reward_model)")
+    if missing:
+        raise ConfigError("still null, give each: " + "; ".join(missing))
 
 
 def validate_run(cfg: DictConfig, world_size: int) -> None:

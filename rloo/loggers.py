@@ -1,12 +1,12 @@
-"""Lightning's CSV logger, made to continue a run: a resumed run appends to metrics.csv (Lightning's own deletes
-the file it finds). Selected by conf/logger/*.yaml."""
+"""Lightning's loggers as a run needs them, selected by conf/logger/*.yaml: the CSV logger made to continue a run (a
+resumed run appends to metrics.csv; Lightning's own deletes the file it finds), and W&B with one run per job."""
 
 from __future__ import annotations
 
 import csv
 import os
 
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
@@ -32,6 +32,26 @@ class AppendingCSVLogger(CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = AppendingWriter(log_dir=self.log_dir)
         return self._experiment
+
+
+class WandbJobLogger(WandbLogger):
+    """Lightning's WandbLogger, passing no `anonymous` setting (W&B has retired it and warns about it). Each job
+    closes its run as it ends (end_wandb_run): Lightning's logger joins a W&B run still open in the process, and
+    every job of a sweep would log into the first one."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._wandb_init.pop("anonymous", None)
+
+
+def end_wandb_run(failed: bool) -> None:
+    """Close the W&B run a job opened (exit code 1 marks it failed in W&B), so that the next job of a sweep in this
+    process starts its own."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish(exit_code=1 if failed else 0)
 
 
 def drop_rows_after(metrics_csv: str, rollouts: int) -> int:

@@ -433,6 +433,16 @@ def report(multirun_dir: Path) -> list[dict]:
     return rows
 
 
+def latest_sweep(root: Path) -> str:
+    """The newest multirun dir under `root`: <date>/<time> as conf/hydra names them, compared by name (which sorts
+    by time, HH-MM-SS_2 after HH-MM-SS). Exit 2 in one line where there is none."""
+    sweeps = [d for d in root.glob("*/*") if d.is_dir() and job_dirs(d)] if root.is_dir() else []
+    if not sweeps:
+        print(f"error: no sweep under {root}/: give a multirun dir (python -m rloo.report <dir>)", file=sys.stderr)
+        sys.exit(2)
+    return str(max(sweeps, key=lambda d: (d.parent.name, d.name)))
+
+
 def main(argv: list[str] | None = None) -> None:
     from rloo.cli import OneLineParser
 
@@ -441,8 +451,16 @@ def main(argv: list[str] | None = None) -> None:
         description="Tables and plots of a sweep: report.md, "
         "settings.md, report.csv and the learning curves, written into the multirun dir",
     )
-    parser.add_argument("multirun_dir", help="a multirun dir, e.g. outputs/multirun/<date>/<time>")
-    argv = [parser.parse_args(sys.argv[1:] if argv is None else argv).multirun_dir]
+    parser.add_argument(
+        "multirun_dir",
+        nargs="?",
+        help="a multirun dir, e.g. outputs/multirun/<date>/<time> (default: the latest one under outputs/multirun)",
+    )
+    given = parser.parse_args(sys.argv[1:] if argv is None else argv).multirun_dir
+    if given is None:
+        given = latest_sweep(Path("outputs/multirun"))
+        print(f"report: the latest sweep, {given}", file=sys.stderr)
+    argv = [given]
     multirun_dir = Path(argv[0])
     if not multirun_dir.is_dir():
         print(f"error: {argv[0]!r} is not a dir: give a multirun dir (outputs/multirun/<date>/<time>)", file=sys.stderr)

@@ -49,6 +49,18 @@ def sweep_job_name() -> str | None:
     return f"{job.num}_{one_dir_name(job.override_dirname)}"
 
 
+def sweep_setting() -> str | None:
+    """The W&B job type of a multirun job: its overrides without seed=, so that W&B groups a setting's seeds
+    (k=4,clip_range=0.2); None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("seed=", "hydra."))]
+    return one_dir_name(",".join(overrides))[:64] or "defaults"  # W&B caps a job type at 64 characters
+
+
 def one_dir_name(text: str) -> str:
     """A multirun job's overrides as one dir name: a path-valued override (data.train.path=/a/b.jsonl) would
     otherwise nest the job dir, where rloo.report finds no job. '/' becomes '%2F', as in a URL; the name is capped at
@@ -98,6 +110,7 @@ def register_resolvers() -> None:
         ("wandb_offline", wandb_offline),
         ("sweep_group", sweep_group),
         ("sweep_job_name", sweep_job_name),
+        ("sweep_setting", sweep_setting),
         ("one_dir_name", one_dir_name),
         ("unique_dir", unique_dir),
         ("run_dir", run_dir),

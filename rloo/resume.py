@@ -168,7 +168,7 @@ def finish_ended_training(out: Path, trainer, module, export, eval_callback, log
 
 def continued_wandb_run(logger_cfg, out: Path) -> dict:
     """A resumed run logs into the same W&B run (its id, from the run dir's wandb/ folder), not a new one."""
-    if not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
+    if not str(logger_cfg.get("_target_", "")).endswith(("WandbLogger", "WandbJobLogger")):
         return {}
     runs = sorted((out / "wandb").glob("*run-*-*"), key=lambda p: p.stat().st_mtime)
     return {"id": runs[-1].name.rsplit("-", 1)[1], "resume": "allow"} if runs else {}

@@ -431,14 +431,12 @@ def compare_with_resumed_run(cfg: DictConfig, out: Path, log) -> None:
 def checkpoint_callbacks(cfg: DictConfig, out: Path) -> list:
     """Checkpoints every checkpoint_every rollouts and every checkpoint_minutes (the newest keep_checkpoints kept,
     last.ckpt the newest), at the end of training, and on SIGTERM, Ctrl-C or an error (interrupted.ckpt)."""
-    from lightning.pytorch.callbacks import OnExceptionCheckpoint
-
-    from rloo.callbacks import RolloutCheckpoints
+    from rloo.callbacks import InterruptedCheckpoint, RolloutCheckpoints
 
     directory = out / "checkpoints"
     return [
         RolloutCheckpoints(directory, cfg.checkpoint_every, cfg.checkpoint_minutes, cfg.keep_checkpoints),
-        OnExceptionCheckpoint(directory, "interrupted"),
+        InterruptedCheckpoint(directory),
     ]
 
 
@@ -485,12 +483,18 @@ def hydra_main(cfg: DictConfig) -> float | None:
     """One run; returns what a sweeper ranks: the final win rate when a judge is set (None when it has none); with
     judge=none, the first reward function's held-out mean (eval/reward/<name>), else the reward model's score.
     Never one in place of the other."""
+    from rloo.loggers import end_wandb_run
+
+    failed = True
     try:
         summary = run(cfg)
+        failed = False
     except ConfigError as error:
         exit_on_config_error(error)
     except (WriteError, NonFiniteError, RewardFunctionError, JudgeFailed, RunIncomplete) as error:
         fail(error, 1)
+    finally:
+        end_wandb_run(failed)  # a sweep's next job starts its own W&B run
     return objective(summary)
 
 
