@@ -6,7 +6,11 @@ conf/train.yaml).
     reward='model + 0.5*rloo.toy.rule_rewards:topic_recall'      # a weighted sum; each term is [weight*]name
 
 A function receives the decoded prompts and completions (special tokens removed) as two lists of strings and
-returns a sequence of floats, one per completion. One that raises, returns the wrong count or a value that is not
+returns a sequence of floats, one per completion: positionally, or by keyword where it names `prompts` or
+`completions` or takes **kwargs (TRL's convention, `def reward(completions, **kwargs)`); any other column of the data
+it names arrives by name. A None is "does not apply": that function adds nothing to that completion's reward (the
+others' weighted values still sum; counted as reward/none/<name>); a completion that no term scores is a failure
+under reward_errors. One that raises, returns the wrong count or a value that is not
 finite stops the run with a one-line error naming it (`reward_errors=raise`), or, with `reward_errors=mask`, its
 completions get no score: they leave the leave-one-out baseline and are counted (`reward/masked`).
 """
@@ -61,10 +65,41 @@ def parse_reward(spec: str) -> list[RewardTerm]:
     return terms
 
 
+FROM_PYTHON = "rloo.fit"  # reward=rloo.fit:<name>: a callable handed to rloo.fit in this process
+REGISTERED: dict[str, Callable] = {}
+
+
+def function_name(function: Callable) -> str:
+    """The `reward=` name of a Python callable: `module:function` where that imports back to this very function (a
+    resume from the command line finds it), else `rloo.fit:<name>`, registered for this process (a lambda, a
+    closure, a partial)."""
+    module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    if module and qualname.isidentifier():
+        try:
+            if getattr(importlib.import_module(module), qualname, None) is function:
+                return f"{module}:{qualname}"
+        except ImportError:
+            pass
+    base = re.sub(r"\W", "_", getattr(function, "__name__", type(function).__name__)).strip("_") or "function"
+    name, n = base, 1
+    while REGISTERED.get(name, function) is not function:
+        n += 1
+        name = f"{base}_{n}"
+    REGISTERED[name] = function
+    return f"{FROM_PYTHON}:{name}"
+
+
 def load_function(name: str, key: str = "reward") -> Callable:
     """`module:function`, imported; a one-line ConfigError naming `key` if it is not there (checked before any
     model loads)."""
     module_name, _, function_name = name.partition(":")
+    if module_name == FROM_PYTHON:
+        if function_name not in REGISTERED:
+            raise ConfigError(
+                f"{key}: {name!r} was a function handed to rloo.fit in another process: hand it to rloo.fit again, "
+                "or give it as module:function"
+            )
+        return REGISTERED[function_name]
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
@@ -88,11 +123,31 @@ def columns_asked_for(function: Callable, columns: dict[str, list]) -> dict[str,
     return {p.name: columns[p.name] for p in parameters if p.name in columns}
 
 
+NOT_APPLICABLE = float("-inf")  # a function's None in its values (nan: it failed there); Reward adds nothing for it
+
+
+def reward_arguments(function: Callable, prompts: list, completions: list, columns: dict) -> tuple[tuple, dict]:
+    """How a reward function is called: by keyword where it names `prompts` or `completions` or takes **kwargs
+    (TRL's convention), else positionally (prompts, completions); the data's other columns it asks for by name."""
+    parameters = inspect.signature(function).parameters
+    by_keyword = {"prompts", "completions"} & set(parameters) or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+    kwargs = columns_asked_for(function, columns)
+    if not by_keyword:
+        return (prompts, completions), kwargs
+    named = {"prompts": prompts, "completions": completions}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return (), kwargs | {key: value for key, value in named.items() if takes_any or key in parameters}
+
+
 def check_columns(reward: "Reward", available: list[str], where: str) -> None:
     """Every column a reward function needs (a parameter after prompts and completions, without a default) is a
     column of the data: one line before any model loads, not a TypeError at the first rollout."""
     for name, function in reward.functions.items():
-        parameters = list(inspect.signature(function).parameters.values())[2:]
+        args, _ = reward_arguments(function, [], [], {})
+        parameters = list(inspect.signature(function).parameters.values())[len(args) :]
+        parameters = [p for p in parameters if args or p.name not in ("prompts", "completions")]
         needed = [
             p.name
             for p in parameters
@@ -125,11 +180,9 @@ def call_reward_function(
     (rloo.user_code; 0: called directly, in the main thread, for graders that time themselves with signal.alarm).
     Anything it raises fails it, SystemExit included; KeyboardInterrupt still stops the run."""
     n, nothing = len(completions), torch.full((len(completions),), float("nan"))
-    kwargs = columns_asked_for(function, columns or {})
+    args, kwargs = reward_arguments(function, prompts, completions, columns or {})
     try:
-        values = call_guarded(
-            function, (prompts, completions), kwargs, timeout_s, should_stop, f"reward {name}", "reward_timeout_s"
-        )
+        values = call_guarded(function, args, kwargs, timeout_s, should_stop, f"reward {name}", "reward_timeout_s")
     except Interrupted:
         raise
     except (Exception, SystemExit) as error:  # a user's function: any error is its own
@@ -140,13 +193,13 @@ def call_reward_function(
         return nothing, f"reward function {name} returned {type(values).__name__}, not one number per completion"
     if len(values) != n:
         return nothing, f"reward function {name} returned {len(values)} values for {n} completions"
-    if wrong := [v for v in values if not _is_number(v)]:
+    if wrong := [v for v in values if v is not None and not _is_number(v)]:
         return nothing, (
             f"reward function {name} returned {type(wrong[0]).__name__} values ({wrong[0]!r}), not numbers "
-            "(a bool or a string is not a score: return float(...))"
+            "(a bool or a string is not a score: return float(...), or None where it does not apply)"
         )
-    values = [float(v) for v in values]
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(v)]
+    values = [NOT_APPLICABLE if v is None else float(v) for v in values]
     scores = torch.tensor([float("nan") if i in set(bad) else v for i, v in enumerate(values)], dtype=torch.float32)
     if bad:
         return scores, (
@@ -165,6 +218,7 @@ class Reward:
         self.should_stop = None  # set by rloo.train: whether SIGTERM came (a guarded call then stops waiting)
         self.functions = {t.name: load_function(t.name) for t in terms if t.name != MODEL}
         self.last_term_means: dict[str, float] = {}
+        self.last_not_applicable: dict[str, int] = {}  # completions each term returned None for
         self.last_errors: list[str] = []
 
     @property
@@ -174,8 +228,11 @@ class Reward:
     def __call__(
         self, prompts: list[str], completions: list[str], model_scores: Tensor | None, columns: dict | None = None
     ) -> Tensor:
+        """sum over terms of weight * value; a term whose function returned None for a completion adds nothing to
+        it (the weights are not renormalised), and a completion no term scored is a failure under reward_errors."""
         total = torch.zeros(len(completions), dtype=torch.float32)
-        self.last_term_means, self.last_errors = {}, []
+        scored = torch.zeros(len(completions), dtype=torch.bool)
+        self.last_term_means, self.last_not_applicable, self.last_errors = {}, {}, []
         for term in self.terms:
             if term.name == MODEL:
                 values = model_scores.float().cpu()
@@ -188,25 +245,43 @@ class Reward:
                     raise RewardFunctionError(error)
                 if error is not None:
                     self.last_errors.append(error)
+            applies = values != NOT_APPLICABLE
+            self.last_not_applicable[term.name] = int((~applies).sum())
             finite = torch.isfinite(values)
             self.last_term_means[term.name] = float(values[finite].mean()) if finite.any() else float("nan")
-            total += term.weight * values
+            total += term.weight * torch.where(applies, values, 0.0)
+            scored |= applies
+        if not scored.all():
+            error = (
+                f"no term of reward={self.spec!r} scored {int((~scored).sum())} of {len(completions)} completions "
+                "(each function returned None)"
+            )
+            if self.on_error == "raise":
+                raise RewardFunctionError(error)
+            self.last_errors.append(error)
+            total[~scored] = float("nan")
         return total
 
+    @property
+    def spec(self) -> str:
+        return " + ".join(f"{t.weight:g}*{t.name}" for t in self.terms)
+
     def function_total(self, values: dict) -> Tensor:
-        """The weighted sum of the function terms (the reward model's left out) from `function_values`' output."""
+        """The weighted sum of the function terms (the reward model's left out) from `function_values`' output; a
+        term that did not score a completion (None, or it failed: nan) adds nothing to it."""
         total = torch.zeros(len(next(iter(values.values()))), dtype=torch.float32)
         for term in self.terms:
             if term.name != MODEL:
-                total += term.weight * values[term.name.rsplit(":", 1)[-1]].float().cpu()
+                total += term.weight * values[term.name.rsplit(":", 1)[-1]].float().cpu().nan_to_num(0.0)
         return total
 
     def function_values(self, prompts: list[str], completions: list[str], columns: dict | None = None) -> dict:
-        """Each function term's values `[N]` (nan where it failed), by its short name (after the colon): what
-        held-out evaluation reports as eval/reward/<name>."""
+        """Each function term's values `[N]` (nan where it failed or returned None), by its short name (after the
+        colon): what held-out evaluation reports as eval/reward/<name>, over the completions it scored."""
         values = {}
         for name, function in self.functions.items():
-            values[name.rsplit(":", 1)[-1]] = call_reward_function(
+            scores = call_reward_function(
                 name, function, prompts, completions, columns, self.timeout_s, self.should_stop
             )[0]
+            values[name.rsplit(":", 1)[-1]] = scores.masked_fill(scores == NOT_APPLICABLE, float("nan"))
         return values
