@@ -13,7 +13,7 @@ from lightning import Callback
 
 from rloo import atomic
 from rloo.errors import NonFiniteError
-from rloo.heldout import evaluate_policy, summarize_eval
+from rloo.heldout import evaluate_policy, finite_or_none, summarize_eval
 from rloo.judges import Judge
 from rloo.lora import has_adapters, merged_copy
 from rloo.sampling import SamplingConfig
@@ -135,7 +135,7 @@ class HeldOutEval(Callback):
                     )
         if self.samples_path is not None:
             with Path(self.samples_path).open("a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
+                f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in rows)  # strict JSON: no bare NaN
         return summary
 
     def failed_judgements(self, summary: dict) -> str | None:
@@ -284,7 +284,7 @@ class SampleTable(Callback):
         completions = tokenizer.batch_decode(rollout.completion_ids[:n], skip_special_tokens=True)
         advantages = module.last_targets.sequence_advantages(rollout.completion_mask)[:n]
         rows = [
-            [step, p, c, float(s), float(a)]
+            [step, p, c, finite_or_none(s), finite_or_none(a)]  # a masked score is null, as strict JSON has no NaN
             for p, c, s, a in zip(prompts, completions, rollout.scores[:n].tolist(), advantages.tolist())
         ]
         columns = ["step", "prompt", "completion", "score", "advantage"]
@@ -293,7 +293,7 @@ class SampleTable(Callback):
                 logger.log_table("samples", columns=columns, data=rows, step=step)
         with self.path.open("a") as f:
             for row in rows:
-                f.write(json.dumps(dict(zip(columns, row))) + "\n")
+                f.write(json.dumps(dict(zip(columns, row)), allow_nan=False) + "\n")
 
 
 class MismatchHistograms(Callback):

@@ -146,10 +146,19 @@ def evaluate_policy(
                 "order": None if verdict is None else verdict.order,
                 "judge_answer": None if verdict is None else (verdict.raw if verdict.error is None else verdict.error),
                 "length": int(per_row["length"][i]),
-                "score": float(scores[i]),
+                "score": finite_or_none(scores[i]),  # the reward model's; None without one
+                # each reward function's value by name (None: it returned None there, or failed)
+                "rewards": {key[7:]: finite_or_none(v[i]) for key, v in per_row.items() if key.startswith("reward/")},
+                **({"correct": bool(per_row["accuracy"][i])} if "accuracy" in per_row else {}),
             }
         )
     return per_row, samples
+
+
+def finite_or_none(value) -> float | None:
+    """A value for a strict JSON record: a float, or None (JSON null) for nan or inf, which JSON has no word for."""
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[str, float]:
