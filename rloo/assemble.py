@@ -58,9 +58,11 @@ def quiet_lightning_logs() -> None:
         logging.getLogger(name).propagate = True
     for message in THIRD_PARTY_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
+    import datasets
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, one per model
+    datasets.disable_progress_bars()  # "Generating train split" bars, one per data file read
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
         lambda record: "litlogger" not in record.getMessage()
     )

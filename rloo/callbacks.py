@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from lightning import Callback
+from lightning.pytorch.callbacks import Checkpoint
 
 from rloo import atomic
 from rloo.errors import NonFiniteError
@@ -165,6 +166,37 @@ class HeldOutEval(Callback):
             self.final = self.evaluate(trainer, module, "final policy")
 
 
+class ProgressLines(Callback):
+    """Where stdout is not a terminal (a log file, a cluster job's output), one line every `every` rollouts and at
+    the last, instead of a progress bar that such a file shows as nothing, or as escape codes:
+    `rollout 12/40 episodes 768 score 0.512 kl 0.0131 clipfrac 0.000 2.9 s/rollout 35 s`."""
+
+    SHOWN = (
+        ("score", "objective/scores", ".3f"),
+        ("kl", "objective/kl", ".4f"),
+        ("clipfrac", "policy/clipfrac_avg", ".3f"),
+    )
+
+    def __init__(self, every: int, log):
+        self.every, self.say, self.started = every, log, time.monotonic()
+        self.rollouts_then = 0
+
+    def on_train_start(self, trainer, module) -> None:
+        self.started, self.rollouts_then = time.monotonic(), module.state.rollouts
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        rollouts, total = module.state.rollouts, module.config.total_rollouts
+        if not trainer.is_global_zero or not (rollouts % self.every == 0 or rollouts == total):
+            return
+        row, seconds = getattr(module, "last_metrics", {}), time.monotonic() - self.started
+        shown = [f"{name} {row[key]:{spec}}" for name, key, spec in self.SHOWN if key in row]
+        per = seconds / max(rollouts - self.rollouts_then, 1)
+        self.say(
+            f"rollout {rollouts}/{total} episodes {module.state.episodes} {' '.join(shown)} {per:.1f} s/rollout "
+            f"{seconds:.0f} s"
+        )
+
+
 class RanksAgree(Callback):
     """Data parallel: after every rollout, every rank must hold the same policy. A per-tensor checksum (float64 sums)
     is gathered from all ranks; any difference stops the run, naming the first tensor that differs. Bit-equal
@@ -218,16 +250,17 @@ class RolloutCheckpoints(Callback):
             self.save(trainer, module)
 
 
-class InterruptedCheckpoint(Callback):
+class InterruptedCheckpoint(Checkpoint):
     """`interrupted.ckpt` when SIGTERM, Ctrl-C or an error stops training, removed when a fit ends normally.
     Lightning's OnExceptionCheckpoint does the same, but its presence turns `fit(ckpt_path=None)` into "last" with
-    two warnings on every fresh run; the resume point is rloo's own choice (rloo.resume)."""
+    two warnings on every fresh run; the resume point is rloo's own choice (rloo.resume). A Checkpoint, so that
+    Lightning adds no ModelCheckpoint of its own."""
 
     def __init__(self, directory: Path):
         self.path = Path(directory) / "interrupted.ckpt"
 
     def on_exception(self, trainer, module, exception) -> None:
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)  # the optimiser and loops too, as every checkpoint
 
     def teardown(self, trainer, module, stage: str) -> None:
         trainer.strategy.remove_checkpoint(self.path)

@@ -118,7 +118,9 @@ def run(cfg: DictConfig) -> dict:
             others,
             judge_timeout_s=cfg.eval.judge_timeout_s,
         )
-    atomic.write_text(out / "verdicts.jsonl", "".join(json.dumps(row, allow_nan=False) + "\n" for row in samples), "the verdicts")
+    atomic.write_text(
+        out / "verdicts.jsonl", "".join(json.dumps(row, allow_nan=False) + "\n" for row in samples), "the verdicts"
+    )
 
     measured = {k.split("/", 1)[1]: v for k, v in summarize_eval(per_row).items()}
     summary = {

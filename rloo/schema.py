@@ -123,6 +123,7 @@ class RunKeys(SamplingKeys):
     activation_checkpointing: bool = key(APPLIED)
     total_episodes: int = key(APPLIED, low=1)
     sample_every: int = key(APPLIED, low=0)
+    progress_every: int = key(APPLIED, low=0)
     num_samples_logged: int = key(APPLIED, low=0)
     eval_every: int = key(APPLIED, low=0)
     checkpoint_every: int = key(APPLIED, low=0)

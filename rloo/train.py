@@ -178,7 +178,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
 
     from rloo import atomic
     from rloo.assemble import precision_arguments
-    from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, RanksAgree, SampleTable
+    from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, ProgressLines, RanksAgree, SampleTable
     from rloo.config import eval_sampling, verifiable_eval
     from rloo.resume import continued_wandb_run
 
@@ -205,6 +205,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
     )
     # in list order at each hook. on_train_end: the policy exported, the summary so far (RunRecord.write), then
     # the final evaluation. After each rollout: evaluation and samples, then the checkpoint that includes them.
+    terminal = sys.stdout.isatty()  # a log file or a cluster job's output gets lines instead of the bar
     callbacks = [
         export,
         evaluation,
@@ -212,6 +213,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
         MismatchHistograms(cfg.log_every),
         RanksAgree(),
         *checkpoint_callbacks(cfg, out),
+        *([ProgressLines(cfg.progress_every, plan.log)] if not terminal and cfg.progress_every else []),
     ]
     precision = precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator)
     plugins = precision.pop("plugins", []) + [atomic.checkpoint_io()]
@@ -227,6 +229,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
         log_every_n_steps=cfg.log_every,
         use_distributed_sampler=False,  # PromptDataModule splits
         num_sanity_val_steps=0,
+        **({} if "enable_progress_bar" in plan.trainer_args else {"enable_progress_bar": terminal}),
     )
     if trainer.world_size != plan.processes:
         raise ConfigError(
