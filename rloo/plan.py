@@ -43,9 +43,32 @@ def render(
     lines += [f"  {key:<22} {value:>10.0f} MiB" for key, value in mib.items() if key != "peak"]
     lines.append(f"  {'peak (estimate)':<22} {mib['peak']:>10.0f} MiB = {mib['peak'] / 1024:.1f} GiB")
     if gpu_gib is not None:
-        verdict = "fits" if mib["peak"] <= gpu_gib * 1024 * 0.9 else "does not fit"
-        lines.append(f"  {verdict} in {gpu_gib:g} GiB (keeping 10% for the CUDA context and fragmentation)")
+        gib, device = gpu_gib if isinstance(gpu_gib, tuple) else (gpu_gib, "--gpu-gib")
+        verdict = "fits" if mib["peak"] <= gib * 1024 * 0.9 else "does not fit"
+        lines.append(f"  {verdict} in {gib:.3g} GiB per device ({device}; 10% kept for the context and fragmentation)")
     return "\n".join(lines)
+
+
+ASSUMED_GPU_GIB = 80  # an 80 GB A100 or H100: the card of the published TL;DR recipes
+
+
+def device_memory(accelerator: str) -> tuple[float, str]:
+    """GiB per device where --gpu-gib is not given: the GPU this machine has, else the card the recipes ran on for a
+    GPU config; a CPU run's is this machine's memory."""
+    import os
+
+    if accelerator != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            return props.total_memory / 2**30, f"this machine's {props.name}"
+        return (
+            ASSUMED_GPU_GIB,
+            f"no GPU here: assumed the recipes' {ASSUMED_GPU_GIB} GB A100/H100; --gpu-gib sets it",
+        )
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return total, "trainer=cpu: this machine's memory"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         "anything loads: python -m rloo.plan model=pythia1b precision=bf16 --gpu-gib 80",
     )
     parser.add_argument("overrides", nargs="*", help="rloo.train overrides (key=value, group=option)")
-    parser.add_argument("--gpu-gib", type=float, default=None, help="GiB per device: say whether the plan fits")
+    parser.add_argument(
+        "--gpu-gib", type=float, default=None, help="GiB per device (default: the GPU here, else 80 for a GPU config)"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     argv, gpu_gib = args.overrides, args.gpu_gib
     if (problem := hydra_argument_error(argv)) is not None:
@@ -70,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(render(arch, shape, mib, gpu_gib, paths))
+    device = (gpu_gib, "--gpu-gib") if gpu_gib is not None else device_memory(str(cfg.trainer.accelerator))
+    print(render(arch, shape, mib, device, paths))
     return 0
 
 

@@ -405,6 +405,10 @@ def finish(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
         raise RunIncomplete(f"the run trained {module.state.rollouts} rollouts but has no {' and no '.join(missing)}")
     summary = record.write("finished")
     if trainer.is_global_zero:
+        from rloo import atomic
+        from rloo.model_card import model_card
+
+        atomic.write_text(out / "policy" / "README.md", model_card(plan.cfg, summary), "the model card")
         print_summary(summary, plan.log)
     return summary
 

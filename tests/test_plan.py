@@ -1,5 +1,6 @@
 """python -m rloo.plan: parameter counts against the real models, the estimate against measured CPU peaks, the CLI."""
 
+import os
 import json
 import subprocess
 import sys
@@ -258,3 +259,14 @@ def test_the_rollout_counts_the_cuda_graph_pool_where_the_decode_replays_graphs(
     assert shape_from_config(compose_train_config(["trainer=gpu"]), arch).decode_graph
     assert not shape_from_config(compose_train_config(["trainer=gpu", "cuda_graph=false"]), arch).decode_graph
     assert not shape_from_config(compose_train_config([]), arch).decode_graph  # CPU: eager steps
+
+
+def test_without_gpu_gib_the_plan_is_held_against_the_device_it_assumes(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    gpu = Answer(capsys, "model=pythia6.9b", "precision=bf16")
+    assert gpu.returncode == 0 and "fits in 80 GiB per device (no GPU here: assumed the recipes' 80 GB" in gpu.stdout
+    cpu = Answer(capsys).stdout.splitlines()[-1]  # the embedded task on CPU: this machine's memory
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    assert cpu.startswith(f"  fits in {total:.3g} GiB per device (trainer=cpu: this machine's memory")
