@@ -51,7 +51,9 @@ def fit(
     from rloo.train import run
 
     argv = preflight(argv)  # the command line's checks, the run dir's included, before anything is written
-    cfg = compose_train_config(argv + data_overrides(train_dataset, eval_dataset, out))
+    given = {arg.partition("=")[0] for arg in argv}  # the caller's own data keys win over what the data suggests
+    data = [arg for arg in data_overrides(train_dataset, eval_dataset, out) if arg.partition("=")[0] not in given]
+    cfg = compose_train_config(argv + data)
     failed = True
     with run_logging(out):
         try:
@@ -115,13 +117,24 @@ def data_overrides(train_dataset, eval_dataset, out: Path) -> list[str]:
     argv, train = [], None
     if train_dataset is not None:
         train = split_path(train_dataset, out, "train")
-        argv += [f"data.train.path={train}", "data.train.split=train"]
+        argv += [f"data.train.path={train}", "data.train.split=train", *reference_column(train_dataset, "train")]
     if eval_dataset is not None:
         argv += [f"data.validation.path={split_path(eval_dataset, out, 'eval')}", "data.validation.split=train"]
+        argv += reference_column(eval_dataset, "validation")
     elif train is not None:
         logging.getLogger("rloo").info("rloo.fit: no eval_dataset; held-out evaluation reads train_dataset's prompts")
         argv += [f"data.validation.path={train}", "data.validation.split=train"]
+        argv += reference_column(train_dataset, "validation")
     return argv
+
+
+def reference_column(data, split: str) -> list[str]:
+    """A Dataset's own `reference` column where it has one, else none (the config's default names the embedded
+    task's); a path's columns are the config's to name."""
+    if isinstance(data, (str, Path)):
+        return []
+    columns = data.column_names if hasattr(data, "column_names") else list(data[0]) if data else []
+    return [f"data.{split}.reference_column={'reference' if 'reference' in columns else 'null'}"]
 
 
 def split_path(data, out: Path, name: str) -> str:

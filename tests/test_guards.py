@@ -66,11 +66,13 @@ def test_reward_expressions_parse_into_weighted_terms():
         (reward_functions.nan_for_odd_rows, "returned a non-finite value for 1 of 3 completions (first: nan at 1)"),
         (
             reward_functions.not_numbers,
-            "returned str values ('high'), not numbers (a bool or a string is not a score: return float(...), or None where it does not apply)",
+            "returned str values ('high'), not numbers (a bool or a string is not a score: return float(...), "
+            "or None where it does not apply)",
         ),
         (
             reward_functions.bools,
-            "returned bool values (False), not numbers (a bool or a string is not a score: return float(...), or None where it does not apply)",
+            "returned bool values (False), not numbers (a bool or a string is not a score: return float(...), "
+            "or None where it does not apply)",
         ),
         (reward_functions.exits, "raised SystemExit: 0"),
     ],

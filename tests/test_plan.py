@@ -1,7 +1,7 @@
 """python -m rloo.plan: parameter counts against the real models, the estimate against measured CPU peaks, the CLI."""
 
-import os
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace

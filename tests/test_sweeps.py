@@ -246,3 +246,47 @@ def test_the_difference_of_two_methods_has_welchs_interval():
     # 0.0041667^2 / 3) = 1.897, which the table takes as 1 (t = 12.706); se = sqrt(0.0141667) = 0.119024
     diff, low, high = difference_interval([0.6, 0.8], [0.1, 0.2, 0.3, 0.4])
     assert diff == pytest.approx(0.45) and diff - low == pytest.approx(12.706 * 0.119024, rel=1e-5) and low < 0
+
+
+@pytest.mark.slow
+def test_each_job_of_a_sweep_is_its_own_wandb_run_and_report_takes_the_latest_sweep(embedded_task, tmp_path):
+    """The README's sweep as a user types it, from their own folder, W&B offline: 4 W&B runs, each named by its job's
+    overrides, grouped by the sweep, its setting as job type, its own config; then rloo.report with no dir."""
+    from tests.wandb_records import run_record
+
+    env = {**os.environ, "RLOO_CACHE_DIR": str(embedded_task / "cache"), "WANDB_MODE": "offline"}
+    command = ["-m", "k=2,4", "clip_range=0.1,0.2", "debug=fast", "checkpoint_every=0", "eval_every=0"]
+    result = subprocess.run(
+        [sys.executable, "-m", "rloo.train", *command],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "already in progress" not in result.stdout + result.stderr
+    (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")
+    jobs = sorted(d for d in sweep.iterdir() if (d / ".hydra").is_dir())
+    runs = []
+    for job in jobs:
+        (log,) = (job / "wandb").glob("offline-run-*/run-*.wandb")  # one W&B run per job, in the job's dir
+        run = run_record(log)
+        config = OmegaConf.load(job / "config.yaml")
+        assert run["name"] == job.name and (run["config"]["k"], run["config"]["clip_range"]) == (
+            config.k,
+            config.clip_range,
+        )
+        assert set(run["job_type"].split(",")) == set(job.name.split("_", 1)[1].split(","))  # the setting: no seed
+        runs.append(run)
+    assert len(runs) == 4 and len({r["id"] for r in runs}) == 4
+    assert len({r["group"] for r in runs}) == 1 and runs[0]["group"] == f"train-{sweep.parent.name}-{sweep.name}"
+    assert {(r["config"]["k"], r["config"]["clip_range"]) for r in runs} == {(2, 0.1), (2, 0.2), (4, 0.1), (4, 0.2)}
+    later = tmp_path / "outputs" / "multirun" / "1999-01-01" / "00-00-00"  # an older sweep: not the latest
+    later.mkdir(parents=True)
+    reported = subprocess.run(
+        [sys.executable, "-m", "rloo.report"], cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    assert reported.returncode == 0, reported.stderr
+    assert f"the latest sweep, {sweep.relative_to(tmp_path)}" in reported.stderr
+    assert len(list(csv.DictReader((sweep / "report.csv").open()))) == 4

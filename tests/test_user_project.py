@@ -1,0 +1,206 @@
+"""A researcher's own project around rloo: configs found through Hydra's search path, the Python front door
+(rloo.fit) with callables and datasets, reward functions in TRL's convention and returning None, evaluation records,
+and a quiet console with progress lines when stdout is a file."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rloo.cli import config_dirs, preflight
+from rloo.errors import ConfigError, RewardFunctionError
+from rloo.scoring import Reward, RewardTerm, parse_reward
+from tests.e2e import HANG_GUARD_S
+
+WORDS = "my dog very car train but then today rain is really tree river so yes".split()
+
+
+def write_project(root):
+    """A user project as docs/extending.md shows it: conf/experiment/my_gym.yaml, a reward module, chat prompts."""
+    (root / "conf" / "experiment").mkdir(parents=True)
+    (root / "conf" / "experiment" / "my_gym.yaml").write_text(
+        "# @package _global_\n"
+        "defaults:\n  - override /judge: none\n"
+        "k: 2\n"
+        "data:\n"
+        "  train: {path: prompts.jsonl, reference_column: null}\n"
+        "  validation: {path: prompts.jsonl, reference_column: null}\n"
+        "reward: my_rewards:mentions_answer\n"
+    )
+    (root / "my_rewards.py").write_text(
+        "def mentions_answer(completions, answer, **kwargs):\n"
+        "    return [float(a in c) for c, a in zip(completions, answer)]\n"
+    )
+    with open(root / "prompts.jsonl", "w") as f:
+        for i in range(32):
+            words = " ".join(WORDS[i % 5 : i % 5 + 6])
+            f.write(json.dumps({"prompt": [{"role": "user", "content": words}], "answer": WORDS[i % 7]}) + "\n")
+    return root
+
+
+def test_group_options_are_looked_up_along_hydras_search_path(tmp_path):
+    conf = write_project(tmp_path) / "conf"
+    with pytest.raises(ConfigError, match=r"experiment='my_gym' is not a config in rloo's conf/experiment/: "):
+        preflight(["experiment=my_gym"])
+    assert "experiment=my_gym" in preflight(["--config-dir", str(conf), "experiment=my_gym"])
+    assert "experiment=my_gym" in preflight([f"--config-dir={conf}", "experiment=my_gym"])
+    assert "experiment=my_gym" in preflight([f"hydra.searchpath=[file://{conf}]", "experiment=my_gym"])
+    with pytest.raises(ConfigError) as refused:
+        preflight(["-cd", str(conf), "experiment=my_gm"])
+    assert f"in {conf}/experiment/ or rloo's conf/experiment/: choose one of arithmetic_smollm2" in str(refused.value)
+    assert "my_gym" in str(refused.value)
+    # Hydra's order: --config-dir before rloo's conf/, hydra.searchpath after it; pkg:// is a package's dir
+    dirs = config_dirs(["hydra.searchpath=[pkg://tests]", "-cd", str(conf)])
+    assert dirs[0] == conf and dirs[-1].name == "tests" and dirs[-1].is_dir()
+
+
+def test_a_reward_function_in_trls_convention_gets_its_arguments_by_keyword(tmp_path, monkeypatch):
+    seen = {}
+
+    def trl_style(completions, **kwargs):
+        seen.update(kwargs, completions=completions)
+        return [float(len(c)) for c in completions]
+
+    def positional(p, c):
+        return [float(len(x)) for x in p]
+
+    from rloo.front_door import reward_spec
+
+    reward = Reward(parse_reward(reward_spec([trl_style, positional], None)), "raise")
+    total = reward(["ab", "cde"], ["x", "yz"], None, {"answer": ["1", "2"]})
+    assert seen == {"prompts": ["ab", "cde"], "completions": ["x", "yz"], "answer": ["1", "2"]}
+    assert total.tolist() == [1.0 + 2.0, 2.0 + 3.0]  # completion lengths + prompt lengths
+
+
+def test_none_adds_nothing_and_a_completion_no_term_scores_follows_reward_errors():
+    from rloo.front_door import reward_spec
+
+    def first(prompts, completions):
+        return [1.0, None, None]
+
+    def second(prompts, completions):
+        return [10.0, 20.0, None]
+
+    spec = reward_spec([first, second], [0.5, 2.0])
+    masked = Reward(parse_reward(spec), "mask")
+    total = masked(["p"] * 3, ["a", "b", "c"], None)
+    assert total[:2].tolist() == [0.5 * 1.0 + 2.0 * 10.0, 2.0 * 20.0] and torch.isnan(total[2])
+    assert list(masked.last_not_applicable.values()) == [2, 1]
+    assert list(masked.last_term_means.values()) == [1.0, 15.0]  # over the completions each function scored
+    with pytest.raises(RewardFunctionError, match=r"scored 1 of 3 completions \(each function returned None\)"):
+        Reward(parse_reward(spec), "raise")(["p"] * 3, ["a", "b", "c"], None)
+    model_too = Reward([RewardTerm(1.0, "model"), *parse_reward(spec)], "raise")
+    assert model_too(["p"] * 3, ["a", "b", "c"], torch.tensor([1.0, 1.0, 1.0]))[2] == 1.0  # the model scores it
+
+
+def test_a_callable_no_module_can_import_is_registered_for_this_process():
+    from rloo.front_door import reward_spec
+    from rloo.scoring import load_function
+
+    first, second = (lambda prompts, completions: [0.0]), (lambda prompts, completions: [1.0])
+    names = [term.name for term in parse_reward(reward_spec([first, second, "model"], None))]
+    assert names[0] != names[1] and names[0].startswith("rloo.fit:") and names[2] == "model"
+    assert load_function(names[0]) is first and load_function(names[1]) is second
+    assert reward_spec(test_a_callable_no_module_can_import_is_registered_for_this_process, None) == (
+        "1.0*tests.test_user_project:test_a_callable_no_module_can_import_is_registered_for_this_process"
+    )
+    with pytest.raises(ConfigError, match="handed to rloo.fit in another process"):
+        load_function("rloo.fit:never_registered")
+    with pytest.raises(ConfigError, match="reward_weights has 1 weights for 2 reward functions"):
+        reward_spec([first, second], [1.0])
+
+
+def scored_mentions(prompts, completions, answer):
+    return [None if i % 3 == 0 else float(a in c) for i, (c, a) in enumerate(zip(completions, answer))]
+
+
+def test_rloo_fit_runs_from_python_with_callables_and_a_dataset(embedded_task, tmp_path, monkeypatch):
+    import datasets
+
+    import rloo
+
+    monkeypatch.setenv("RLOO_CACHE_DIR", str(embedded_task / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    rows = [json.loads(line) for line in (write_project(tmp_path) / "prompts.jsonl").read_text().splitlines()]
+    data = datasets.Dataset.from_list(rows)
+    out = tmp_path / "run"
+    summary = rloo.fit(
+        {"debug": "fast", "logger": "csv", "judge": "none"},
+        reward=["model", scored_mentions],
+        train_dataset=data,
+        output_dir=out,
+    )
+    assert summary["status"] == "finished" and summary["episodes"] == 24
+    assert json.loads((out / "summary.json").read_text())["final"] == summary["final"]
+    assert "eval/reward/scored_mentions" in summary["final"]
+    assert (out / "data" / "train").is_dir() and "scored_mentions" in (out / "policy" / "README.md").read_text()
+    # eval_samples.jsonl: strict JSON, each function's value by name (null where it returned None), whose mean over
+    # the final evaluation's records is the summary's
+    lines = (out / "eval_samples.jsonl").read_text().splitlines()
+    records = [
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in eval_samples.jsonl")) for line in lines
+    ]
+    final = [r["rewards"]["scored_mentions"] for r in records if r["step"] == summary["rollouts"]]
+    assert None in final and set(final) <= {None, 0.0, 1.0} and all(r["score"] is not None for r in records)
+    scored = [v for v in final if v is not None]
+    assert summary["final"]["eval/reward/scored_mentions"] == pytest.approx(sum(scored) / len(scored))
+    # the same settings again: refused as the command line refuses a run dir holding a run; resume=auto continues it
+    with pytest.raises(ConfigError, match="holds another run's outputs"):
+        rloo.fit(["debug=fast"], train_dataset=data, output_dir=out)
+    assert (
+        rloo.fit(
+            {"debug": "fast", "logger": "csv", "judge": "none"},
+            reward=["model", scored_mentions],
+            train_dataset=data,
+            output_dir=out,
+            resume="auto",
+        )["status"]
+        == "finished"
+    )
+    with pytest.raises(ConfigError, match="train_dataset differs from the one"):
+        rloo.fit(
+            {"debug": "fast", "logger": "csv", "judge": "none"},
+            reward=["model", scored_mentions],
+            train_dataset=data.select(range(8)),
+            output_dir=out,
+            resume="auto",
+        )
+    with pytest.raises(ConfigError, match="kk is not a config key"):
+        rloo.fit(["kk=3"], output_dir=tmp_path / "other")
+
+
+@pytest.mark.slow
+def test_a_user_project_runs_from_its_own_folder_with_a_quiet_console(embedded_task, tmp_path):
+    """The process-level contract: --config-dir from the project's folder, its own reward module and chat jsonl;
+    stdout a file, so progress lines instead of the bar; no warning on the console."""
+    project = write_project(tmp_path)
+    env = {**os.environ, "RLOO_CACHE_DIR": str(embedded_task / "cache"), "WANDB_MODE": "offline"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rloo.train",
+            "--config-dir",
+            "conf",
+            "experiment=my_gym",
+            "debug=fast",
+            "hydra.run.dir=run",
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((project / "run" / "summary.json").read_text())
+    assert "eval/reward/mentions_answer" in summary["final"] and summary["status"] == "finished"
+    console = result.stdout + result.stderr
+    progress = [line for line in console.splitlines() if line.startswith("rollout ")]
+    assert [line.split()[1] for line in progress] == ["1/3", "2/3", "3/3"] and all("kl " in p for p in progress)
+    noisy = [line for line in console.splitlines() if "warn" in line.lower() or ".py:" in line or "HINT" in line]
+    assert noisy == [], noisy
+    assert "Epoch 0/0" not in console  # no progress bar in a file
