@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from rloo.errors import ConfigError
 
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 
 
 @dataclass

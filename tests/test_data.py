@@ -21,7 +21,7 @@ def write_jsonl(path, rows):
     return path
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet", "saved_dir"])
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "arrow", "saved_dir"])
 def test_local_formats_load_the_same_rows(tmp_path, kind):
     dataset = datasets.Dataset.from_list(ROWS)
     if kind == "jsonl":
@@ -29,6 +29,9 @@ def test_local_formats_load_the_same_rows(tmp_path, kind):
     elif kind == "parquet":
         path = tmp_path / "p.parquet"
         dataset.to_parquet(str(path))
+    elif kind == "arrow":  # an Arrow stream file, as datasets writes its shards
+        dataset.save_to_disk(str(tmp_path / "shards"))
+        path = next((tmp_path / "shards").glob("*.arrow")).rename(tmp_path / "p.arrow")
     else:
         path = tmp_path / "saved"
         datasets.DatasetDict({"train": dataset}).save_to_disk(str(path))
