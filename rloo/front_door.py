@@ -48,7 +48,7 @@ def fit(
     argv += [f"paths.output_dir={out}"] + ([f"resume={resume}"] if resume is not None else [])
     from rloo.cli import compose_train_config, preflight
     from rloo.loggers import end_wandb_run
-    from rloo.train import run
+    from rloo.pipeline import run
 
     argv = preflight(argv)  # the command line's checks, the run dir's included, before anything is written
     given = {arg.partition("=")[0] for arg in argv}  # the caller's own data keys win over what the data suggests

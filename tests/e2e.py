@@ -79,7 +79,7 @@ def train_error(run_dir: Path, cache: Path, *overrides: str) -> str:
 
     from rloo.cli import compose_train_config, preflight
     from rloo.errors import ConfigError
-    from rloo.train import run
+    from rloo.pipeline import run
 
     argv = [*FAST, f"paths.output_dir={run_dir}", f"paths.cache_dir={cache}", *overrides]
     with pytest.raises(ConfigError) as caught:
@@ -90,10 +90,10 @@ def train_error(run_dir: Path, cache: Path, *overrides: str) -> str:
 
 
 def one_rollout(assets: Path, run_dir: Path, *overrides: str) -> dict:
-    """One rollout of `rloo.train.run`, in-process, on saved models and jsonl splits in `assets` (policy/,
+    """One rollout of `rloo.pipeline.run`, in-process, on saved models and jsonl splits in `assets` (policy/,
     reward_model/, train.jsonl, validation.jsonl), without the embedded bootstrap; returns the summary."""
     from rloo.cli import compose_train_config, preflight
-    from rloo.train import run
+    from rloo.pipeline import run
 
     settings = [
         "bootstrap=none",

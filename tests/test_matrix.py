@@ -1,5 +1,5 @@
 """Every precision of conf/precision with every algorithm of conf/algo, on-policy and on the published 2 x 2
-schedule: one rollout of the real run (rloo.train.run, in-process) on tiny saved models, with finite metrics."""
+schedule: one rollout of the real run (rloo.pipeline.run, in-process) on tiny saved models, with finite metrics."""
 
 import csv
 import itertools
