@@ -39,18 +39,19 @@ def write_text(path: Path, text: str, what: str) -> None:
         raise
 
 
-def save_pretrained(model, tokenizer, directory: Path, what: str) -> None:
-    """`directory` holds the model and tokenizer (save_pretrained) afterwards, or what it held before."""
+def save_dir(write, directory: Path, what: str) -> None:
+    """`directory` holds what `write(dir)` writes afterwards, or what it held before: written into a temporary dir
+    beside it, every file flushed, then renamed over it."""
     directory = Path(directory)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
     old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        for file in tmp.iterdir():
-            with open(file, "rb") as f:
-                os.fsync(f.fileno())
+        write(tmp)
+        for file in tmp.rglob("*"):
+            if file.is_file():
+                with open(file, "rb") as f:
+                    os.fsync(f.fileno())
         if directory.exists():
             os.replace(directory, old)
         os.replace(tmp, directory)
@@ -62,6 +63,16 @@ def save_pretrained(model, tokenizer, directory: Path, what: str) -> None:
             os.replace(old, directory)
         reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
         raise WriteError(f"could not write {what} to {directory}: {reason}") from None
+
+
+def save_pretrained(model, tokenizer, directory: Path, what: str) -> None:
+    """`directory` holds the model and tokenizer (save_pretrained) afterwards, or what it held before."""
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    save_dir(write, directory, what)
 
 
 def save_torch(obj, path: Path) -> None:

@@ -189,7 +189,7 @@ class ProgressLines(Callback):
         if not trainer.is_global_zero or not (rollouts % self.every == 0 or rollouts == total):
             return
         row, seconds = getattr(module, "last_metrics", {}), time.monotonic() - self.started
-        shown = [f"{name} {row[key]:{spec}}" for name, key, spec in self.SHOWN if key in row]
+        shown = [f"{name} {float(row[key]):{spec}}" for name, key, spec in self.SHOWN if key in row]
         per = seconds / max(rollouts - self.rollouts_then, 1)
         self.say(
             f"rollout {rollouts}/{total} episodes {module.state.episodes} {' '.join(shown)} {per:.1f} s/rollout "

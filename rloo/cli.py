@@ -102,7 +102,8 @@ def _override_list(arg: str) -> list[str]:
 
 
 def _search_entry_dir(entry: str) -> Path | None:
-    """The dir of a search-path entry: file://<dir> (or a bare dir), pkg://<package>; None for one that is not there."""
+    """The dir of a search-path entry: file://<dir> (or a bare dir), pkg://<package>; None for a package that is not
+    installed (a dir that is not there offers no options)."""
     import importlib.util
 
     if entry.startswith("pkg://"):
@@ -380,10 +381,9 @@ class JobFailed(RuntimeError):
 
 
 def in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+    from rloo.resolvers import multirun_hydra_config
 
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    return multirun_hydra_config() is not None
 
 
 def fail(error: Exception, code: int) -> None:

@@ -257,22 +257,15 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         f"at least one rollout, rollout_batch_size * devices = {per_step}",
         cfg.total_episodes,
     )
-    if cfg.model.policy is None and cfg.get("bootstrap") is None:
-        raise ConfigError(
-            "model.policy=None is not allowed: a save_pretrained dir or hub id (null only with the embedded "
-            "bootstrap, model=tiny)"
-        )
-    for split in ("train", "validation"):
+    for split in ("train", "validation"):  # null without the bootstrap: check_sources_given
         path = OmegaConf.select(cfg, f"data.{split}.path")
-        if path is None and cfg.get("bootstrap") is None:
-            raise ConfigError(f"data.{split}.path=None is not allowed: a hub id, a local file or a dataset dir")
         if path is not None and _looks_local(path) and not Path(path).exists():
             raise ConfigError(f"data.{split}.path={path!r} does not exist: give an existing file or dir, or a hub id")
 
 
 def check_sources_given(cfg: DictConfig) -> None:
-    """Your own model, data and reward (bootstrap=null, as experiment=own_model): every one still to be filled in,
-    in one line, rather than one per try."""
+    """Your own model, data and reward (bootstrap=null, as experiment=own_model): every one still to be filled in
+    (model.policy, the data paths, a reward model that reward= uses), in one line rather than one per try."""
     from rloo.scoring import MODEL, parse_reward
 
     if cfg.get("bootstrap") is not None:  # the embedded task fills whatever is null
@@ -318,11 +311,6 @@ def validate_reward(cfg: DictConfig, value_model: bool) -> None:
             load_function(term.name)
     if all(t.name == MODEL for t in terms):
         refuse_inert(cfg, "reward_timeout_s", f"reward={cfg.reward!r}", "it times reward functions")
-    if any(t.name == MODEL for t in terms) and cfg.model.reward_model is None and cfg.get("bootstrap") is None:
-        raise ConfigError(
-            f"reward={cfg.reward!r} uses the reward model but model.reward_model is null: give one, "
-            "or score with functions only"
-        )
 
 
 def validate_verifiable_eval(cfg: DictConfig) -> None:

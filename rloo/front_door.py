@@ -52,10 +52,10 @@ def fit(
 
     argv = preflight(argv)  # the command line's checks, the run dir's included, before anything is written
     given = {arg.partition("=")[0] for arg in argv}  # the caller's own data keys win over what the data suggests
-    data = [arg for arg in data_overrides(train_dataset, eval_dataset, out) if arg.partition("=")[0] not in given]
-    cfg = compose_train_config(argv + data)
     failed = True
     with run_logging(out):
+        data = [arg for arg in data_overrides(train_dataset, eval_dataset, out) if arg.partition("=")[0] not in given]
+        cfg = compose_train_config(argv + data)
         try:
             summary = run(cfg)
             failed = False
@@ -155,15 +155,16 @@ def split_path(data, out: Path, name: str) -> str:
         if rows_hash(datasets.load_from_disk(str(target))) != rows_hash(data):
             raise ConfigError(f"{name}_dataset differs from the one {target} holds: this run dir trained on that one")
         return str(target)
-    staging = out / "data" / f".{name}.partial"
+    from rloo import atomic
+
+    target.parent.mkdir(parents=True, exist_ok=True)
     shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # one bar per save, in the middle of the run's log
     try:
-        data.save_to_disk(str(staging))
+        atomic.save_dir(lambda tmp: data.save_to_disk(str(tmp)), target, f"{name}_dataset")
     finally:
         if shown:
             datasets.enable_progress_bars()
-    staging.rename(target)
     return str(target)
 
 

@@ -168,7 +168,7 @@ def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> d
         f"{prefix}eos_frac": per_row["eos"].mean().item(),
     }
     for key in [k for k in per_row if k.startswith(MEANS_WITH_INTERVALS)]:  # mean, normal 95% interval over rows
-        values = per_row[key][~torch.isnan(per_row[key])].double()
+        values = per_row[key][torch.isfinite(per_row[key])].double()  # not a failure (nan) nor a None (-inf)
         if len(values):
             mean = values.mean().item()
             half = 1.96 * values.std().item() / math.sqrt(len(values)) if len(values) > 1 else float("nan")

@@ -399,12 +399,14 @@ def finish(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
     if missing:  # never "finished" without them
         record.write("failed")
         raise RunIncomplete(f"the run trained {module.state.rollouts} rollouts but has no {' and no '.join(missing)}")
-    summary = record.write("finished")
-    if trainer.is_global_zero:
+    if trainer.is_global_zero:  # the card before "finished": a run that says finished has it
         from rloo import atomic
         from rloo.model_card import model_card
 
-        atomic.write_text(out / "policy" / "README.md", model_card(plan.cfg, summary), "the model card")
+        card = model_card(plan.cfg, record.summary("finished"))
+        atomic.write_text(out / "policy" / "README.md", card, "the model card")
+    summary = record.write("finished")
+    if trainer.is_global_zero:
         print_summary(summary, plan.log)
     return summary
 

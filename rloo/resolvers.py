@@ -25,39 +25,39 @@ def wandb_offline() -> bool:
         return True
 
 
-def sweep_group() -> str | None:
-    """The W&B group of a multirun job: the sweep's config name and start time (k_clip-2026-12-03-08-30-00),
-    shared by all its jobs; None for a single run."""
+def multirun_hydra_config():
+    """Hydra's config of this job where it is one job of a multirun, else None (a single run, or no Hydra)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
-    hydra_cfg = HydraConfig.get()
+    return HydraConfig.get()
+
+
+def sweep_group() -> str | None:
+    """The W&B group of a multirun job: the sweep's config name and start time (k_clip-2026-12-03-08-30-00),
+    shared by all its jobs; None for a single run."""
+    if (hydra_cfg := multirun_hydra_config()) is None:
+        return None
     sweep_dir = Path(hydra_cfg.sweep.dir)
     return f"{hydra_cfg.job.config_name}-{sweep_dir.parent.name}-{sweep_dir.name}"
 
 
 def sweep_job_name() -> str | None:
     """The W&B run name of a multirun job: its number and overrides, as its dir; None for a single run."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+    if (hydra_cfg := multirun_hydra_config()) is None:
         return None
-    job = HydraConfig.get().job
+    job = hydra_cfg.job
     return f"{job.num}_{one_dir_name(job.override_dirname)}"
 
 
 def sweep_setting() -> str | None:
     """The W&B job type of a multirun job: its overrides without seed=, so that W&B groups a setting's seeds
     (k=4,clip_range=0.2); None for a single run."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+    if (hydra_cfg := multirun_hydra_config()) is None:
         return None
-    overrides = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("seed=", "hydra."))]
+    overrides = [o for o in hydra_cfg.overrides.task if not o.lstrip("+~").startswith(("seed=", "hydra."))]
     return one_dir_name(",".join(overrides))[:64] or "defaults"  # W&B caps a job type at 64 characters
 
 

@@ -10,7 +10,7 @@ returns a sequence of floats, one per completion: positionally, or by keyword wh
 `completions` or takes **kwargs (TRL's convention, `def reward(completions, **kwargs)`); any other column of the data
 it names arrives by name. A None is "does not apply": that function adds nothing to that completion's reward (the
 others' weighted values still sum; counted as reward/none/<name>); a completion that no term scores is a failure
-under reward_errors. One that raises, returns the wrong count or a value that is not
+under reward_errors. A function that raises, returns the wrong count or a value that is not
 finite stops the run with a one-line error naming it (`reward_errors=raise`), or, with `reward_errors=mask`, its
 completions get no score: they leave the leave-one-out baseline and are counted (`reward/masked`).
 """
@@ -126,18 +126,23 @@ def columns_asked_for(function: Callable, columns: dict[str, list]) -> dict[str,
 NOT_APPLICABLE = float("-inf")  # a function's None in its values (nan: it failed there); Reward adds nothing for it
 
 
-def reward_arguments(function: Callable, prompts: list, completions: list, columns: dict) -> tuple[tuple, dict]:
-    """How a reward function is called: by keyword where it names `prompts` or `completions` or takes **kwargs
-    (TRL's convention), else positionally (prompts, completions); the data's other columns it asks for by name."""
+def takes_keywords(function: Callable) -> bool:
+    """Whether a reward function gets prompts and completions by keyword: it names `prompts` or `completions` or
+    takes **kwargs (TRL's convention); else positionally, as its first two parameters."""
     parameters = inspect.signature(function).parameters
-    by_keyword = {"prompts", "completions"} & set(parameters) or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    )
-    kwargs = columns_asked_for(function, columns)
-    if not by_keyword:
-        return (prompts, completions), kwargs
-    named = {"prompts": prompts, "completions": completions}
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return takes_any or bool({"prompts", "completions"} & set(parameters))
+
+
+def reward_arguments(function: Callable, prompts: list, completions: list, columns: dict) -> tuple[tuple, dict]:
+    """How a reward function is called (takes_keywords): its positional and keyword arguments, the data's other
+    columns it asks for by name."""
+    kwargs = columns_asked_for(function, columns)
+    if not takes_keywords(function):
+        return (prompts, completions), kwargs
+    parameters = inspect.signature(function).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    named = {"prompts": prompts, "completions": completions}
     return (), kwargs | {key: value for key, value in named.items() if takes_any or key in parameters}
 
 
@@ -145,9 +150,11 @@ def check_columns(reward: "Reward", available: list[str], where: str) -> None:
     """Every column a reward function needs (a parameter after prompts and completions, without a default) is a
     column of the data: one line before any model loads, not a TypeError at the first rollout."""
     for name, function in reward.functions.items():
-        args, _ = reward_arguments(function, [], [], {})
-        parameters = list(inspect.signature(function).parameters.values())[len(args) :]
-        parameters = [p for p in parameters if args or p.name not in ("prompts", "completions")]
+        parameters = list(inspect.signature(function).parameters.values())
+        if takes_keywords(function):
+            parameters = [p for p in parameters if p.name not in ("prompts", "completions")]
+        else:
+            parameters = parameters[2:]
         needed = [
             p.name
             for p in parameters
@@ -246,7 +253,8 @@ class Reward:
                 if error is not None:
                     self.last_errors.append(error)
             applies = values != NOT_APPLICABLE
-            self.last_not_applicable[term.name] = int((~applies).sum())
+            if term.name != MODEL:
+                self.last_not_applicable[term.name] = int((~applies).sum())
             finite = torch.isfinite(values)
             self.last_term_means[term.name] = float(values[finite].mean()) if finite.any() else float("nan")
             total += term.weight * torch.where(applies, values, 0.0)
@@ -267,21 +275,21 @@ class Reward:
         return " + ".join(f"{t.weight:g}*{t.name}" for t in self.terms)
 
     def function_total(self, values: dict) -> Tensor:
-        """The weighted sum of the function terms (the reward model's left out) from `function_values`' output; a
-        term that did not score a completion (None, or it failed: nan) adds nothing to it."""
+        """The weighted sum of the function terms (the reward model's left out) from `function_values`' output; as in
+        __call__, a term that returned None for a completion adds nothing to it, and a failure (nan) leaves no sum."""
         total = torch.zeros(len(next(iter(values.values()))), dtype=torch.float32)
         for term in self.terms:
             if term.name != MODEL:
-                total += term.weight * values[term.name.rsplit(":", 1)[-1]].float().cpu().nan_to_num(0.0)
+                value = values[term.name.rsplit(":", 1)[-1]].float().cpu()
+                total += term.weight * torch.where(value == NOT_APPLICABLE, 0.0, value)  # a failure (nan) stays
         return total
 
     def function_values(self, prompts: list[str], completions: list[str], columns: dict | None = None) -> dict:
-        """Each function term's values `[N]` (nan where it failed or returned None), by its short name (after the
-        colon): what held-out evaluation reports as eval/reward/<name>, over the completions it scored."""
+        """Each function term's values `[N]` (nan where it failed, NOT_APPLICABLE where it returned None), by its
+        short name (after the colon): what held-out evaluation reports as eval/reward/<name>, over the finite ones."""
         values = {}
         for name, function in self.functions.items():
-            scores = call_reward_function(
+            values[name.rsplit(":", 1)[-1]] = call_reward_function(
                 name, function, prompts, completions, columns, self.timeout_s, self.should_stop
             )[0]
-            values[name.rsplit(":", 1)[-1]] = scores.masked_fill(scores == NOT_APPLICABLE, float("nan"))
         return values

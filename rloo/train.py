@@ -22,16 +22,16 @@ def hydra_main(cfg: DictConfig) -> float | None:
     Never one in place of the other."""
     from rloo.loggers import end_wandb_run
 
-    failed = True
     try:
         summary = run(cfg)
-        failed = False
-    except ConfigError as error:
-        exit_on_config_error(error)
-    except (WriteError, NonFiniteError, RewardFunctionError, JudgeFailed, RunIncomplete) as error:
-        fail(error, 1)
-    finally:
-        end_wandb_run(failed)  # a sweep's next job starts its own W&B run
+    except BaseException as error:
+        end_wandb_run(failed=True)  # before the error line: a sweep's next job starts its own W&B run
+        if isinstance(error, ConfigError):
+            exit_on_config_error(error)
+        if isinstance(error, (WriteError, NonFiniteError, RewardFunctionError, JudgeFailed, RunIncomplete)):
+            fail(error, 1)
+        raise
+    end_wandb_run(failed=False)
     return objective(summary)
 
 

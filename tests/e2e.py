@@ -40,35 +40,37 @@ METRICS = [
 ]
 
 
-def train(run_dir: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+def run_module(
+    module: str, *args: str, cwd: Path = ROOT, cache: Path | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m <module> <args>` as a user runs it, from `cwd`: W&B offline, no hub, the embedded task's cache at
+    `cache`; stdout and stderr captured."""
+    environment = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", **(env or {})}
+    if cache is not None:
+        environment["RLOO_CACHE_DIR"] = str(cache)
     return subprocess.run(
-        [sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, *overrides],
-        cwd=ROOT,
-        env=env,
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=environment,
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
     )
 
 
+def train(run_dir: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return run_module("rloo.train", f"hydra.run.dir={run_dir}", *FAST, *overrides, cache=cache)
+
+
 def evaluate(run_dir: Path, cache: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RLOO_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rloo.evaluate",
-            f"hydra.run.dir={run_dir}",
-            "bootstrap=fast",
-            "response_length=8",
-            *overrides,
-        ],
-        cwd=ROOT,
+    return run_module(
+        "rloo.evaluate",
+        f"hydra.run.dir={run_dir}",
+        "bootstrap=fast",
+        "response_length=8",
+        *overrides,
+        cache=cache,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
     )
 
 

@@ -2,15 +2,12 @@
 
 import csv
 import json
-import os
-import subprocess
-import sys
 
 import matplotlib.image
 import pytest
 from omegaconf import OmegaConf
 
-from tests.e2e import HANG_GUARD_S, ROOT
+from tests.e2e import run_module
 
 
 def run_sweep(base, name: str, settings: list[str], overrides=("debug: fast",)):
@@ -23,15 +20,7 @@ def run_sweep(base, name: str, settings: list[str], overrides=("debug: fast",)):
     (base / "sweeps" / f"{name}.yaml").write_text(
         f"defaults:\n  - train\n{defaults}  - _self_\n\n" + OmegaConf.to_yaml(settings)
     )
-    env = {**os.environ, "RLOO_CACHE_DIR": str(base / "cache"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", name],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    result = run_module("rloo.train", "-m", "-cd", str(base / "sweeps"), "-cn", name, cache=base / "cache")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return sweep_dir
 
@@ -47,9 +36,7 @@ def multirun(finished_run):
 
 
 def report(path):
-    return subprocess.run(
-        [sys.executable, "-m", "rloo.report", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S
-    )
+    return run_module("rloo.report", str(path))
 
 
 @pytest.mark.slow
@@ -254,16 +241,8 @@ def test_each_job_of_a_sweep_is_its_own_wandb_run_and_report_takes_the_latest_sw
     overrides, grouped by the sweep, its setting as job type, its own config; then rloo.report with no dir."""
     from tests.wandb_records import run_record
 
-    env = {**os.environ, "RLOO_CACHE_DIR": str(embedded_task / "cache"), "WANDB_MODE": "offline"}
     command = ["-m", "k=2,4", "clip_range=0.1,0.2", "debug=fast", "checkpoint_every=0", "eval_every=0"]
-    result = subprocess.run(
-        [sys.executable, "-m", "rloo.train", *command],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    result = run_module("rloo.train", *command, cwd=tmp_path, cache=embedded_task / "cache")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "already in progress" not in result.stdout + result.stderr
     (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")
@@ -284,9 +263,7 @@ def test_each_job_of_a_sweep_is_its_own_wandb_run_and_report_takes_the_latest_sw
     assert {(r["config"]["k"], r["config"]["clip_range"]) for r in runs} == {(2, 0.1), (2, 0.2), (4, 0.1), (4, 0.2)}
     later = tmp_path / "outputs" / "multirun" / "1999-01-01" / "00-00-00"  # an older sweep: not the latest
     later.mkdir(parents=True)
-    reported = subprocess.run(
-        [sys.executable, "-m", "rloo.report"], cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S
-    )
+    reported = run_module("rloo.report", cwd=tmp_path)
     assert reported.returncode == 0, reported.stderr
     assert f"the latest sweep, {sweep.relative_to(tmp_path)}" in reported.stderr
     assert len(list(csv.DictReader((sweep / "report.csv").open()))) == 4

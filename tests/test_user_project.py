@@ -3,9 +3,6 @@
 and a quiet console with progress lines when stdout is a file."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,7 +10,7 @@ import torch
 from rloo.cli import config_dirs, preflight
 from rloo.errors import ConfigError, RewardFunctionError
 from rloo.scoring import Reward, RewardTerm, parse_reward
-from tests.e2e import HANG_GUARD_S
+from tests.e2e import run_module
 
 WORDS = "my dog very car train but then today rain is really tree river so yes".split()
 
@@ -177,24 +174,8 @@ def test_a_user_project_runs_from_its_own_folder_with_a_quiet_console(embedded_t
     """The process-level contract: --config-dir from the project's folder, its own reward module and chat jsonl;
     stdout a file, so progress lines instead of the bar; no warning on the console."""
     project = write_project(tmp_path)
-    env = {**os.environ, "RLOO_CACHE_DIR": str(embedded_task / "cache"), "WANDB_MODE": "offline"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rloo.train",
-            "--config-dir",
-            "conf",
-            "experiment=my_gym",
-            "debug=fast",
-            "hydra.run.dir=run",
-        ],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    args = ["--config-dir", "conf", "experiment=my_gym", "debug=fast", "hydra.run.dir=run"]
+    result = run_module("rloo.train", *args, cwd=project, cache=embedded_task / "cache")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((project / "run" / "summary.json").read_text())
     assert "eval/reward/mentions_answer" in summary["final"] and summary["status"] == "finished"

@@ -163,8 +163,7 @@ class OnlineRLModule(LightningModule):
             return {}
         metrics = {f"reward/{name.rsplit(':', 1)[-1]}": mean for name, mean in self.reward.last_term_means.items()}
         for name, count in self.reward.last_not_applicable.items():  # the completions a function returned None for
-            if name != "model":
-                metrics[f"reward/none/{name.rsplit(':', 1)[-1]}"] = float(count)
+            metrics[f"reward/none/{name.rsplit(':', 1)[-1]}"] = float(count)
         if self.masks_bad_scores():
             metrics["reward/masked"] = float((~torch.isfinite(rollout.scores)).sum())
         return metrics

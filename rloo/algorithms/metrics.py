@@ -112,9 +112,9 @@ def log_metrics(module, metrics: dict, batch_size: int) -> None:
     if "objective/kl" in metrics:  # algo=dpo samples from the reference: no KL of the policy's own samples
         module.log("kl", metrics["objective/kl"], prog_bar=True, logger=False, batch_size=batch_size)
     rollouts, config = module.state.rollouts, module.config
-    row = dict(zip(metrics, values.tolist()))  # one device sync
-    module.last_metrics = row  # what a progress line shows (rloo.callbacks.ProgressLines)
+    module.last_metrics = metrics  # what a progress line shows (rloo.callbacks.ProgressLines reads the few it shows)
     if rollouts % config.log_every == 0 or rollouts == config.total_rollouts:
+        row = dict(zip(metrics, values.tolist()))  # one device sync
         for logger in module.loggers:
             logger.log_metrics(row, step=rollouts)
             logger.save()
