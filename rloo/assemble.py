@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from datetime import timedelta
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -134,23 +135,30 @@ def lightning_strategy(cfg: DictConfig, trainer_args: dict, processes: int):
     - fsdp2: Lightning's ModelParallelStrategy, data parallel over all `processes` (the module shards the policy in
       configure_model), saving whole checkpoints through the run's atomic checkpoint writer;
     - deepspeed_*: Lightning's DeepSpeedStrategy of that name, with deepspeed_settings(cfg) in its config (DeepSpeed
-      clips inside its own step; the Trainer's clipping cannot reach it under manual optimisation).
-    Other names go to Lightning as they are."""
+      clips inside its own step; the Trainer's clipping cannot reach it under manual optimisation);
+    - any other strategy Lightning registers (ddp, ddp_spawn, fsdp, ...; auto over several processes is Lightning's
+      ddp) with the run's collective timeout (trainer.collective_timeout_s): a rank that hangs ends the run within it.
+    A strategy given as an object goes to Lightning as it is."""
     strategy = trainer_args.get("strategy", "auto")
+    if processes < 2 or not isinstance(strategy, str):
+        return strategy
+    timeout = {"timeout": timedelta(seconds=float(cfg.trainer.collective_timeout_s))}
     if strategy == "fsdp2":
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         return ModelParallelStrategy(
-            data_parallel_size=processes, tensor_parallel_size=1, save_distributed_checkpoint=False
+            data_parallel_size=processes, tensor_parallel_size=1, save_distributed_checkpoint=False, **timeout
         )
-    if isinstance(strategy, str) and strategy.startswith("deepspeed"):
-        from lightning.pytorch.strategies import StrategyRegistry
+    from lightning.pytorch.strategies import StrategyRegistry
 
-        entry = StrategyRegistry[strategy]
-        built = entry["strategy"](**entry["init_params"])
+    name = "ddp" if strategy == "auto" else strategy  # Lightning's choice for several processes outside a notebook
+    if name not in StrategyRegistry:
+        return strategy  # Lightning names what it does not know
+    entry = StrategyRegistry[name]
+    built = entry["strategy"](**entry["init_params"], **timeout)
+    if name.startswith("deepspeed"):
         built.config.update(deepspeed_settings(cfg))
-        return built
-    return strategy
+    return built
 
 
 def deepspeed_settings(cfg: DictConfig) -> dict:

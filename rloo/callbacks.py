@@ -13,12 +13,12 @@ from lightning import Callback
 from lightning.pytorch.callbacks import Checkpoint
 
 from rloo import atomic
-from rloo.errors import NonFiniteError
+from rloo.errors import NonFiniteError, collective_failure
 from rloo.heldout import evaluate_policy, finite_or_none, summarize_eval
 from rloo.judges import Judge
 from rloo.lora import has_adapters, merged_copy
 from rloo.sampling import SamplingConfig
-from rloo.sharding import weights_partitioned, whole_copy
+from rloo.sharding import gather_ranks, weights_partitioned, whole_copy
 
 MAX_INVALID_FRACTION = 0.5  # an evaluation whose judge failed for more of its pairs reports no win rate
 
@@ -85,7 +85,7 @@ class HeldOutEval(Callback):
             per_row = {
                 k: torch.nn.functional.pad(v, (0, size - len(v)), value=float("nan")) for k, v in per_row.items()
             }
-            gathered = {k: trainer.strategy.all_gather(v).flatten() for k, v in per_row.items()}
+            gathered = {k: gather_ranks(v).flatten() for k, v in per_row.items()}
             keep = ~torch.isnan(gathered["length"])
             per_row = {k: v[keep] for k, v in gathered.items()}
         summary = summarize_eval(per_row)
@@ -207,7 +207,7 @@ class RanksAgree(Callback):
             return
         names, params = zip(*[(n, p) for n, p in module.policy.named_parameters() if p.requires_grad])
         sums = torch.stack([p.detach().double().sum() for p in params])  # [P]
-        gathered = trainer.strategy.all_gather(sums)  # [world, P]
+        gathered = gather_ranks(sums)  # [world, P]
         differ = (gathered != gathered[0]).any(0)
         if bool(differ.any()):
             raise RuntimeError(
@@ -260,6 +260,8 @@ class InterruptedCheckpoint(Checkpoint):
         self.path = Path(directory) / "interrupted.ckpt"
 
     def on_exception(self, trainer, module, exception) -> None:
+        if trainer.world_size > 1 and collective_failure(exception):  # the ranks can no longer gather a checkpoint
+            return
         trainer.save_checkpoint(self.path, weights_only=False)  # the optimiser and loops too, as every checkpoint
 
     def teardown(self, trainer, module, stage: str) -> None:

@@ -344,7 +344,24 @@ def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
     for arg in argv:
         if arg.startswith("resume="):
             check_resume_argument(arg.partition("=")[2])
+    if train:
+        own_named_run_dir(argv)
     return argv
+
+
+def own_named_run_dir(argv: list[str]) -> None:
+    """A run dir the command line names (hydra.run.dir, paths.output_dir, resume=<run dir>) is taken for this
+    process before Hydra writes into it: refused while another live process trains there (rloo.ownership). A
+    multirun's jobs, and the ranks after the first, take or join theirs in the run itself."""
+    from rloo import ownership
+    from rloo.resume import run_dir_of
+
+    if further_rank() or any(arg in ("-m", "--multirun") for arg in argv):
+        return
+    named = dict(arg.partition("=")[::2] for arg in argv if "=" in arg)
+    for value in (named.get("hydra.run.dir"), named.get("paths.output_dir"), run_dir_of(named.get("resume"))):
+        if value and "${" not in value:
+            ownership.take(Path(value), log=lambda line: print(line, file=sys.stderr))
 
 
 def run_entry_point(hydra_main, train: bool = False) -> None:

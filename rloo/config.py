@@ -168,6 +168,19 @@ def check_strategy_installed(cfg: DictConfig) -> None:
         )
 
 
+def check_collective_timeout(cfg: DictConfig, world_size: int) -> None:
+    """trainer.collective_timeout_s: seconds, above 0; refused where one process runs (no collective to time)."""
+    value = OmegaConf.select(cfg, "trainer.collective_timeout_s")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"trainer.collective_timeout_s={value!r} is not allowed: seconds, a number above 0")
+    default = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "trainer" / "cpu.yaml")
+    if world_size < 2 and value != default.collective_timeout_s:
+        raise ConfigError(
+            f"trainer.collective_timeout_s={value} does nothing with one process (it times the collectives of "
+            "several); remove it"
+        )
+
+
 def validate_lora(cfg: DictConfig) -> None:
     """LoRA needs peft, asked for here, before any model loads (the lora: keys are checked by the schema)."""
     if not cfg.model.lora:
@@ -292,6 +305,7 @@ def validate_run(cfg: DictConfig, world_size: int) -> None:
     only)."""
     validate_train_config(cfg, world_size=world_size)
     check_strategy_installed(cfg)
+    check_collective_timeout(cfg, world_size)
     check_model_sources(cfg)
 
 

@@ -11,6 +11,19 @@ def stopped_by_ctrl_c(error: BaseException) -> bool:
     )
 
 
+def collective_failure(error: BaseException) -> str | None:
+    """What a failed collective says (a rank that died closed its connections; one that hung let the collective time
+    out), in one line without the C++ source location; None for any other error."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    distributed = names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}
+    if not distributed and not (isinstance(error, RuntimeError) and ("gloo" in text or "NCCL" in text)):
+        return None
+    if text.startswith("[") and "] " in text:  # [/path/to/gloo/transport/tcp/pair.cc:553] Connection closed by peer
+        text = text.split("] ", 1)[1]
+    return text.split(". This is typically")[0][:200]
+
+
 class ConfigError(ValueError):
     """A bad config value or input file; the message is the whole one-line explanation."""
 
@@ -29,6 +42,10 @@ class JudgeFailed(RuntimeError):
 
 class RewardFunctionError(RuntimeError):
     """A reward function misbehaved (raised, wrong count, non-finite value); the message names it, in one line."""
+
+
+class RankLost(RuntimeError):
+    """A process of a multi-process run died or hung: the collective it did not join failed; the run ends."""
 
 
 class RunIncomplete(RuntimeError):

@@ -46,21 +46,25 @@ def fit(
         raise ConfigError("reward_weights is given without reward: give the reward functions it weighs")
     out = run_dir(output_dir, resume)
     argv += [f"paths.output_dir={out}"] + ([f"resume={resume}"] if resume is not None else [])
+    from rloo import ownership
     from rloo.cli import compose_train_config, preflight
     from rloo.loggers import end_wandb_run
     from rloo.pipeline import run
 
-    argv = preflight(argv)  # the command line's checks, the run dir's included, before anything is written
+    argv = preflight(argv)  # the command line's checks, the run dir's included (and taken), before anything is written
     given = {arg.partition("=")[0] for arg in argv}  # the caller's own data keys win over what the data suggests
     failed = True
-    with run_logging(out):
-        data = [arg for arg in data_overrides(train_dataset, eval_dataset, out) if arg.partition("=")[0] not in given]
-        cfg = compose_train_config(argv + data)
-        try:
-            summary = run(cfg)
-            failed = False
-        finally:
-            end_wandb_run(failed)
+    try:
+        with run_logging(out):
+            data = [a for a in data_overrides(train_dataset, eval_dataset, out) if a.partition("=")[0] not in given]
+            cfg = compose_train_config(argv + data)
+            try:
+                summary = run(cfg)
+                failed = False
+            finally:
+                end_wandb_run(failed)
+    finally:  # the run dir is this process's while the run lasts, and free again once it returns or raises
+        ownership.release(out)
     return summary
 
 

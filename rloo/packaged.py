@@ -11,12 +11,11 @@ record. The weights are the 4-bit-rounded model, not the original bfloat16 relea
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
-import shutil
 from pathlib import Path
 
+from rloo import cache
+from rloo.cache import sha256
 from rloo.errors import ConfigError
 
 PREFIX = "package:"
@@ -44,44 +43,25 @@ def packaged_file(spec: str) -> Path:
     return path
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def converted_dir(spec: str, cache_dir: str | Path, log=print) -> str:
     """The Hugging Face directory of a packaged model: converted on first use under cache_dir, then checked against
-    its manifest (source and file hashes) each time; a copy that does not match is converted again."""
-    source = packaged_file(spec)
+    its manifest (source and file hashes) each time; a copy that does not match is converted again (rloo.cache:
+    one converter at a time, each in its own staging dir)."""
+    return cached_conversion(packaged_file(spec), cache_dir, _convert, log)
+
+
+def cached_conversion(source: Path, cache_dir: str | Path, convert, log=print) -> str:
+    """`convert(source, out_dir)`'s output for this source file (by its sha256), from the cache or made now."""
     source_hash = sha256(source)
-    target = Path(cache_dir) / f"packaged-{source.stem}-{source_hash[:12]}"
-    if _intact(target, source_hash):
-        return str(target)
-    if target.exists():
-        log(f"packaged model: {target} does not match its manifest; converting again")
-        shutil.rmtree(target)
-    log(f"packaged model: converting {source.name} ({source.stat().st_size / 2**20:.0f} MB) into {target}")
-    staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    _convert(source, staging)
-    files = {p.name: sha256(p) for p in sorted(staging.iterdir())}
-    (staging / MANIFEST).write_text(json.dumps({"source": source.name, "source_sha256": source_hash, "files": files}))
-    staging.rename(target)  # whole or absent
+    target = Path(cache_dir).expanduser() / f"packaged-{source.stem}-{source_hash[:12]}"
+
+    def build(staging: Path) -> dict:
+        log(f"packaged model: converting {source.name} ({source.stat().st_size / 2**20:.0f} MB) into {target}")
+        convert(source, staging)
+        return {"source": source.name, "source_sha256": source_hash}
+
+    cache.entry(target, build, "packaged model", log, manifest=MANIFEST, expect={"source_sha256": source_hash})
     return str(target)
-
-
-def _intact(target: Path, source_hash: str) -> bool:
-    manifest = target / MANIFEST
-    if not manifest.is_file():
-        return False
-    record = json.loads(manifest.read_text())
-    return record.get("source_sha256") == source_hash and all(
-        (target / name).is_file() and sha256(target / name) == digest for name, digest in record["files"].items()
-    )
 
 
 def _convert(source: Path, out: Path) -> None:

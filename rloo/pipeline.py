@@ -19,7 +19,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rloo.config import ConfigError  # noqa: E402
-from rloo.errors import SIGTERM_EXIT_CODE, JudgeFailed, RunIncomplete, WriteError  # noqa: E402
+from rloo.errors import (  # noqa: E402
+    SIGTERM_EXIT_CODE,
+    JudgeFailed,
+    RankLost,
+    RunIncomplete,
+    WriteError,
+    collective_failure,
+)
 
 
 def measured_peak(baseline_rss_mb: float) -> dict:
@@ -43,11 +50,16 @@ def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir, in three phases: `prepare` (validation, the run dir, resume),
     `build` (loggers, callbacks, the Trainer, data, models, the algorithm's module) and `fit` (training inside the
     failure handling, then summary.json). Returns the summary written to summary.json."""
-    plan = prepare(cfg)
-    if isinstance(plan, dict):  # a requeued run that had finished: its summary, the run dir unchanged
-        return plan
-    record = RunRecord(plan)
-    return fit(plan, build(plan, record), record)
+    from rloo import ownership
+
+    try:
+        plan = prepare(cfg)
+        if isinstance(plan, dict):  # a requeued run that had finished: its summary, the run dir unchanged
+            return plan
+        record = RunRecord(plan)
+        return fit(plan, build(plan, record), record)
+    finally:  # a sweep's jobs share a process: each job's dir is released as the job ends
+        ownership.release(Path(cfg.paths.output_dir))
 
 
 @dataclass
@@ -86,7 +98,11 @@ def prepare(cfg: DictConfig) -> RunPlan | dict:
     from rloo.assemble import lightning_strategy, quiet_lightning_logs
     from rloo.config import episodes_note, num_rollouts, updates_per_rollout, validate_run, world_size
 
-    trainer_args = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "num_threads"}
+    trainer_args = {
+        k: v
+        for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items()
+        if k not in ("num_threads", "collective_timeout_s")  # rloo's own: torch's threads, the strategy's timeout
+    }
     processes = world_size(trainer_args)
     validate_run(cfg, processes)
     # a batch of the train loop is one rollout; Lightning counts every optimiser step of it (global_step)
@@ -96,7 +112,8 @@ def prepare(cfg: DictConfig) -> RunPlan | dict:
     import lightning  # noqa: F401 (imported before the clock starts, as wall_seconds always counted)
     import torch
 
-    from rloo import atomic
+    from rloo import atomic, ownership
+    from rloo.cli import further_rank
     from rloo.loggers import drop_rows_after
     from rloo.memory import reset_peak_rss
     from rloo.resume import finished_summary, prepare_resume
@@ -106,6 +123,8 @@ def prepare(cfg: DictConfig) -> RunPlan | dict:
     quiet_lightning_logs()
     log = logging.getLogger("rloo").info
     out = Path(cfg.paths.output_dir)
+    if not further_rank():  # one owner per run dir: a live holder is refused before anything is written
+        ownership.take(out, log)
     out.mkdir(parents=True, exist_ok=True)
     if note := episodes_note(cfg, processes):
         log(f"rloo: warning: {note}")
@@ -367,6 +386,14 @@ def fit(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
             log(f"error: {write_error}")
         if isinstance(error, (SIGTERMException, UserCodeInterrupted)):
             stopped_by_sigterm(out, module, log)
+        if trainer.world_size > 1:
+            stop_other_ranks(trainer, log)
+        if trainer.world_size > 1 and (lost := collective_failure(error)):
+            raise RankLost(
+                f"a process of this {trainer.world_size}-process run died or hung (rank {trainer.global_rank} saw: "
+                f"{lost}); checkpoints already there are whole: {checkpoint_names(out) or 'none'}; "
+                "resume=auto continues from the newest"
+            ) from None
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             raise WriteError(
                 f"could not write {error.filename or 'a checkpoint'} in {out}: {error.strerror}; "
@@ -443,6 +470,26 @@ def checkpoint_callbacks(cfg: DictConfig, out: Path) -> list:
         RolloutCheckpoints(directory, cfg.checkpoint_every, cfg.checkpoint_minutes, cfg.keep_checkpoints),
         InterruptedCheckpoint(directory),
     ]
+
+
+def stop_other_ranks(trainer, log) -> None:
+    """The first rank failed: the ranks Lightning launched from it are killed now, not left waiting in a collective
+    until its timeout (a rank that is failing too, or waits on a dead one, has nothing left to save). Lightning's
+    child-process observer watches the same list, and SIGKILLs this process when it finds a rank ended: emptied, it
+    has none left to watch, and this rank ends the run with its own line."""
+    import signal
+
+    launcher = getattr(trainer.strategy, "launcher", None)
+    procs = getattr(launcher, "procs", None)
+    if not trainer.is_global_zero or not isinstance(procs, list) or not procs:
+        return
+    alive = [proc for proc in procs if proc.poll() is None]
+    for proc in alive:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    procs.clear()
+    if alive:
+        log(f"rloo: stopped the other ranks (pid {', '.join(str(p.pid) for p in alive)}): this run has failed")
 
 
 def checkpoint_names(out: Path) -> str:

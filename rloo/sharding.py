@@ -50,6 +50,15 @@ def shard_model(model: nn.Module, mesh) -> nn.Module:
     return model
 
 
+def gather_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's `tensor` stacked [world, ...] (a collective: every rank calls it). torch.distributed's own
+    all_gather: Lightning's strategy.all_gather goes through the autograd variant that torch deprecates."""
+    tensor = tensor.contiguous()
+    gathered = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(gathered, tensor)
+    return torch.stack(gathered)
+
+
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every weight whole, on CPU, on rank 0 (empty on the other ranks). A collective: every rank calls it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

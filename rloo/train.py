@@ -11,7 +11,15 @@ import hydra
 from omegaconf import DictConfig
 
 from rloo.cli import exit_on_config_error, fail, run_entry_point
-from rloo.errors import ConfigError, JudgeFailed, NonFiniteError, RewardFunctionError, RunIncomplete, WriteError
+from rloo.errors import (
+    ConfigError,
+    JudgeFailed,
+    NonFiniteError,
+    RankLost,
+    RewardFunctionError,
+    RunIncomplete,
+    WriteError,
+)
 from rloo.pipeline import print_summary, run  # noqa: F401 (print_summary: the summary lines, as before)
 
 
@@ -28,7 +36,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
         end_wandb_run(failed=True)  # before the error line: a sweep's next job starts its own W&B run
         if isinstance(error, ConfigError):
             exit_on_config_error(error)
-        if isinstance(error, (WriteError, NonFiniteError, RewardFunctionError, JudgeFailed, RunIncomplete)):
+        if isinstance(error, (WriteError, NonFiniteError, RewardFunctionError, JudgeFailed, RunIncomplete, RankLost)):
             fail(error, 1)
         raise
     end_wandb_run(failed=False)

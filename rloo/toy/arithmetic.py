@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 from pathlib import Path
+
+from rloo import cache
 
 SPLITS = {"train": (2048, 0), "validation": (256, 1), "test": (256, 2)}  # rows, seed offset
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Finn", "Gita", "Hugo", "Iris", "Jon")
@@ -59,16 +62,20 @@ def rows(n: int, seed: int) -> list[dict]:
     return out
 
 
-def split_path(cache_dir: str, split: str, seed: int = 0) -> str:
-    """The jsonl of one split, written under cache_dir on first use (a few ms; the same rows for the same seed)."""
-    n, offset = SPLITS[split]
-    path = Path(cache_dir) / f"arithmetic-v{VERSION}-{seed}" / f"{split}.jsonl"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text("".join(json.dumps(row) + "\n" for row in rows(n, 1000 * seed + offset)))
-        partial.rename(path)  # whole or absent
-    return str(path)
+def split_path(cache_dir: str, split: str, seed: int = 0, log=None) -> str:
+    """The jsonl of one split, from the cache entry of all three (rloo.cache: written once under a lock, a few ms,
+    the same rows for the same seed; checked against its hashes on every use, a damaged one written again)."""
+    root = Path(cache_dir).expanduser() / f"arithmetic-v{VERSION}-{seed}"
+
+    def build(staging: Path) -> dict:
+        for name, (n, offset) in SPLITS.items():
+            rows_ = rows(n, 1000 * seed + offset)
+            (staging / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows_))
+        return {"seed": seed, "rows": {name: n for name, (n, _) in SPLITS.items()}}
+
+    say = log or (lambda line: print(f"rloo: {line}", file=sys.stderr))
+    cache.entry(root, build, "the arithmetic splits", say)
+    return str(root / f"{split}.jsonl")
 
 
 def final_number(completion: str) -> str | None:

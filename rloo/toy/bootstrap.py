@@ -1,17 +1,13 @@
 """The embedded task's bootstrap: data splits, tokenizer, SFT policy and reward model, built once and cached.
 
-The cache key is the whole `bootstrap` config block (conf/bootstrap/toy.yaml) plus TASK_VERSION. A build runs
-in a temporary sibling dir under an flock and is moved into place last, so a killed build leaves no half cache.
+The cache key is the whole `bootstrap` config block (conf/bootstrap/toy.yaml) plus TASK_VERSION. The entry is
+built, locked, staged, hashed and checked on every use by rloo.cache, as every cache of the project is.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
-from rloo import atomic
+from rloo import atomic, cache
 from rloo.errors import SIGTERM_EXIT_CODE
 from rloo.toy.evaluation import evaluate, pair_accuracy
 from rloo.toy.preferences import make_preference_pairs
@@ -261,60 +257,24 @@ def _build(cfg: dict, root: Path, log) -> dict:
         ),
     )
     report["seconds"] = seconds
-    (root / MARKER).write_text(
-        json.dumps({"splits": list(splits), "report": report, "files": file_hashes(root)}, indent=2)
-    )
-    return report
-
-
-def file_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every artifact file (the marker aside), by path relative to `root`."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != MARKER
-    }
+    return {"splits": list(splits), "report": report}
 
 
 def damage(root: Path) -> str | None:
     """What is wrong with a cached artifacts dir (a file changed, missing or added since it was built), or None."""
-    try:
-        saved = json.loads((root / MARKER).read_text())["files"]
-    except (json.JSONDecodeError, KeyError, OSError):
-        return f"{root / MARKER} is unreadable or from before artifacts carried hashes"
-    current = file_hashes(root)
-    for name, digest in saved.items():
-        if current.get(name) != digest:
-            return f"{root / name} is {'missing' if name not in current else 'corrupt (its sha256 changed)'}"
-    extra = sorted(set(current) - set(saved))
-    return f"{root / extra[0]} was not built with the cache" if extra else None
+    return cache.damage(root, MARKER)
 
 
 def ensure_artifacts(bootstrap_cfg, cache_dir, log=print) -> ToyArtifacts:
-    """The cached artifacts for this bootstrap config, built first if missing (one builder at a time)."""
+    """The cached artifacts for this bootstrap config, built first if missing or damaged (one builder at a time)."""
     cfg, root = _plain(bootstrap_cfg), artifacts_dir(bootstrap_cfg, Path(cache_dir).expanduser())
-    if (root / MARKER).exists() and damage(root) is None:
-        return _load(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f"{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
-        if (root / MARKER).exists():  # built while we waited, or damaged since it was built
-            problem = damage(root)
-            if problem is None:
-                return _load(root)
-            log(f"[bootstrap] {problem}: rebuilding the cache")
-        for stale in root.parent.glob(f"{root.name}.tmp-*"):  # left by killed builds; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
+
+    def build(staging: Path) -> dict:
         log(f"[bootstrap] building the embedded task's artifacts in {root}")
-        start = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f"{root.name}.tmp-"))
-        tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
-        try:
-            report = _build(cfg, tmp, log)
-            shutil.rmtree(root, ignore_errors=True)  # an incomplete dir without a marker, if any
-            os.replace(tmp, root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        log(f"[bootstrap] done in {time.perf_counter() - start:.1f} s: " + format_report(report))
+        started = time.perf_counter()
+        record = _build(cfg, staging, log)
+        log(f"[bootstrap] done in {time.perf_counter() - started:.1f} s: " + format_report(record["report"]))
+        return record
+
+    cache.entry(root, build, "[bootstrap] the embedded task's cache", log, manifest=MARKER)
     return _load(root)
