@@ -19,6 +19,7 @@ from rloo.judges import Judge
 from rloo.lora import has_adapters, merged_copy
 from rloo.sampling import SamplingConfig
 from rloo.sharding import gather_ranks, weights_partitioned, whole_copy
+from rloo.user_code import Interrupted
 
 MAX_INVALID_FRACTION = 0.5  # an evaluation whose judge failed for more of its pairs reports no win rate
 
@@ -250,6 +251,29 @@ class RolloutCheckpoints(Callback):
             self.save(trainer, module)
 
 
+class SigtermBetweenRollouts(Callback):
+    """Several processes: SIGTERM marks the run as stopping and reaches every rank Lightning launched, and nothing
+    more happens inside the handler. Lightning's own handler also broadcasts from inside the signal handler, a
+    collective at whatever point the rank stands: where another rank waits in a different collective, both wait
+    until the collective timeout. The ranks agree where they all meet: Lightning broadcasts the first rank's mark as
+    each rollout starts, and each rank stops at the end of the rollout it is in."""
+
+    def on_train_start(self, trainer, module) -> None:
+        import signal
+        import threading
+
+        if trainer.world_size < 2 or threading.current_thread() is not threading.main_thread():
+            return
+        connector = trainer._signal_connector  # what trainer.received_sigterm reads (Lightning has no setter)
+
+        def on_sigterm(signum, frame) -> None:
+            if not connector.received_sigterm and trainer.strategy.launcher is not None:
+                trainer.strategy.launcher.kill(signum)  # the ranks this one launched
+            connector.received_sigterm = True
+
+        signal.signal(signal.SIGTERM, on_sigterm)  # Lightning restores the previous handler when fit ends
+
+
 class InterruptedCheckpoint(Checkpoint):
     """`interrupted.ckpt` when SIGTERM, Ctrl-C or an error stops training, removed when a fit ends normally.
     Lightning's OnExceptionCheckpoint does the same, but its presence turns `fit(ckpt_path=None)` into "last" with
@@ -260,8 +284,8 @@ class InterruptedCheckpoint(Checkpoint):
         self.path = Path(directory) / "interrupted.ckpt"
 
     def on_exception(self, trainer, module, exception) -> None:
-        if trainer.world_size > 1 and collective_failure(exception):  # the ranks can no longer gather a checkpoint
-            return
+        if trainer.world_size > 1 and (collective_failure(exception) or isinstance(exception, Interrupted)):
+            return  # a rank is gone, or this one stopped inside user code mid-rollout: the ranks cannot gather one
         trainer.save_checkpoint(self.path, weights_only=False)  # the optimiser and loops too, as every checkpoint
 
     def teardown(self, trainer, module, stage: str) -> None:

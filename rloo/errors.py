@@ -24,6 +24,12 @@ def collective_failure(error: BaseException) -> str | None:
     return text.split(". This is typically")[0][:200]
 
 
+class Stopped(BaseException):
+    """SIGTERM arrived while a run was being set up (its data, the embedded task's build, a model's conversion), where
+    no Lightning trainer listens for it: raised in the main thread; a BaseException, so no `except Exception` on
+    the way swallows it."""
+
+
 class ConfigError(ValueError):
     """A bad config value or input file; the message is the whole one-line explanation."""
 

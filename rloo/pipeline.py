@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -57,7 +58,9 @@ def run(cfg: DictConfig) -> dict:
         if isinstance(plan, dict):  # a requeued run that had finished: its summary, the run dir unchanged
             return plan
         record = RunRecord(plan)
-        return fit(plan, build(plan, record), record)
+        with stopped_while_building(record):
+            pieces = build(plan, record)
+        return fit(plan, pieces, record)
     finally:  # a sweep's jobs share a process: each job's dir is released as the job ends
         ownership.release(Path(cfg.paths.output_dir))
 
@@ -193,7 +196,15 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
 
     from rloo import atomic
     from rloo.assemble import precision_arguments
-    from rloo.callbacks import ExportPolicy, HeldOutEval, MismatchHistograms, ProgressLines, RanksAgree, SampleTable
+    from rloo.callbacks import (
+        ExportPolicy,
+        HeldOutEval,
+        MismatchHistograms,
+        ProgressLines,
+        RanksAgree,
+        SampleTable,
+        SigtermBetweenRollouts,
+    )
     from rloo.config import eval_sampling, verifiable_eval
     from rloo.resume import continued_wandb_run
 
@@ -227,6 +238,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
         SampleTable(cfg.sample_every, cfg.num_samples_logged, out / "samples.jsonl"),
         MismatchHistograms(cfg.log_every),
         RanksAgree(),
+        SigtermBetweenRollouts(),
         *checkpoint_callbacks(cfg, out),
         *([ProgressLines(cfg.progress_every, plan.log)] if not terminal and cfg.progress_every else []),
     ]
@@ -312,6 +324,41 @@ def build_models(cfg: DictConfig, model_src: dict, tokenizer):
     return memory, (policy, reference, reward_model)
 
 
+@contextmanager
+def stopped_while_building(record: "RunRecord"):
+    """SIGTERM or Ctrl-C while the run is set up (the embedded task's build, a packaged model's conversion, loading):
+    summary.json says interrupted (and where), a line says what is kept, and the exit is 143 or 130. Caches are
+    whole or absent (rloo.cache); a resume starts the setup again."""
+    import signal
+    import threading
+
+    from rloo.errors import Stopped
+
+    def stop(signum, frame):
+        raise Stopped()
+
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread only
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
+    try:
+        yield
+    except (Stopped, KeyboardInterrupt, SystemExit) as error:
+        sigterm = isinstance(error, Stopped) or (isinstance(error, SystemExit) and error.code == SIGTERM_EXIT_CODE)
+        if not sigterm and not isinstance(error, KeyboardInterrupt):
+            raise
+        record.write_before_fit("interrupted", "setting up (data, models, caches)")
+        if not sigterm:
+            raise
+        plan = record.plan
+        plan.log(
+            f"rloo: stopped by SIGTERM while setting up the run, after {plan.resumed_rollouts} rollouts; "
+            f"checkpoints in {plan.out / 'checkpoints'}: {checkpoint_names(plan.out) or 'none'}; caches are whole"
+        )
+        sys.exit(SIGTERM_EXIT_CODE)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
 class RunRecord:
     """summary.json as the run stands: after training (status evaluating), at the end, or on an interruption."""
 
@@ -350,6 +397,29 @@ class RunRecord:
             "fast_paths": {name: {"ran": chosen, "why": why} for name, (chosen, why) in pieces.paths.items()},
         }
 
+    def write_before_fit(self, status: str, during: str) -> None:
+        """summary.json before the trainer runs: the status and where it stopped, over what an earlier session of the
+        run (a resume) recorded."""
+        from rloo import atomic
+        from rloo.cli import further_rank
+
+        if further_rank():
+            return
+        path = self.plan.out / "summary.json"
+        try:
+            previous = json.loads(path.read_text())
+        except (OSError, ValueError):
+            previous = {}
+        summary = (previous if isinstance(previous, dict) else {}) | {
+            "status": status,
+            "stopped_during": during,
+            "rollouts": self.plan.resumed_rollouts,
+            "algorithm": self.plan.cfg.algorithm,
+            "wall_seconds": round(time.time() - self.plan.started, 2),
+            "output_dir": str(self.plan.out),
+        }
+        atomic.write_text(path, json.dumps(summary, indent=2), "the run summary")
+
     def write(self, status: str) -> dict:
         from rloo import atomic
 
@@ -384,7 +454,9 @@ def fit(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
             record.write("interrupted" if interrupted else "failed")
         except WriteError as write_error:  # the first failure is the one to raise
             log(f"error: {write_error}")
-        if isinstance(error, (SIGTERMException, UserCodeInterrupted)):
+        if isinstance(error, (SIGTERMException, UserCodeInterrupted)) or (
+            trainer.received_sigterm and collective_failure(error)  # a rank whose peers stopped on the SIGTERM too
+        ):
             stopped_by_sigterm(out, module, log)
         if trainer.world_size > 1:
             stop_other_ranks(trainer, log)

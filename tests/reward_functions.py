@@ -63,3 +63,28 @@ def hangs(prompts, completions):
 
 def constant(prompts, completions):
     return [1.0] * len(completions)
+
+
+_faulty_calls = 0
+
+
+def faulty_rank(prompts, completions):
+    """0 for every completion (it adds nothing to the reward), except that the process whose LOCAL_RANK (0 where
+    unset) is RLOO_TEST_FAULT_RANK, at its RLOO_TEST_FAULT_CALL-th call, does the fault RLOO_TEST_FAULT names:
+    `kill` (SIGKILL to itself, as an OOM killer or a lost node would) or `hang` (creates RLOO_TEST_FAULT_FILE, then
+    sleeps: a rank that hangs, or a step the test signals inside). Without RLOO_TEST_FAULT it is a plain 0."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    global _faulty_calls
+    _faulty_calls += 1
+    fault = os.environ.get("RLOO_TEST_FAULT")
+    here = os.environ.get("LOCAL_RANK", "0") == os.environ.get("RLOO_TEST_FAULT_RANK", "0")
+    if fault and here and _faulty_calls == int(os.environ.get("RLOO_TEST_FAULT_CALL", "2")):
+        if fault == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        Path(os.environ["RLOO_TEST_FAULT_FILE"]).touch()
+        time.sleep(600)
+    return [0.0] * len(completions)

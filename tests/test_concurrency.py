@@ -1,0 +1,396 @@
+"""Where several processes meet: many jobs on one cache (rloo.cache), two processes on one run dir
+(rloo.ownership), a rank of a multi-process run that dies or hangs, SIGTERM to a multi-process run's launcher."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rloo import cache, ownership
+from rloo.errors import ConfigError
+from rloo.toy import arithmetic
+from tests.e2e import FAST, HANG_GUARD_S, ROOT
+
+SIGTERM_EXIT = 128 + 15
+
+
+# ---- one cache, many jobs ----------------------------------------------------------------------------------------
+def fake_package(site: Path) -> str:
+    """An installed package holding a model file, and an empty `gguf` (the stand-in converters never read it)."""
+    (site / "fake_weights").mkdir(parents=True)
+    (site / "fake_weights" / "__init__.py").write_text("")
+    (site / "fake_weights" / "m.gguf").write_bytes(b"weights v1")
+    (site / "gguf").mkdir()
+    (site / "gguf" / "__init__.py").write_text("")
+    return "package:fake_weights/m.gguf"
+
+
+# the issue's stand-in converter: slow, and every file it writes names the process that wrote it
+SLOW_CONVERT = """
+import os, time
+from rloo import packaged
+
+def slow_convert(source, out):
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (out / name).write_text(f"{name} written by {os.getpid()}")
+        time.sleep(0.4)
+
+packaged._convert = slow_convert
+"""
+
+
+def python(code: str, *args: str, env: dict | None = None, **popen) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
+
+
+def entries(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+@pytest.mark.slow
+def test_concurrent_cold_conversions_make_one_entry_from_one_writer(tmp_path):
+    spec, store = fake_package(tmp_path / "site"), tmp_path / "cache"
+    driver = SLOW_CONVERT + "import sys\nprint(packaged.converted_dir(sys.argv[1], sys.argv[2]))\n"
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}"}
+    jobs = [python(driver, spec, str(store), env=env) for _ in range(3)]
+    outputs = [job.communicate(timeout=HANG_GUARD_S)[0] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0, 0], outputs
+    assert not any("Traceback" in out for out in outputs)
+    assert len({out.strip().splitlines()[-1] for out in outputs}) == 1  # one directory for all three
+    assert sum("packaged model: converting m.gguf" in out for out in outputs) == 1  # one converter
+    entry = Path(outputs[0].strip().splitlines()[-1])
+    writers = {(entry / name).read_text().rsplit(" ", 1)[1] for name in ("config.json", "model.safetensors")}
+    assert len(writers | {(entry / "tokenizer.json").read_text().rsplit(" ", 1)[1]}) == 1  # no mix of writers
+    assert cache.damage(entry, "rloo-package.json") is None
+    assert entries(store) == [entry.name, entry.name + ".lock"]  # no staging dir left
+
+
+@pytest.mark.slow
+def test_concurrent_cold_arithmetic_splits_are_one_entry(tmp_path):
+    driver = "import sys\nfrom rloo.toy.arithmetic import split_path\nprint(split_path(sys.argv[1], 'train'))\n"
+    jobs = [python(driver, str(tmp_path)) for _ in range(4)]
+    outputs = [job.communicate(timeout=HANG_GUARD_S)[0] for job in jobs]
+    assert [job.returncode for job in jobs] == [0] * 4 and not any("Traceback" in out for out in outputs), outputs
+    paths = {out.strip() for out in outputs}
+    assert len(paths) == 1
+    lines = Path(paths.pop()).read_text().splitlines()
+    assert [json.loads(line) for line in lines] == arithmetic.rows(2048, 0)
+    assert entries(tmp_path) == ["arithmetic-v2-0", "arithmetic-v2-0.lock"]
+    assert sorted(os.listdir(tmp_path / "arithmetic-v2-0")) == [
+        "manifest.json",
+        "test.jsonl",
+        "train.jsonl",
+        "validation.jsonl",
+    ]
+
+
+def damaged_manifest(root: Path, manifest: str) -> None:
+    text = (root / manifest).read_text()
+    (root / manifest).write_text(text[: len(text) // 2])
+
+
+def manifest_without_files(root: Path, manifest: str) -> None:
+    record = json.loads((root / manifest).read_text())
+    del record["files"]
+    (root / manifest).write_text(json.dumps(record))
+
+
+def planted_file(root: Path, manifest: str) -> None:
+    (root / "chat_template.jinja").write_text("{{ planted }}")
+
+
+def truncated_file(root: Path, manifest: str) -> None:
+    victim = next(p for p in sorted(root.iterdir()) if p.name != manifest)
+    victim.write_text(victim.read_text()[:20])
+
+
+DAMAGE = {
+    "a truncated manifest": (damaged_manifest, "does not parse"),
+    "a manifest without files": (manifest_without_files, "lists no files"),
+    "a planted extra file": (planted_file, "chat_template.jinja was not built with the cache"),
+    "a truncated file": (truncated_file, "is corrupt (its sha256 changed)"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=list(DAMAGE))
+def test_a_damaged_arithmetic_split_is_rebuilt_in_one_line(tmp_path, damage):
+    harm, said_as = DAMAGE[damage]
+    train = Path(arithmetic.split_path(str(tmp_path), "train", log=lambda line: None))
+    whole = train.read_text()
+    harm(train.parent, cache.MANIFEST)
+    said = []
+    assert arithmetic.split_path(str(tmp_path), "train", log=said.append) == str(train)
+    assert len(said) == 1 and said_as in said[0] and said[0].endswith("building it again"), said
+    assert train.read_text() == whole and not (train.parent / "chat_template.jinja").exists()
+    assert entries(tmp_path) == ["arithmetic-v2-0", "arithmetic-v2-0.lock"]
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=list(DAMAGE))
+def test_a_damaged_conversion_is_converted_again_in_one_line(tmp_path, damage):
+    from rloo.packaged import MANIFEST, cached_conversion
+
+    harm, said_as = DAMAGE[damage]
+    source = tmp_path / "m.gguf"
+    source.write_bytes(b"weights v1")
+    calls = []
+
+    def convert(src, out):
+        calls.append(out)
+        (out / "config.json").write_text('{"model_type": "llama"}')
+        (out / "model.safetensors").write_bytes(b"converted " + src.read_bytes())
+
+    entry = Path(cached_conversion(source, tmp_path / "cache", convert, log=lambda line: None))
+    harm(entry, MANIFEST)
+    said = []
+    assert cached_conversion(source, tmp_path / "cache", convert, log=said.append) == str(entry)
+    assert len(calls) == 2 and cache.damage(entry, MANIFEST) is None
+    assert [line for line in said if "building it again" in line] == [said[0]] and said_as in said[0], said
+    assert (entry / "model.safetensors").read_bytes() == b"converted weights v1"
+
+
+def test_a_manifest_from_another_source_is_never_trusted(tmp_path):
+    def builder(source: str):
+        def build(out: Path) -> dict:
+            (out / "weights").write_text(source)
+            return {"source_sha256": source}
+
+        return build
+
+    root = tmp_path / "entry"
+    cache.entry(root, builder("old"), "the test entry")
+    build = builder("new")
+    said = []
+    record = cache.entry(root, build, "the test entry", said.append, expect={"source_sha256": "new"})
+    assert record["source_sha256"] == "new" and (root / "weights").read_text() == "new"
+    manifest = root / cache.MANIFEST
+    assert said == [f"the test entry: {manifest} records source_sha256='old', not 'new': building it again"]
+
+
+# ---- one run dir, one owner --------------------------------------------------------------------------------------
+HOLD = """
+import sys, time
+from rloo import ownership
+ownership.take(sys.argv[1], log=print)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_run_dir_held_by_a_live_process_is_refused_and_a_killed_holder_is_taken_over(tmp_path):
+    holder = python(HOLD, str(tmp_path / "run"))
+    assert holder.stdout.readline().strip() == "held"
+    try:
+        with pytest.raises(ConfigError, match=rf"is in use by process {holder.pid} on .*: one process at a time"):
+            ownership.take(tmp_path / "run", log=print)
+    finally:
+        holder.kill()
+        holder.wait()
+    said = []
+    ownership.take(tmp_path / "run", log=said.append)  # the kernel dropped the dead holder's lock
+    try:
+        assert len(said) == 1 and f"taking it over from process {holder.pid}" in said[0]
+        record = json.loads((tmp_path / "run" / ownership.OWNER_FILE).read_text())
+        assert record["pid"] == os.getpid()
+    finally:
+        ownership.release(tmp_path / "run")
+    assert (tmp_path / "run" / ownership.OWNER_FILE).read_text() == ""  # released: the next owner says nothing
+    said.clear()
+    ownership.take(tmp_path / "run", log=said.append)
+    ownership.release(tmp_path / "run")
+    assert said == []
+
+
+def start(run_dir: Path, cache_dir: Path, *overrides: str, env: dict | None = None) -> tuple[subprocess.Popen, Path]:
+    """`python -m rloo.train` in the background, its output to a file (a pipe nobody reads would fill and block)."""
+    log = run_dir.with_name(run_dir.name + f".{time.monotonic_ns()}.out")
+    environment = {**os.environ, "RLOO_CACHE_DIR": str(cache_dir), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, "logger=csv", *overrides],
+        cwd=ROOT,
+        env={**environment, **(env or {})},
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # the test can reach every rank through the process group
+    )
+    return process, log
+
+
+def finish(process: subprocess.Popen, log: Path) -> tuple[int, str, float]:
+    started = time.monotonic()
+    code = process.wait(timeout=HANG_GUARD_S)
+    return code, log.read_text(), time.monotonic() - started
+
+
+def wait_for(condition, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def group_alive(process: subprocess.Popen) -> bool:
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_run_dir(embedded_task, tmp_path):
+    """A requeue while the old job lives is refused before it writes; once the old job is killed, the next resume
+    takes the dir over and finishes the run."""
+    run, store = tmp_path / "run", embedded_task / "cache"
+    hang = {"RLOO_TEST_FAULT": "hang", "RLOO_TEST_FAULT_FILE": str(tmp_path / "inside"), "RLOO_TEST_FAULT_CALL": "2"}
+    settings = ["checkpoint_every=1", "eval.before=false", "reward=model + tests.reward_functions:faulty_rank"]
+    first, first_log = start(run, store, *settings, env=hang)
+    wait_for((tmp_path / "inside").exists, first, first_log)  # in its second rollout
+    before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}
+    second, second_log = start(run, store, *settings, "resume=auto")
+    code, output, _ = finish(second, second_log)
+    assert code == 2 and f"is in use by process {first.pid}" in output, output[-3000:]
+    assert [line for line in output.splitlines() if line.startswith("error:")] == [output.strip().splitlines()[-1]]
+    assert {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")} == before  # nothing written
+    first.kill()
+    first.wait()
+    third, third_log = start(run, store, *settings, "resume=auto")
+    code, output, _ = finish(third, third_log)
+    assert code == 0, output[-3000:]
+    assert f"taking it over from process {first.pid}" in output
+    assert json.loads((run / "summary.json").read_text())["status"] == "finished"
+
+
+# ---- a rank that dies, hangs or is stopped -------------------------------------------------------------------------
+RANKS = ["trainer.devices=2", "trainer.num_threads=1", "total_episodes=48", "checkpoint_every=1", "eval.before=false"]
+SCORED = "reward=model + tests.reward_functions:faulty_rank"  # a 0 reward term that can kill or hang one rank
+
+
+def policy_of(run: Path) -> dict:
+    return AutoModelForCausalLM.from_pretrained(run / "policy").state_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_killed_rank_ends_the_run_and_resume_is_bit_identical(embedded_task, tmp_path, strategy):
+    store = embedded_task / "cache"
+    runs = {name: tmp_path / name for name in ("whole", "killed")}
+    sharded = ["lean_decode=false"] if strategy == "fsdp2" else []  # HF generate: every rank steps together
+    settings = [f"trainer.strategy={strategy}", *sharded, *RANKS, SCORED]
+    process, log = start(runs["whole"], store, *settings)
+    code, output, _ = finish(process, log)
+    assert code == 0, output[-3000:]
+
+    kill_rank_1 = {"RLOO_TEST_FAULT": "kill", "RLOO_TEST_FAULT_RANK": "1", "RLOO_TEST_FAULT_CALL": "2"}
+    process, log = start(runs["killed"], store, *settings, env=kill_rank_1)
+    code, output, _ = finish(process, log)
+    assert code != 0, output[-3000:]  # 1 with rloo's line; -9 where Lightning's launcher got there first
+    if code == 1:
+        errors = [line for line in output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "died or hung" in errors[0] and "resume=auto" in errors[0], output[-3000:]
+    assert not group_alive(process)  # no rank left behind
+    assert not (runs["killed"] / "policy").exists()
+    checkpoints = sorted(p.name for p in (runs["killed"] / "checkpoints").glob("step*.ckpt"))
+    assert checkpoints, output[-3000:]
+    for name in checkpoints:  # each whole: it loads
+        torch.load(runs["killed"] / "checkpoints" / name, map_location="cpu", weights_only=True)
+
+    process, log = start(runs["killed"], store, *settings, "resume=auto")
+    code, output, _ = finish(process, log)
+    assert code == 0, output[-3000:]
+    whole, resumed = policy_of(runs["whole"]), policy_of(runs["killed"])
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+@pytest.mark.slow
+def test_a_rank_that_hangs_ends_the_run_within_the_collective_timeout(embedded_task, tmp_path):
+    run, store = tmp_path / "run", embedded_task / "cache"
+    hang_rank_1 = {
+        "RLOO_TEST_FAULT": "hang",
+        "RLOO_TEST_FAULT_RANK": "1",
+        "RLOO_TEST_FAULT_FILE": str(tmp_path / "hung"),
+    }
+    settings = ["trainer.strategy=ddp", *RANKS, SCORED, "reward_timeout_s=0", "trainer.collective_timeout_s=10"]
+    process, log = start(run, store, *settings, env=hang_rank_1)
+    wait_for((tmp_path / "hung").exists, process, log)
+    code, output, seconds = finish(process, log)
+    assert code == 1, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Timed out" in errors[0] and "died or hung" in errors[0], output[-3000:]
+    assert "stopped the other ranks" in output and seconds >= 10  # it waited for the timeout, then ended the rest
+    deadline = time.monotonic() + 30
+    while group_alive(process) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not group_alive(process)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_every_rank_and_resume_is_bit_identical(embedded_task, tmp_path):
+    store = embedded_task / "cache"
+    settings = ["trainer.strategy=ddp", *RANKS, SCORED]
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    process, log = start(whole, store, *settings)
+    assert finish(process, log)[0] == 0
+    inside = {"RLOO_TEST_FAULT": "hang", "RLOO_TEST_FAULT_FILE": str(tmp_path / "inside"), "RLOO_TEST_FAULT_CALL": "2"}
+    process, log = start(stopped, store, *settings, env=inside)
+    wait_for((tmp_path / "inside").exists, process, log)  # rank 0 inside its second rollout's reward
+    process.send_signal(signal.SIGTERM)  # to the launcher (rank 0) alone, as a scheduler does
+    code, output, _ = finish(process, log)
+    assert code == SIGTERM_EXIT, output[-3000:]
+    assert "stopped by SIGTERM" in output and "Traceback" not in output
+    deadline = time.monotonic() + 30
+    while group_alive(process) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not group_alive(process)  # rank 1 stopped too
+    assert json.loads((stopped / "summary.json").read_text())["status"] == "interrupted"
+    process, log = start(stopped, store, *settings, "resume=auto")
+    code, output, _ = finish(process, log)
+    assert code == 0, output[-3000:]
+    a, b = policy_of(whole), policy_of(stopped)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- SIGTERM while a packaged model is converted ------------------------------------------------------------------
+@pytest.mark.slow
+def test_sigterm_during_the_conversion_leaves_a_line_a_summary_and_a_clean_cache(embedded_task, tmp_path):
+    spec = fake_package(tmp_path / "site")
+    driver = (
+        SLOW_CONVERT.replace("time.sleep(0.4)", "time.sleep(30)")
+        + "import runpy, sys\nsys.argv[0] = 'rloo.train'\nrunpy.run_module('rloo.train', run_name='__main__')\n"
+    )
+    run, store = tmp_path / "run", embedded_task / "cache"
+    env = {
+        "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}",
+        "RLOO_CACHE_DIR": str(store),
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+    }
+    process = python(driver, f"hydra.run.dir={run}", *FAST, "logger=csv", f"model.policy={spec}", env=env)
+    staging = lambda: list(store.glob("packaged-m-*.tmp-*/config.json"))  # noqa: E731
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not staging():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-3000:]
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=HANG_GUARD_S)[0]
+    assert process.returncode == SIGTERM_EXIT, output[-3000:]
+    assert "stopped by SIGTERM while setting up the run" in output and "Traceback" not in output, output[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["stopped_during"].startswith("setting up")
+    assert [p.name for p in store.glob("packaged-*") if not p.name.endswith(".lock")] == []  # no entry, no staging
