@@ -295,6 +295,11 @@ def further_rank() -> bool:
     )
 
 
+def prints_only(argv: list[str]) -> bool:
+    """Hydra prints the config or help and runs nothing."""
+    return any(arg.partition("=")[0] in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help") for arg in argv)
+
+
 def check_run_dir(argv: list[str]) -> None:
     """Before Hydra makes or writes into the run dir: the dir it will be in can be written (Hydra's own error is a
     traceback), and an explicit run dir that holds another run's outputs is refused unless `resume=` continues that
@@ -302,7 +307,7 @@ def check_run_dir(argv: list[str]) -> None:
     alone checks that: the others join the dir it has begun."""
     import os
 
-    if any(arg.partition("=")[0] in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help") for arg in argv):
+    if prints_only(argv):
         return  # Hydra prints and runs nothing: no run dir is made
     resuming = any(arg.startswith("resume=") and arg.partition("=")[2] not in ("null", "None", "") for arg in argv)
     explicit = [(key, value) for key, sep, value in (arg.partition("=") for arg in argv) if sep and key in RUN_DIR_KEYS]
@@ -356,7 +361,7 @@ def own_named_run_dir(argv: list[str]) -> None:
     from rloo import ownership
     from rloo.resume import run_dir_of
 
-    if further_rank() or any(arg in ("-m", "--multirun") for arg in argv):
+    if further_rank() or prints_only(argv) or any(arg in ("-m", "--multirun") for arg in argv):
         return
     named = dict(arg.partition("=")[::2] for arg in argv if "=" in arg)
     for value in (named.get("hydra.run.dir"), named.get("paths.output_dir"), run_dir_of(named.get("resume"))):

@@ -11,6 +11,7 @@ the run says so in the log and goes on unguarded.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -66,7 +67,14 @@ def take(run_dir: Path, log) -> None:
     lock.truncate()
     lock.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": round(time.time())}))
     lock.flush()
+    if not _held:
+        atexit.register(release_all)  # an exit on an error clears the record too; only a kill leaves it
     _held[str(run_dir)] = lock
+
+
+def release_all() -> None:
+    for run_dir in list(_held):
+        release(Path(run_dir))
 
 
 def release(run_dir: Path) -> None:

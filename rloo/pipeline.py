@@ -570,6 +570,8 @@ def checkpoint_names(out: Path) -> str:
 
 def stopped_by_sigterm(out: Path, module, log) -> None:
     """Exit as a process ended by SIGTERM (128 + 15), which schedulers read as preempted, never as success."""
+    if not module.trainer.is_global_zero:  # one line for the run
+        sys.exit(SIGTERM_EXIT_CODE)
     log(
         f"rloo: stopped by SIGTERM after {module.state.rollouts} rollouts; checkpoints in {out / 'checkpoints'}: "
         f"{checkpoint_names(out) or 'none'}; summary.json says what was done"

@@ -100,6 +100,21 @@ def test_concurrent_cold_arithmetic_splits_are_one_entry(tmp_path):
     ]
 
 
+@pytest.mark.slow
+def test_two_training_runs_on_a_cold_cache_build_the_embedded_task_once(tmp_path):
+    store = tmp_path / "cache"
+    jobs = [start(tmp_path / f"run{i}", store, "eval.before=false", "eval.after=false") for i in range(2)]
+    results = [finish(process, log) for process, log in jobs]
+    assert [code for code, _, _ in results] == [0, 0], [out[-3000:] for _, out, _ in results]
+    assert not any("Traceback" in out for _, out, _ in results)
+    assert sum("[bootstrap] building the embedded task's artifacts" in out for _, out, _ in results) == 1
+    built = [p for p in store.iterdir() if not p.name.endswith(".lock")]
+    assert len(built) == 1 and entries(store) == [built[0].name, built[0].name + ".lock"]
+    from rloo.toy.bootstrap import damage
+
+    assert damage(built[0]) is None
+
+
 def damaged_manifest(root: Path, manifest: str) -> None:
     text = (root / manifest).read_text()
     (root / manifest).write_text(text[: len(text) // 2])

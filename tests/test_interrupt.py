@@ -168,7 +168,7 @@ def test_a_full_disk_at_the_end_says_so_in_one_line_and_leaves_no_torn_files(fin
 @pytest.mark.slow
 def test_sigterm_while_the_embedded_task_is_being_built_exits_non_zero_and_the_next_run_builds_it(tmp_path):
     """The bootstrap's stages run their own Lightning trainers, whose SIGTERM is a SystemExit without a code (exit 0
-    before): now 143, no cache half-built, and the next run builds it."""
+    before): now 143 with the setup's line and summary.json, no cache half-built, and the next run builds it."""
     cache, run = tmp_path / "cache", tmp_path / "run"
     long_sft = ["bootstrap.sft.epochs=150", "eval.before=false"]  # an SFT stage of some seconds, to be inside
     process = start(run, cache, *long_sft)
@@ -177,7 +177,8 @@ def test_sigterm_while_the_embedded_task_is_being_built_exits_non_zero_and_the_n
     process.send_signal(signal.SIGTERM)
     returncode, output = finish(process)
     assert returncode == SIGTERM_EXIT, output[-3000:]
-    assert "stopped by SIGTERM while building" in output
+    assert "stopped by SIGTERM while setting up the run" in output and "Traceback" not in output
+    assert summary(run)["status"] == "interrupted" and summary(run)["stopped_during"].startswith("setting up")
     assert not (run / "policy").exists()
 
     again = start(run.with_name("again"), cache, *long_sft)

@@ -11,6 +11,7 @@ its repr, the cache, log records, error messages or verdicts.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import http.client
 import json
@@ -77,13 +78,12 @@ class OpenAIJudge(Judge):
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
         self._cache: dict[str, str] | None = None  # loaded on first use
-        self._cache_needs_newline = False  # the file ends in a truncated line: start the next record on a new one
         self._opener = None
         self._rng = random.Random()  # backoff jitter, apart from the global generator that training seeds
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for name in ("_lock", "_cache", "_cache_needs_newline", "_opener", "_rng"):
+        for name in ("_lock", "_cache", "_opener", "_rng"):
             state.pop(name, None)
         return state
 
@@ -319,20 +319,21 @@ class OpenAIJudge(Judge):
                             and isinstance(row.get("answer"), str)
                         ):
                             self._cache[row["key"]] = row["answer"]
-                    self._cache_needs_newline = bool(text) and not text.endswith("\n")
             return self._cache
 
     def _store(self, key: str, answer: str) -> None:
         path = self.cache_path
         if path is None:
             return
+        record = (json.dumps({"key": key, "answer": answer}) + "\n").encode("utf-8")
         with self._lock:
             self._cache[key] = answer
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(("\n" if self._cache_needs_newline else "") + json.dumps({"key": key, "answer": answer}) + "\n")
+            with open(path, "a+b") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)  # one writer at a time among the jobs that share the cache file
+                torn = f.seek(0, os.SEEK_END) > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+                f.write((b"\n" if torn else b"") + record)  # after a killed writer's truncated line, a new line
                 f.flush()
-            self._cache_needs_newline = False
 
 
 def _retry_after(headers) -> float | None:
