@@ -206,6 +206,18 @@ class EpisodeSampler(Sampler[int]):
         return self.num_samples // self.world
 
 
+class RolloutLoader(DataLoader):
+    """The train loader, resumable as Lightning asks: where a resumed run's loader starts is set from the
+    checkpoint's own rollout counter (PromptDataModule.first_rollout, by rloo.resume), so it keeps no state of its
+    own to save or load."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 class PromptDataModule(LightningDataModule):
     """Train prompts for rollouts and held-out (prompt, reference) pairs for evaluation."""
 
@@ -277,7 +289,7 @@ class PromptDataModule(LightningDataModule):
             world=world_size,
         )
         # its own generator for the workers' base seed: a resumed run's global random state stays the checkpoint's
-        return DataLoader(
+        return RolloutLoader(
             self.train_rows,
             batch_size=self.prompts_per_rollout,
             sampler=sampler,

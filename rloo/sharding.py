@@ -15,11 +15,14 @@ from torch import nn
 
 
 def weights_partitioned(model: nn.Module) -> bool:
-    """True when the weights of `model` hold only this rank's part: FSDP2 DTensors, or DeepSpeed ZeRO-3 parameters
-    (which carry a `ds_id`). Both partition every parameter of a model they manage (shard_model shards the root), so
-    the first one tells; this runs on every log-prob pass and generation call."""
+    """True when the weights of `model` hold only this rank's part: a module FSDP2 sharded (its class says so), or
+    DeepSpeed ZeRO-3 parameters (which carry a `ds_id`; ZeRO-3 partitions every parameter of a model it manages, so
+    the first one tells); this runs on every log-prob pass and generation call."""
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
+    if isinstance(model, FSDPModule):  # by its class: after a forward without backward (an evaluation) FSDP2 leaves
+        return True  # the root's own weights gathered as plain tensors, so the first weight alone would not tell
     first = next(model.parameters(), None)
     return isinstance(first, DTensor) or hasattr(first, "ds_id")
 

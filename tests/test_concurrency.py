@@ -293,7 +293,43 @@ def test_two_processes_on_one_run_dir(embedded_task, tmp_path):
 
 
 # ---- a rank that dies, hangs or is stopped -------------------------------------------------------------------------
-RANKS = ["trainer.devices=2", "trainer.num_threads=1", "total_episodes=48", "checkpoint_every=1", "eval.before=false"]
+def test_the_collective_timeout_is_checked_and_reaches_every_strategy():
+    from datetime import timedelta
+
+    from rloo.assemble import lightning_strategy
+    from rloo.cli import compose_train_config
+    from rloo.config import check_collective_timeout
+
+    with pytest.raises(ConfigError, match=r"^trainer.collective_timeout_s=0 is not allowed: seconds, a number above 0"):
+        check_collective_timeout(compose_train_config(["trainer.collective_timeout_s=0"]), 2)
+    cfg = compose_train_config(["trainer.collective_timeout_s=30"])
+    with pytest.raises(ConfigError, match=r"does nothing with one process .*; remove it$"):
+        check_collective_timeout(cfg, 1)
+    check_collective_timeout(cfg, 2)
+    check_collective_timeout(compose_train_config([]), 1)  # the default, with one process: nothing to refuse
+    for strategy, built_as in (("ddp", "DDPStrategy"), ("auto", "DDPStrategy"), ("fsdp2", "ModelParallelStrategy")):
+        built = lightning_strategy(cfg, {"strategy": strategy}, 2)
+        assert type(built).__name__ == built_as and built._timeout == timedelta(seconds=30)
+    assert lightning_strategy(cfg, {"strategy": "auto"}, 1) == "auto"
+
+
+def test_a_failed_collective_is_told_from_any_other_error():
+    from rloo.errors import collective_failure
+
+    closed = RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:39317. "
+        "This is typically caused by a remote worker crashing."
+    )
+    assert collective_failure(closed) == "Connection closed by peer [127.0.0.1]:39317"
+    timed_out = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv")
+    assert collective_failure(timed_out) == "Timed out waiting 10000ms for recv"
+    assert collective_failure(RuntimeError("CUDA out of memory")) is None
+    assert collective_failure(ValueError("gloo")) is None and collective_failure(KeyboardInterrupt()) is None
+
+
+# eval_every=2: an evaluation inside training too (FSDP2 leaves its root's weights gathered after one)
+RANKS = ["trainer.devices=2", "trainer.num_threads=1", "total_episodes=64", "checkpoint_every=1", "eval_every=2"]
+RANKS += ["eval.before=false"]
 SCORED = "reward=model + tests.reward_functions:faulty_rank"  # a 0 reward term that can kill or hang one rank
 
 
