@@ -364,7 +364,7 @@ def own_named_run_dir(argv: list[str]) -> None:
     if further_rank() or prints_only(argv) or any(arg in ("-m", "--multirun") for arg in argv):
         return
     named = dict(arg.partition("=")[::2] for arg in argv if "=" in arg)
-    for value in (named.get("hydra.run.dir"), named.get("paths.output_dir"), run_dir_of(named.get("resume"))):
+    for value in (*(named.get(key) for key in RUN_DIR_KEYS), run_dir_of(named.get("resume"))):
         if value and "${" not in value:
             ownership.take(Path(value), log=lambda line: print(line, file=sys.stderr))
 

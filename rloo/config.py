@@ -173,11 +173,9 @@ def check_collective_timeout(cfg: DictConfig, world_size: int) -> None:
     value = OmegaConf.select(cfg, "trainer.collective_timeout_s")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigError(f"trainer.collective_timeout_s={value!r} is not allowed: seconds, a number above 0")
-    default = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "trainer" / "cpu.yaml")
-    if world_size < 2 and value != default.collective_timeout_s:
-        raise ConfigError(
-            f"trainer.collective_timeout_s={value} does nothing with one process (it times the collectives of "
-            "several); remove it"
+    if world_size < 2:
+        refuse_inert(
+            cfg, "trainer.collective_timeout_s", "one process", "it times collectives", defaults=("trainer/cpu.yaml",)
         )
 
 
@@ -357,10 +355,20 @@ def refuse_inert(
     what_it_does: str,
     defaults: tuple[str, ...] = ("train.yaml", "sampling.yaml"),
 ) -> None:
-    """`key` does nothing under `setting`: set away from its default (in the `defaults` files of conf/), it is
-    refused rather than ignored."""
+    """`key` does nothing under `setting`: set away from its default (in the `defaults` files of conf/, each placed
+    as Hydra places it: a group's file under its group, trainer/cpu.yaml at trainer, unless `# @package _global_`),
+    it is refused rather than ignored."""
     conf = Path(__file__).resolve().parent.parent / "conf"
-    default = OmegaConf.select(OmegaConf.merge(*(OmegaConf.load(conf / f) for f in defaults)), key)
+
+    def load(name: str) -> DictConfig:
+        group, node = name.rpartition("/")[0].replace("/", "."), OmegaConf.load(conf / name)
+        if not group or "@package _global_" in (conf / name).read_text().split("\n", 1)[0]:
+            return node
+        placed = OmegaConf.create()
+        OmegaConf.update(placed, group, node)
+        return placed
+
+    default = OmegaConf.select(OmegaConf.merge(*(load(f) for f in defaults)), key)
     value = OmegaConf.select(cfg, key)
     if value is not None and value != default:
         raise ConfigError(f"{key}={value} does nothing with {setting} ({what_it_does}); remove it")

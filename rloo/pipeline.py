@@ -454,13 +454,12 @@ def fit(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
             record.write("interrupted" if interrupted else "failed")
         except WriteError as write_error:  # the first failure is the one to raise
             log(f"error: {write_error}")
-        if isinstance(error, (SIGTERMException, UserCodeInterrupted)) or (
-            trainer.received_sigterm and collective_failure(error)  # a rank whose peers stopped on the SIGTERM too
-        ):
-            stopped_by_sigterm(out, module, log)
+        lost = collective_failure(error) if trainer.world_size > 1 else None  # what a rank that is gone left
+        if isinstance(error, (SIGTERMException, UserCodeInterrupted)) or (trainer.received_sigterm and lost):
+            stopped_by_sigterm(out, module, log)  # (a rank whose peers stopped on the SIGTERM too)
         if trainer.world_size > 1:
             stop_other_ranks(trainer, log)
-        if trainer.world_size > 1 and (lost := collective_failure(error)):
+        if lost:
             raise RankLost(
                 f"a process of this {trainer.world_size}-process run died or hung (rank {trainer.global_rank} saw: "
                 f"{lost}); checkpoints already there are whole: {checkpoint_names(out) or 'none'}; "

@@ -460,14 +460,13 @@ def main(argv: list[str] | None = None) -> None:
     if given is None:
         given = latest_sweep(Path("outputs/multirun"))
         print(f"report: the latest sweep, {given}", file=sys.stderr)
-    argv = [given]
-    multirun_dir = Path(argv[0])
+    multirun_dir = Path(given)
     if not multirun_dir.is_dir():
-        print(f"error: {argv[0]!r} is not a dir: give a multirun dir (outputs/multirun/<date>/<time>)", file=sys.stderr)
+        print(f"error: {given!r} is not a dir: give a multirun dir (outputs/multirun/<date>/<time>)", file=sys.stderr)
         sys.exit(2)
     if not job_dirs(multirun_dir):
         print(
-            f"error: {argv[0]!r} holds no Hydra job dirs (<n>_<overrides>/.hydra): is it a multirun dir?",
+            f"error: {given!r} holds no Hydra job dirs (<n>_<overrides>/.hydra): is it a multirun dir?",
             file=sys.stderr,
         )
         sys.exit(2)

@@ -126,24 +126,23 @@ def columns_asked_for(function: Callable, columns: dict[str, list]) -> dict[str,
 NOT_APPLICABLE = float("-inf")  # a function's None in its values (nan: it failed there); Reward adds nothing for it
 
 
-def takes_keywords(function: Callable) -> bool:
-    """Whether a reward function gets prompts and completions by keyword: it names `prompts` or `completions` or
-    takes **kwargs (TRL's convention); else positionally, as its first two parameters."""
+def keyword_parameters(function: Callable) -> set[str] | None:
+    """Which of `prompts` and `completions` a reward function takes by keyword: the ones it names, both where it takes
+    **kwargs (TRL's convention); None where it names neither (it takes them positionally, as its first two)."""
     parameters = inspect.signature(function).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    return takes_any or bool({"prompts", "completions"} & set(parameters))
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return {"prompts", "completions"}
+    return ({"prompts", "completions"} & set(parameters)) or None
 
 
 def reward_arguments(function: Callable, prompts: list, completions: list, columns: dict) -> tuple[tuple, dict]:
-    """How a reward function is called (takes_keywords): its positional and keyword arguments, the data's other
+    """How a reward function is called (keyword_parameters): its positional and keyword arguments, the data's other
     columns it asks for by name."""
     kwargs = columns_asked_for(function, columns)
-    if not takes_keywords(function):
+    if (by_name := keyword_parameters(function)) is None:
         return (prompts, completions), kwargs
-    parameters = inspect.signature(function).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     named = {"prompts": prompts, "completions": completions}
-    return (), kwargs | {key: value for key, value in named.items() if takes_any or key in parameters}
+    return (), kwargs | {key: value for key, value in named.items() if key in by_name}
 
 
 def check_columns(reward: "Reward", available: list[str], where: str) -> None:
@@ -151,7 +150,7 @@ def check_columns(reward: "Reward", available: list[str], where: str) -> None:
     column of the data: one line before any model loads, not a TypeError at the first rollout."""
     for name, function in reward.functions.items():
         parameters = list(inspect.signature(function).parameters.values())
-        if takes_keywords(function):
+        if keyword_parameters(function) is not None:
             parameters = [p for p in parameters if p.name not in ("prompts", "completions")]
         else:
             parameters = parameters[2:]

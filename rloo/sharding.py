@@ -19,12 +19,10 @@ def weights_partitioned(model: nn.Module) -> bool:
     DeepSpeed ZeRO-3 parameters (which carry a `ds_id`; ZeRO-3 partitions every parameter of a model it manages, so
     the first one tells); this runs on every log-prob pass and generation call."""
     from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
 
-    if isinstance(model, FSDPModule):  # by its class: after a forward without backward (an evaluation) FSDP2 leaves
-        return True  # the root's own weights gathered as plain tensors, so the first weight alone would not tell
-    first = next(model.parameters(), None)
-    return isinstance(first, DTensor) or hasattr(first, "ds_id")
+    # FSDP2 by the class: after a forward without backward (an evaluation) it leaves the root's own weights gathered
+    # as plain tensors, so its first weight would not tell
+    return isinstance(model, FSDPModule) or hasattr(next(model.parameters(), None), "ds_id")
 
 
 def ranks_step_together(model: nn.Module) -> bool:

@@ -69,8 +69,8 @@ def split_path(cache_dir: str, split: str, seed: int = 0, log=None) -> str:
 
     def build(staging: Path) -> dict:
         for name, (n, offset) in SPLITS.items():
-            rows_ = rows(n, 1000 * seed + offset)
-            (staging / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows_))
+            split_rows = rows(n, 1000 * seed + offset)
+            (staging / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in split_rows))
         return {"seed": seed, "rows": {name: n for name, (n, _) in SPLITS.items()}}
 
     say = log or (lambda line: print(f"rloo: {line}", file=sys.stderr))
