@@ -21,9 +21,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from rloo.cli import exit_on_config_error, fail, run_entry_point  # noqa: E402
-from rloo.config import ConfigError, policy_location, validate_eval_config  # noqa: E402
-from rloo.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, JudgeFailed, WriteError  # noqa: E402
+from rloo.config.checks import ConfigError, policy_location, validate_eval_config  # noqa: E402
+from rloo.run.cli import exit_on_config_error, fail, run_entry_point  # noqa: E402
+from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, JudgeFailed, WriteError  # noqa: E402
 
 
 class StoppedBySigterm(BaseException):
@@ -38,13 +38,13 @@ def run(cfg: DictConfig) -> dict:
     import lightning as L
     import torch
 
-    from rloo import atomic
-    from rloo.assemble import precision_arguments, quiet_lightning_logs, resolve_sources
-    from rloo.config import eval_sampling
-    from rloo.data import SplitSpec, load_split, tokenize_prompts
-    from rloo.heldout import complete, evaluate_policy, summarize_eval
+    from rloo.config.checks import eval_sampling
+    from rloo.data.prompts import SplitSpec, load_split, tokenize_prompts
+    from rloo.evaluation.heldout import complete, evaluate_policy, summarize_eval
     from rloo.judges import build_judge
-    from rloo.models import load_policy, load_reward_model, load_tokenizer
+    from rloo.models.loading import load_policy, load_reward_model, load_tokenizer
+    from rloo.run.assemble import precision_arguments, quiet_lightning_logs, resolve_sources
+    from rloo.utils import atomic
 
     started = time.time()
     quiet_lightning_logs()

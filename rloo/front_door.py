@@ -6,8 +6,8 @@
 
 Overrides are the command line's (`key=value`, `group=option`, or a dict), composed and checked by the same code: a key
 rloo does not read is refused as on the command line. Reward functions are Python callables (TRL's signature, see
-rloo.scoring) or `module:function` strings, `"model"` for the reward model; data is a `datasets.Dataset`, a list of
-row dicts, or a path as `data.train.path` takes it. A Dataset is saved into the run dir (`data/train`, `data/eval`),
+rloo.rewards.scoring) or `module:function` strings, `"model"` for the reward model; data is a `datasets.Dataset`, a list
+of row dicts, or a path as `data.train.path` takes it. A Dataset is saved into the run dir (`data/train`, `data/eval`),
 so that the run dir holds what it trained on and resumes from the command line too. The run writes the same run
 dir, logs and summary.json, and returns the summary; `resume="auto"` with the same output_dir continues it.
 """
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from rloo.errors import ConfigError
+from rloo.utils.errors import ConfigError
 
 
 def fit(
@@ -46,10 +46,10 @@ def fit(
         raise ConfigError("reward_weights is given without reward: give the reward functions it weighs")
     out = run_dir(output_dir, resume)
     argv += [f"paths.output_dir={out}"] + ([f"resume={resume}"] if resume is not None else [])
-    from rloo import ownership
-    from rloo.cli import compose_train_config, preflight
-    from rloo.loggers import end_wandb_run
-    from rloo.pipeline import run
+    from rloo.run.cli import compose_train_config, preflight
+    from rloo.run.loggers import end_wandb_run
+    from rloo.run.pipeline import run
+    from rloo.utils import ownership
 
     argv = preflight(argv)  # the command line's checks, the run dir's included (and taken), before anything is written
     given = {arg.partition("=")[0] for arg in argv}  # the caller's own data keys win over what the data suggests
@@ -89,7 +89,7 @@ def _value(value) -> str:
 
 def reward_spec(reward, weights: Sequence[float] | None) -> str:
     """`reward=` for callables, names and `"model"`: 'rloo.fit:correct + 0.1*my_rewards:brevity'."""
-    from rloo.scoring import function_name
+    from rloo.rewards.scoring import function_name
 
     terms = list(reward) if isinstance(reward, (list, tuple)) else [reward]
     if weights is not None and len(weights) != len(terms):
@@ -110,7 +110,7 @@ def run_dir(output_dir: str | Path | None, resume: str | None) -> Path:
         return Path(resume).expanduser().resolve()
     if resume == "auto":
         raise ConfigError("resume='auto' continues the run in output_dir: give output_dir")
-    from rloo.resolvers import unique_dir
+    from rloo.run.resolvers import unique_dir
 
     return Path(unique_dir(time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))).resolve()
 
@@ -159,7 +159,7 @@ def split_path(data, out: Path, name: str) -> str:
         if rows_hash(datasets.load_from_disk(str(target))) != rows_hash(data):
             raise ConfigError(f"{name}_dataset differs from the one {target} holds: this run dir trained on that one")
         return str(target)
-    from rloo import atomic
+    from rloo.utils import atomic
 
     target.parent.mkdir(parents=True, exist_ok=True)
     shown = datasets.is_progress_bar_enabled()

@@ -5,7 +5,7 @@
     python -m rloo.plan model=pythia1b model.lora=true trainer.devices=1 trainer.strategy=auto
     python -m rloo.plan experiment=arithmetic_smollm2                # a Llama-family model from its config
 
-It reads only the config and the policy's architecture (rloo/memory_plan.py) and prints, per device: the sampler
+It reads only the config and the policy's architecture (rloo/run/memory_plan.py) and prints, per device: the sampler
 and forwards the run will take, weights of each model, gradients, AdamW state, the activations of one micro-batch's
 forward and backward, the decode's KV cache (float32 on CPU: and its reordered weights) and the LM head's logit
 chunks, then the peak and whether it fits.
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import sys
 
-from rloo.config import world_size
-from rloo.memory_plan import Architecture, Shape, plan_config, warnings_for
+from rloo.config.checks import world_size
+from rloo.run.memory_plan import Architecture, Shape, plan_config, warnings_for
 
 
 def render(
@@ -72,8 +72,8 @@ def device_memory(accelerator: str) -> tuple[float, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rloo.cli import OneLineParser, compose_train_config, hydra_argument_error
-    from rloo.config import ConfigError, validate_train_config
+    from rloo.config.checks import ConfigError, validate_train_config
+    from rloo.run.cli import OneLineParser, compose_train_config, hydra_argument_error
 
     parser = OneLineParser(
         prog="python -m rloo.plan",

@@ -444,7 +444,7 @@ def latest_sweep(root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rloo.cli import OneLineParser
+    from rloo.run.cli import OneLineParser
 
     parser = OneLineParser(
         prog="python -m rloo.report",

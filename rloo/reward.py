@@ -6,8 +6,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from transformers import GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
-from rloo.cli import exit_on_config_error, run_entry_point
-from rloo.config import ConfigError
+from rloo.config.checks import ConfigError
+from rloo.run.cli import exit_on_config_error, run_entry_point
 from rloo.toy.bootstrap import (
     build_tokenizer,
     format_report,

@@ -6,7 +6,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from transformers import GPTNeoXForCausalLM
 
-from rloo.cli import run_entry_point
+from rloo.run.cli import run_entry_point
 from rloo.toy.bootstrap import build_tokenizer, format_report, measure, task_splits, train_sft_policy
 
 

@@ -1,4 +1,4 @@
-"""python -m rloo.train: compose the config with Hydra, then one run (rloo.pipeline): build the pieces, fit, write
+"""python -m rloo.train: compose the config with Hydra, then one run (rloo.run.pipeline): build the pieces, fit, write
 the run summary.
 
 python -m rloo.train                                   # the embedded task, offline, CPU, minutes
@@ -10,8 +10,9 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from rloo.cli import exit_on_config_error, fail, run_entry_point
-from rloo.errors import (
+from rloo.run.cli import exit_on_config_error, fail, run_entry_point
+from rloo.run.pipeline import print_summary, run  # noqa: F401 (print_summary: the summary lines, as before)
+from rloo.utils.errors import (
     ConfigError,
     JudgeFailed,
     NonFiniteError,
@@ -20,7 +21,6 @@ from rloo.errors import (
     RunIncomplete,
     WriteError,
 )
-from rloo.pipeline import print_summary, run  # noqa: F401 (print_summary: the summary lines, as before)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -28,7 +28,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
     """One run; returns what a sweeper ranks: the final win rate when a judge is set (None when it has none); with
     judge=none, the first reward function's held-out mean (eval/reward/<name>), else the reward model's score.
     Never one in place of the other."""
-    from rloo.loggers import end_wandb_run
+    from rloo.run.loggers import end_wandb_run
 
     try:
         summary = run(cfg)

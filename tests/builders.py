@@ -3,10 +3,10 @@ defaults of their own), and HF generate is the reference the lean decode is held
 
 from dataclasses import replace
 
-from rloo.cli import compose_train_config
-from rloo.config import algorithm_config, validate_train_config
-from rloo.rollout import generate_with_logprobs
-from rloo.sampling import SamplingConfig
+from rloo.config.checks import algorithm_config, validate_train_config
+from rloo.generation.rollout import generate_with_logprobs
+from rloo.generation.settings import SamplingConfig
+from rloo.run.cli import compose_train_config
 
 
 def sampling(
@@ -43,7 +43,7 @@ def train_config(algorithm: str, total_rollouts: int, **keys):
 
 def toy_split(path):
     """A split of the embedded task's jsonl layout, as conf/data/toy.yaml reads it."""
-    from rloo.data import SplitSpec
+    from rloo.data.prompts import SplitSpec
 
     return SplitSpec(path=str(path), split="train", prompt_column="prompt", reference_column="reference")
 
@@ -53,7 +53,7 @@ def judge_from_conf(name: str, **settings):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from rloo.cli import CONF_DIR
+    from rloo.run.cli import CONF_DIR
 
     cfg = OmegaConf.load(CONF_DIR / "judge" / f"{name}.yaml")
     settings = {key: str(value) if hasattr(value, "__fspath__") else value for key, value in settings.items()}

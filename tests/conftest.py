@@ -58,7 +58,7 @@ def embedded_task(tmp_path_factory):
     `finished_run` trains from it."""
     from omegaconf import OmegaConf
 
-    from rloo.cli import compose_train_config
+    from rloo.run.cli import compose_train_config
     from rloo.toy.bootstrap import ensure_artifacts
 
     base = tmp_path_factory.mktemp("e2e")

@@ -79,9 +79,9 @@ def train_error(run_dir: Path, cache: Path, *overrides: str) -> str:
     entry point's checks of the command line, then the run itself up to the error. Asserts nothing was trained."""
     import pytest
 
-    from rloo.cli import compose_train_config, preflight
-    from rloo.errors import ConfigError
-    from rloo.pipeline import run
+    from rloo.run.cli import compose_train_config, preflight
+    from rloo.run.pipeline import run
+    from rloo.utils.errors import ConfigError
 
     argv = [*FAST, f"paths.output_dir={run_dir}", f"paths.cache_dir={cache}", *overrides]
     with pytest.raises(ConfigError) as caught:
@@ -92,10 +92,10 @@ def train_error(run_dir: Path, cache: Path, *overrides: str) -> str:
 
 
 def one_rollout(assets: Path, run_dir: Path, *overrides: str) -> dict:
-    """One rollout of `rloo.pipeline.run`, in-process, on saved models and jsonl splits in `assets` (policy/,
+    """One rollout of `rloo.run.pipeline.run`, in-process, on saved models and jsonl splits in `assets` (policy/,
     reward_model/, train.jsonl, validation.jsonl), without the embedded bootstrap; returns the summary."""
-    from rloo.cli import compose_train_config, preflight
-    from rloo.pipeline import run
+    from rloo.run.cli import compose_train_config, preflight
+    from rloo.run.pipeline import run
 
     settings = [
         "bootstrap=none",

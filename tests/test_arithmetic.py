@@ -1,5 +1,5 @@
 """The verifiable task (rloo/toy/arithmetic.py), the correctness reward, and packaged pretrained weights
-(rloo/packaged.py): converted once, hash-checked on every use, refused in one line when not installed."""
+(rloo/models/packaged.py): converted once, hash-checked on every use, refused in one line when not installed."""
 
 import json
 import sys
@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from rloo.errors import ConfigError
 from rloo.toy import arithmetic
+from rloo.utils.errors import ConfigError
 
 
 def test_every_problem_states_its_answer_and_the_splits_are_reproducible(tmp_path):
@@ -50,7 +50,7 @@ def test_the_correctness_reward_reads_the_last_number(completion, answer, reward
 
 # ---- packaged weights ------------------------------------------------------------------------------------------
 def test_a_package_that_is_not_installed_is_one_line():
-    from rloo.packaged import packaged_file
+    from rloo.models.packaged import packaged_file
 
     with pytest.raises(ConfigError, match=r"package:no_such_pkg/m.gguf: the package 'no_such_pkg' is not installed"):
         packaged_file("package:no_such_pkg/m.gguf")
@@ -59,7 +59,7 @@ def test_a_package_that_is_not_installed_is_one_line():
 @pytest.fixture
 def fake_package(tmp_path, monkeypatch):
     """An installed package holding a model file, and a converter that records its calls (no real weights)."""
-    from rloo import packaged
+    from rloo.models import packaged
 
     root = tmp_path / "site" / "fake_weights"
     root.mkdir(parents=True)
@@ -91,7 +91,7 @@ def _find_spec_with_fake_gguf(monkeypatch):
 
 
 def test_packaged_weights_convert_once_and_a_tampered_copy_is_converted_again(fake_package, tmp_path):
-    from rloo.packaged import MANIFEST, converted_dir
+    from rloo.models.packaged import MANIFEST, converted_dir
 
     root, calls = fake_package
     spec, cache = "package:fake_weights/m.gguf", tmp_path / "cache"

@@ -7,8 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rloo.algorithms.raft import RAFTModule
-from rloo.algorithms.reinforce import ReinforceModule, VanillaPGModule
+from rloo.algorithms.policy_gradient import PolicyGradientModule
 from rloo.objectives import best_of_k_advantages, moving_average_advantages, updated_moving_average
 from tests.e2e import train
 from tests.test_module import fit
@@ -58,21 +57,21 @@ class Record(L.Callback):
                 "advantages": targets.advantages.clone(),
                 "scores": rollout.scores.clone(),
                 "ended": rollout.ended_with_eos.clone(),
-                "baseline": getattr(module, "baseline", None),
+                "baseline": module.moving_baseline,
             }
         )
 
 
-def fit_recorded(assets, tokenizer, module_class, algorithm, **keys):
+def fit_recorded(assets, tokenizer, algorithm, **keys):
     record = Record()
-    _, module = fit(assets, tokenizer, module_class=module_class, algorithm=algorithm, callbacks=[record], **keys)
+    _, module = fit(
+        assets, tokenizer, module_class=PolicyGradientModule, algorithm=algorithm, callbacks=[record], **keys
+    )
     return module, record.steps
 
 
 def test_reinforce_subtracts_the_moving_average_of_earlier_rollouts(tiny_run_assets, tokenizer):
-    module, steps = fit_recorded(
-        tiny_run_assets, tokenizer, ReinforceModule, "reinforce", k=1, micro_batch_size=4, baseline_decay=0.5
-    )
+    module, steps = fit_recorded(tiny_run_assets, tokenizer, "reinforce", k=1, micro_batch_size=4, baseline_decay=0.5)
     baseline = None
     for step in steps:  # the loop reference: b before the rollout, then b <- 0.5 b + 0.5 mean R
         expected = step["rewards"] - (0.0 if baseline is None else baseline)
@@ -80,11 +79,11 @@ def test_reinforce_subtracts_the_moving_average_of_earlier_rollouts(tiny_run_ass
         mean = step["rewards"].mean().item()
         baseline = mean if baseline is None else 0.5 * baseline + 0.5 * mean
         assert step["baseline"] == pytest.approx(baseline)
-    assert len(steps) == 3 and module.baseline == pytest.approx(baseline)
+    assert len(steps) == 3 and module.moving_baseline == pytest.approx(baseline)
 
 
 def test_vanilla_pg_uses_the_reward_itself(tiny_run_assets, tokenizer):
-    _, steps = fit_recorded(tiny_run_assets, tokenizer, VanillaPGModule, "vanilla_pg", k=1, micro_batch_size=4)
+    _, steps = fit_recorded(tiny_run_assets, tokenizer, "vanilla_pg", k=1, micro_batch_size=4)
     for step in steps:
         assert torch.equal(step["advantages"], step["rewards"].float())
 
@@ -93,7 +92,7 @@ def test_vanilla_pg_uses_the_reward_itself(tiny_run_assets, tokenizer):
 def test_raft_weights_the_best_of_each_prompt_by_its_ranking(tiny_run_assets, tokenizer, rank_by):
     before = AutoModelForCausalLM.from_pretrained(tiny_run_assets / "policy").state_dict()
     # a large kl_coef, so that ranking by R and by the score differ
-    module, steps = fit_recorded(tiny_run_assets, tokenizer, RAFTModule, "raft", k=4, kl_coef=5.0, raft_rank_by=rank_by)
+    module, steps = fit_recorded(tiny_run_assets, tokenizer, "raft", k=4, kl_coef=5.0, raft_rank_by=rank_by)
     differ = False
     for step in steps:
         penalised = step["scores"] - 1.0 * (~step["ended"]).float()  # missing_eos_penalty 1.0 (conf/train.yaml)

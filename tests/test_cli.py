@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rloo.errors import ConfigError
+from rloo.utils.errors import ConfigError
 
 ENTRY_POINTS = ["rloo.train", "rloo.evaluate", "rloo.sft", "rloo.reward", "rloo.plan", "rloo.report", "rloo.bench"]
 
@@ -43,7 +43,7 @@ def test_a_bad_argument_is_one_line_and_exit_2(module, bad, capsys, monkeypatch)
 
 def test_a_run_dir_that_cannot_be_written_is_one_line_before_hydra(tmp_path):
     """/proc/1 is not writable, even for root (a read-only dir as a user meets it); a file in the way neither."""
-    from rloo.cli import check_run_dir
+    from rloo.run.cli import check_run_dir
 
     with pytest.raises(ConfigError, match=r"^hydra.run.dir='/proc/1/run': /proc/1 is not a writable dir"):
         check_run_dir(["hydra.run.dir=/proc/1/run"])
@@ -56,7 +56,7 @@ def test_a_run_dir_that_cannot_be_written_is_one_line_before_hydra(tmp_path):
 @pytest.mark.parametrize("output", ["summary.json", "checkpoints", "csv", "verdicts.jsonl"])
 def test_a_fresh_run_into_a_dir_holding_another_run_is_refused_unless_resumed(tmp_path, output, monkeypatch, capsys):
     """Else its metrics would join the old run's timeline and its summary replace the old one."""
-    from rloo.cli import check_run_dir
+    from rloo.run.cli import check_run_dir
 
     run = tmp_path / "run"
     run.mkdir()
@@ -74,7 +74,7 @@ def test_a_fresh_run_into_a_dir_holding_another_run_is_refused_unless_resumed(tm
 
 def test_only_the_first_rank_refuses_a_run_dir_that_holds_outputs(tmp_path, monkeypatch):
     """Lightning's DDP launch runs `python -m rloo.train` again for rank 1, into the dir rank 0 has begun writing."""
-    from rloo.cli import check_run_dir
+    from rloo.run.cli import check_run_dir
 
     (tmp_path / "csv").mkdir()
     with pytest.raises(ConfigError, match="holds another run's outputs"):

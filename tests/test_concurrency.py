@@ -1,5 +1,5 @@
-"""Where several processes meet: many jobs on one cache (rloo.cache), two processes on one run dir
-(rloo.ownership), a rank of a multi-process run that dies or hangs, SIGTERM to a multi-process run's launcher."""
+"""Where several processes meet: many jobs on one cache (rloo.utils.cache), two processes on one run dir
+(rloo.utils.ownership), a rank of a multi-process run that dies or hangs, SIGTERM to a multi-process run's launcher."""
 
 import json
 import os
@@ -14,9 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rloo import cache, ownership
-from rloo.errors import ConfigError
 from rloo.toy import arithmetic
+from rloo.utils import cache, ownership
+from rloo.utils.errors import ConfigError
 from tests.e2e import FAST, HANG_GUARD_S, ROOT
 
 SIGTERM_EXIT = 128 + 15
@@ -36,7 +36,7 @@ def fake_package(site: Path) -> str:
 # the issue's stand-in converter: slow, and every file it writes names the process that wrote it
 SLOW_CONVERT = """
 import os, time
-from rloo import packaged
+from rloo.models import packaged
 
 def slow_convert(source, out):
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
@@ -158,7 +158,7 @@ def test_a_damaged_arithmetic_split_is_rebuilt_in_one_line(tmp_path, damage):
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=list(DAMAGE))
 def test_a_damaged_conversion_is_converted_again_in_one_line(tmp_path, damage):
-    from rloo.packaged import MANIFEST, cached_conversion
+    from rloo.models.packaged import MANIFEST, cached_conversion
 
     harm, said_as = DAMAGE[damage]
     source = tmp_path / "m.gguf"
@@ -200,7 +200,7 @@ def test_a_manifest_from_another_source_is_never_trusted(tmp_path):
 # ---- one run dir, one owner --------------------------------------------------------------------------------------
 HOLD = """
 import sys, time
-from rloo import ownership
+from rloo.utils import ownership
 ownership.take(sys.argv[1], log=print)
 print("held", flush=True)
 time.sleep(600)
@@ -296,9 +296,9 @@ def test_two_processes_on_one_run_dir(embedded_task, tmp_path):
 def test_the_collective_timeout_is_checked_and_reaches_every_strategy():
     from datetime import timedelta
 
-    from rloo.assemble import lightning_strategy
-    from rloo.cli import compose_train_config
-    from rloo.config import check_collective_timeout
+    from rloo.config.checks import check_collective_timeout
+    from rloo.run.assemble import lightning_strategy
+    from rloo.run.cli import compose_train_config
 
     with pytest.raises(ConfigError, match=r"^trainer.collective_timeout_s=0 is not allowed: seconds, a number above 0"):
         check_collective_timeout(compose_train_config(["trainer.collective_timeout_s=0"]), 2)
@@ -314,7 +314,7 @@ def test_the_collective_timeout_is_checked_and_reaches_every_strategy():
 
 
 def test_a_failed_collective_is_told_from_any_other_error():
-    from rloo.errors import collective_failure
+    from rloo.utils.errors import collective_failure
 
     closed = RuntimeError(
         "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:39317. "

@@ -9,8 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rloo.cli import CONF_DIR, compose_train_config, group_options, preflight
-from rloo.config import ConfigError, check_strategy_installed, validate_train_config
+from rloo.config.checks import ConfigError, check_strategy_installed, validate_train_config
+from rloo.run.cli import CONF_DIR, compose_train_config, group_options, preflight
 from tests.e2e import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def test_pythia_recipe_loads_the_published_models_and_data(size):
 @pytest.mark.parametrize("size", ["1b", "6.9b"])
 def test_a_deepspeed_recipe_hands_deepspeed_the_clipping_norm_and_the_micro_batch(size):
     """DeepSpeed keeps the gradients and clips inside its own step: max_grad_norm must reach its config (0 is off)."""
-    from rloo.assemble import deepspeed_settings
+    from rloo.run.assemble import deepspeed_settings
 
     cfg = composed(f"model=pythia{size}")
     settings = deepspeed_settings(cfg)
@@ -154,13 +154,13 @@ def test_bootstrap_none_runs_without_the_embedded_task(tiny_run_assets):
 def test_a_model_dir_whose_weights_do_not_load_is_one_line(tiny_run_assets, tmp_path):
     import shutil
 
-    from rloo.models import load_policy, load_reward_model
+    from rloo.models.loading import load_policy, load_reward_model
 
     for name, load in (("policy", load_policy), ("reward_model", load_reward_model)):
         broken = tmp_path / name
         shutil.copytree(tiny_run_assets / name, broken)
         weights = broken / "model.safetensors"
-        weights.write_bytes(weights.read_bytes()[:1000])  # truncated, as by a kill without rloo.atomic
+        weights.write_bytes(weights.read_bytes()[:1000])  # truncated, as by a kill without rloo.utils.atomic
         with pytest.raises(ConfigError) as caught:
             load(str(broken))
         assert str(caught.value).startswith(f"{broken} does not load as a model: SafetensorError: ")
@@ -168,7 +168,7 @@ def test_a_model_dir_whose_weights_do_not_load_is_one_line(tiny_run_assets, tmp_
 
 
 def test_a_total_that_whole_rollouts_do_not_reach_is_said_in_one_line():
-    from rloo.config import episodes_note, num_rollouts
+    from rloo.config.checks import episodes_note, num_rollouts
 
     assert episodes_note(composed("total_episodes=1024", "rollout_batch_size=512"), 1) is None
     cfg = composed("total_episodes=1000000", "rollout_batch_size=512")
@@ -183,7 +183,7 @@ def test_a_total_that_whole_rollouts_do_not_reach_is_said_in_one_line():
 def test_a_completion_beyond_the_policys_positions_is_refused_before_loading(tiny_run_assets):
     import json
 
-    from rloo.config import check_context
+    from rloo.config.checks import check_context
 
     policy = tiny_run_assets / "policy"
     positions = json.loads((policy / "config.json").read_text())["max_position_embeddings"]
@@ -256,7 +256,7 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
             "algo='a2c'",
             "dapo, dpo, dr_grpo, grpo, gspo, ppo, raft, reinforce, reinforce_pp, rloo, rloo_k2, vanilla_pg",
         ),
-        ("algo=raft k=1", "k=1", "integer >= 2 with algo=raft"),
+        ("algo=raft k=1", "k=1", "integer >= 2 with advantage=best_of_k"),
         ("algo=reinforce baseline_decay=1.5", "baseline_decay=1.5", "number in"),
         (
             "experiment=tldr_gpt5",
@@ -347,7 +347,7 @@ def compose_sweep(name: str):
     """A sweep file as `python -m rloo.train -m -cd sweeps -cn NAME` composes it: the job config and its params."""
     from hydra import compose, initialize_config_dir
 
-    from rloo.resolvers import register_resolvers
+    from rloo.run.resolvers import register_resolvers
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "sweeps"), version_base="1.3"):
@@ -445,7 +445,7 @@ def test_a_timeout_for_code_the_run_does_not_call_is_refused(overrides, message)
 
 def test_an_added_key_nothing_reads_is_refused_outside_training():
     """rloo.evaluate, rloo.sft and rloo.reward (preflight with train=False)."""
-    from rloo.cli import preflight
+    from rloo.run.cli import preflight
 
     with pytest.raises(ConfigError, match=r"^typo is not a config key of this entry point"):
         preflight(["+typo=1"], train=False)
@@ -467,7 +467,7 @@ def test_the_class_that_validates_an_algorithms_keys_is_the_one_its_module_reads
     from dataclasses import fields
 
     from rloo.algorithms.registry import ALGORITHMS
-    from rloo.schema import RunKeys, fields_of, schema_of
+    from rloo.config.schema import RunKeys, fields_of, schema_of
     from tests.builders import train_config
 
     module_class, config_class = ALGORITHMS[algorithm].load()

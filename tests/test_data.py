@@ -7,8 +7,8 @@ import datasets
 import pytest
 import torch
 
-from rloo.data import EpisodeSampler, PromptDataModule, SplitSpec, left_pad, load_split, tokenize_prompts
-from rloo.errors import ConfigError
+from rloo.data.prompts import EpisodeSampler, PromptDataModule, SplitSpec, left_pad, load_split, tokenize_prompts
+from rloo.utils.errors import ConfigError
 
 ROWS = [
     {"prompt": f"POST: the {w} was there\n\nTL;DR:", "reference": f" {w}"}

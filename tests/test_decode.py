@@ -1,4 +1,4 @@
-"""rloo.decode.lean_generate against independent references: HF generate (greedy ids, seeded samples), the
+"""rloo.generation.decode.lean_generate against independent references: HF generate (greedy ids, seeded samples), the
 training forward's log-probs, HF's logits warpers, the model's own softmax (statistically), and itself without
 dropping finished rows."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from rloo.decode import (
+from rloo.generation.decode import (
     _group_members,
     _linear,
     _onednn_linear,
@@ -15,9 +15,9 @@ from rloo.decode import (
     supports_lean_decode,
     why_not_lean_decode,
 )
-from rloo.forward import completion_logprobs
-from rloo.rollout import truncate_after_stop
-from rloo.sampling import filter_logits
+from rloo.generation.forward import completion_logprobs
+from rloo.generation.rollout import truncate_after_stop
+from rloo.generation.sampling import filter_logits
 from tests.builders import hf_generate as generate
 from tests.builders import sampling as sampling_config
 from tests.tiny_models import EOS, FAMILIES, PAD, VARIANTS, tiny_model
@@ -219,7 +219,7 @@ def test_first_step_frequencies_match_softmax(top_k, top_p, sampler):
 
 
 def test_inverse_cdf_draw_never_lands_on_a_zero_probability_token(monkeypatch):
-    from rloo.sampling import inverse_cdf_draw
+    from rloo.generation.sampling import inverse_cdf_draw
 
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0], [0.2, 0.0, 0.8, 0.0, 0.0, 0.0]])
     for uniform, expected in ((0.0, [1, 0]), (0.19, [1, 0]), (0.49, [1, 2]), (0.5, [3, 2]), (0.999, [3, 2])):
@@ -364,8 +364,8 @@ def test_bf16_runs_with_finite_logprobs(how):
 
 
 def test_runs_the_models_own_lm_head():
-    """A swapped head class (rloo.models.use_fp32_lm_head) computes the logits, as in the training forward."""
-    from rloo.models import use_fp32_lm_head
+    """A swapped head class (rloo.models.loading.use_fp32_lm_head) computes the logits, as in the training forward."""
+    from rloo.models.loading import use_fp32_lm_head
 
     model = use_fp32_lm_head(tiny_model(vocab_size=24))
     dtypes = []
@@ -379,15 +379,15 @@ def test_runs_the_models_own_lm_head():
 def test_a_pass_of_several_chunks_prepares_the_weights_once(monkeypatch):
     """generate_with_logprobs reorders the weights once for all its lean_generate calls; each chunk decodes as it
     would alone."""
-    import rloo.decode
-    from rloo.rollout import generate_with_logprobs
+    import rloo.generation.decode
+    from rloo.generation.rollout import generate_with_logprobs
 
     model = tiny_model("gpt_neox")
     ids, mask = left_padded_prompts(10, 5, model.config.vocab_size)
     config = sampling_config(max_new_tokens=6, greedy=True, stop_at_eos=False)
     made = []
-    prepare = rloo.decode.prepared_weights
-    monkeypatch.setattr(rloo.decode, "prepared_weights", lambda *a: made.append(a[1:]) or prepare(*a))
+    prepare = rloo.generation.decode.prepared_weights
+    monkeypatch.setattr(rloo.generation.decode, "prepared_weights", lambda *a: made.append(a[1:]) or prepare(*a))
     completions, logprobs = generate_with_logprobs(model, ids, mask, config, EOS, PAD, batch_size=4)
     assert made == [(4,)]
     for start in (0, 4, 8):  # chunks of 4, 4 and 2 rows

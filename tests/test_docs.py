@@ -4,7 +4,7 @@ names every module of rloo/, and its documentation table every page of docs/."""
 import re
 from pathlib import Path
 
-from rloo.cli import GROUP_TABLE_MARKERS, GROUP_TABLE_PAGES, group_table
+from rloo.run.cli import GROUP_TABLE_MARKERS, GROUP_TABLE_PAGES, group_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -15,7 +15,7 @@ def test_the_group_tables_are_the_conf_trees_own():
         text = (ROOT / page).read_text()
         assert begin in text and end in text, page
         table = text.partition(begin)[2].partition(end)[0]
-        assert table == group_table(), f"{page}: run python -c 'from rloo.cli import write_group_tables as w; w()'"
+        assert table == group_table(), f"{page}: run python -c 'from rloo.run.cli import write_group_tables as w; w()'"
 
 
 def layout_block() -> str:

@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rloo.algorithms.dpo import DPOModule
-from rloo.cli import compose_train_config
-from rloo.errors import ConfigError
 from rloo.objectives import dpo_loss, preference_pairs
+from rloo.run.cli import compose_train_config
+from rloo.utils.errors import ConfigError
 from tests.test_module import fit
 
 NAN = float("nan")
@@ -141,7 +141,7 @@ def test_the_first_dpo_loss_is_log_two_per_decided_pair(tiny_run_assets, tokeniz
     ],
 )
 def test_dpo_refuses_what_it_cannot_do(overrides, key):
-    from rloo.config import validate_train_config
+    from rloo.config.checks import validate_train_config
 
     with pytest.raises(ConfigError, match=key):
         validate_train_config(compose_train_config(["algo=dpo", *overrides]))

@@ -1,7 +1,7 @@
-"""The GRPO family's math (rloo/estimators.py) against values computed by hand (in the comments), pass@k and the
-majority vote against hand counts, and the module (rloo/algorithms/grpo.py) in a real Trainer: it reduces to RLOO's
-step where its choices are RLOO's, its token mean is the same whatever the micro-batches, and DAPO's dynamic
-sampling refills a rollout from fresh prompts."""
+"""The GRPO family's math (rloo/objectives/) against values computed by hand (in the comments), pass@k and the
+majority vote against hand counts, and the one policy-gradient step (rloo/algorithms/policy_gradient.py) in a real
+Trainer: its GRPO choices with RLOO's advantage train as RLOO, its token mean is the same whatever the micro-batches,
+DAPO's dynamic sampling refills a rollout from fresh prompts, and every named algorithm guards alike."""
 
 import math
 
@@ -9,22 +9,21 @@ import lightning as L
 import pytest
 import torch
 
-from rloo.algorithms.grpo import GroupModule
-from rloo.estimators import (
+from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
+from rloo.objectives import (
+    LossForm,
     aggregate,
     aggregation_share,
     batch_whitened_tokens,
     clipped_terms,
     group_advantages,
     informative_groups,
-    k3_kl,
+    kl_per_token,
     overlong_penalty,
+    per_token_rewards,
+    policy_gradient_loss,
     returns_to_go,
-    sequence_clipped_objective,
-    token_clipped_objective,
 )
-from rloo.objectives import per_token_rewards
-from rloo.pass_at_k import majority_vote, pass_at_k
 from tests.test_module import fit
 
 D = torch.float64
@@ -109,16 +108,20 @@ def test_asymmetric_clip_hand_values():
     assert clipped_terms(torch.ones(4, dtype=D), ratio, 0.2, 0.2)[1].tolist() == [False, False, True, True]
 
 
+GSPO = LossForm("ppo_clip", "sequence", "mean", 3e-4, 4e-4, "seq_mean_token_mean")
+
+
 def test_sequence_ratio_is_length_normalised_and_clipped_per_completion():
     old = torch.zeros(2, 3, dtype=D)
     new = torch.tensor([[0.1, 0.3, 7.0], [-0.6, 7.0, 7.0]], dtype=D)  # 7 on padding
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    terms, active, ratio = sequence_clipped_objective(torch.tensor([1.0, -1.0], dtype=D), new, old, mask, 3e-4, 4e-4)
-    close(ratio, [math.exp(0.2), math.exp(-0.6)])  # exp(mean_t log rho): exp((0.1 + 0.3) / 2), exp(-0.6)
+    loss, stats = policy_gradient_loss(torch.tensor([1.0, -1.0], dtype=D), new, old, mask, GSPO)
+    # exp(mean_t log rho): exp((0.1 + 0.3) / 2), exp(-0.6)
+    close(stats["ratio_max"], math.exp(0.2))
+    close(stats["ratio_min"], math.exp(-0.6))
     # A = 1, s = 1.2214 > 1.0004: -clip = -1.0004 wins; A = -1, s = 0.5488 < 0.9997: clip = 0.9997 wins
-    close(terms[:, 0], [-1.0004, 0.9997])
-    assert active.tolist() == [True, True]
-    close(aggregate(terms, mask, "seq_mean_token_mean"), (-1.0004 + 0.9997) / 2)
+    assert stats["clipfrac"].item() == 1.0
+    close(loss, (-1.0004 + 0.9997) / 2)
 
 
 def test_on_policy_gradients_of_the_token_and_sequence_ratios():
@@ -126,19 +129,37 @@ def test_on_policy_gradients_of_the_token_and_sequence_ratios():
     adv = torch.tensor([1.0, -1.0], dtype=D)
     logprobs = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], dtype=D, requires_grad=True)
     # sequence (GSPO), seq_mean_token_mean: d/dlogp_{i,t} of mean_i(-A_i s_i) = -A_i / |y_i| / N at s = 1
-    terms, _, _ = sequence_clipped_objective(adv, logprobs, logprobs.detach(), mask, 0.2, 0.2)
-    (grad,) = torch.autograd.grad(aggregate(terms, mask, "seq_mean_token_mean"), logprobs)
+    form = LossForm("ppo_clip", "sequence", "mean", 0.2, 0.2, "seq_mean_token_mean")
+    (grad,) = torch.autograd.grad(policy_gradient_loss(adv, logprobs, logprobs.detach(), mask, form)[0], logprobs)
     close(grad, [[-0.25, -0.25, 0], [0.5, 0, 0]])
     # token ratios, token_mean over the 3 real tokens: -A_i / 3 on each
-    terms, _, _ = token_clipped_objective(adv, logprobs, logprobs.detach(), mask, 0.2, 0.28)
-    (grad,) = torch.autograd.grad(aggregate(terms, mask, "token_mean"), logprobs)
+    form = LossForm("ppo_clip", "token", "sum", 0.2, 0.28, "token_mean")
+    (grad,) = torch.autograd.grad(policy_gradient_loss(adv, logprobs, logprobs.detach(), mask, form)[0], logprobs)
     close(grad, [[-1 / 3, -1 / 3, 0], [1 / 3, 0, 0]])
+    # RLOO: the summed sequence ratio, seq_mean_token_sum: -A_i / N on each token (REINFORCE's gradient)
+    (grad,) = torch.autograd.grad(policy_gradient_loss(adv, logprobs, logprobs.detach(), mask, LossForm())[0], logprobs)
+    close(grad, [[-0.5, -0.5, 0], [0.5, 0, 0]])
+
+
+def test_a_sequence_term_weighs_completions_by_the_aggregation():
+    """A sequence-level term is one per completion: seq_mean_* weigh completions alike, token_mean by length."""
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    adv = torch.tensor([2.0, -1.0], dtype=D)
+    logprobs = torch.zeros(2, 4, dtype=D)  # ratio 1: the terms are -A = [-2, 1]
+    for aggregation, expected in [
+        ("seq_mean_token_mean", (-2 + 1) / 2),
+        ("seq_mean_token_sum", (-2 + 1) / 2),
+        ("token_mean", (3 * -2 + 1 * 1) / 4),  # -1.25
+        ("token_sum_norm", (3 * -2 + 1) / (2 * 5)),  # constant 5: -0.5
+    ]:
+        form = LossForm("ppo_clip", "sequence", "sum", 0.2, 0.2, aggregation, 5)
+        close(policy_gradient_loss(adv, logprobs, logprobs, mask, form)[0], expected)
 
 
 def test_k3_kl_loss_term_hand_values():
     logprobs = torch.tensor([math.log(0.5), math.log(0.3)], dtype=D, requires_grad=True)
     ref = torch.tensor([math.log(0.25), math.log(0.3)], dtype=D)
-    kl = k3_kl(logprobs, ref)
+    kl = kl_per_token(logprobs, ref, "k3")
     # pi_ref / pi = 0.5: 0.5 - log 0.5 - 1 = 0.19315; equal log-probs: 0
     close(kl, [0.5 - math.log(0.5) - 1, 0.0])
     (grad,) = torch.autograd.grad(kl.sum(), logprobs)
@@ -175,14 +196,13 @@ def test_majority_vote_hand_values():
 
 # ---- the module in a Trainer -----------------------------------------------------------------------------------
 def test_group_module_with_rloo_choices_trains_as_rloo(tiny_run_assets, tokenizer):
-    """advantage=leave_one_out, sequence sums and the KL in the reward are RLOO's step: the same weights after
-    three rollouts as RLOOModule's, from the same samples."""
+    """GRPO's token-level ratio with RLOO's advantage, sequence sums and the KL in the reward is RLOO's step: the
+    same weights after three rollouts as algo=rloo loss=reinforce's, from the same samples."""
     shared = dict(kl_coef=0.05, kl_estimator="k1", micro_batch_size=16)
     _, rloo = fit(tiny_run_assets, tokenizer, loss="reinforce", **shared)
     _, group = fit(
         tiny_run_assets,
         tokenizer,
-        module_class=GroupModule,
         algorithm="grpo",
         advantage="leave_one_out",
         loss_aggregation="seq_mean_token_sum",
@@ -197,25 +217,26 @@ def test_group_module_with_rloo_choices_trains_as_rloo(tiny_run_assets, tokenize
 def test_token_mean_is_the_same_whatever_the_micro_batches(tiny_run_assets, tokenizer, algorithm):
     """The token mean weighs each micro-batch by its share of the mini-batch's tokens: one micro-batch of 16 and
     four of 4 take the same optimiser steps."""
-    runs = [
-        fit(tiny_run_assets, tokenizer, module_class=GroupModule, algorithm=algorithm, micro_batch_size=size)[1]
-        for size in (16, 4)
-    ]
+    # REINFORCE++ whitens over the batch: its forward comes first unless one micro-batch holds the rollout, which
+    # draws no shuffle; two sizes that both split it draw alike
+    sizes = (8, 4) if algorithm == "reinforce_pp" else (16, 4)
+    runs = [fit(tiny_run_assets, tokenizer, algorithm=algorithm, micro_batch_size=size)[1] for size in sizes]
     for (name, a), b in zip(runs[0].policy.state_dict().items(), runs[1].policy.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-5), name
 
 
 class RecordSteps(L.Callback):
-    """Each step's rollout and targets, and the metrics it logged (rloo.algorithms.grpo.log_metrics, wrapped)."""
+    """Each step's rollout and targets, and the metrics it logged (rloo.algorithms.policy_gradient.log_metrics,
+    wrapped)."""
 
     def __init__(self, monkeypatch=None, reward=None):
-        import rloo.algorithms.grpo as grpo
+        import rloo.algorithms.policy_gradient as step
 
         self.reward, self.metrics, self.rollouts = reward, [], []
         if monkeypatch is not None:
-            logged = grpo.log_metrics
+            logged = step.log_metrics
             monkeypatch.setattr(
-                grpo, "log_metrics", lambda module, m, **kw: (self.metrics.append(dict(m)), logged(module, m, **kw))
+                step, "log_metrics", lambda module, m, **kw: (self.metrics.append(dict(m)), logged(module, m, **kw))
             )
 
     def setup(self, trainer, module, stage):
@@ -228,7 +249,7 @@ class RecordSteps(L.Callback):
 
 def test_grpo_advantages_are_the_group_standardised_scores(tiny_run_assets, tokenizer):
     record = RecordSteps()
-    fit(tiny_run_assets, tokenizer, module_class=GroupModule, algorithm="grpo", callbacks=[record])
+    fit(tiny_run_assets, tokenizer, algorithm="grpo", callbacks=[record])
     for rollout, targets in record.rollouts:
         scores = rollout.scores.double() - 1.0 * (~rollout.ended_with_eos.bool()).double()  # missing-EOS penalty 1
         for p in range(len(scores) // 4):
@@ -241,11 +262,11 @@ def test_grpo_advantages_are_the_group_standardised_scores(tiny_run_assets, toke
 def test_dynamic_sampling_refills_from_fresh_prompts_and_says_how_many_were_dropped(
     tiny_run_assets, tokenizer, monkeypatch
 ):
-    from rloo.scoring import Reward, parse_reward
+    from rloo.rewards.scoring import Reward, parse_reward
 
     constant = Reward(parse_reward("tests.reward_functions:constant"), "raise")
     record = RecordSteps(monkeypatch, constant)  # every group's scores are equal: every group is dropped, every round
-    fit(tiny_run_assets, tokenizer, module_class=GroupModule, algorithm="dapo", callbacks=[record], num_rollouts=2)
+    fit(tiny_run_assets, tokenizer, algorithm="dapo", callbacks=[record], num_rollouts=2)
     first = record.metrics[0]
     assert first["dynamic_sampling/rounds"] == 3  # dynamic_sampling_rounds
     assert first["dynamic_sampling/dropped_groups"] == 4 * 4  # 4 prompts a round, 4 rounds
@@ -255,7 +276,7 @@ def test_dynamic_sampling_refills_from_fresh_prompts_and_says_how_many_were_drop
     assert len(rollout) == 16 and torch.count_nonzero(targets.advantages) == 0
 
     record = RecordSteps(monkeypatch, Reward(parse_reward("tests.reward_functions:length"), "raise"))
-    fit(tiny_run_assets, tokenizer, module_class=GroupModule, algorithm="dapo", callbacks=[record], num_rollouts=2)
+    fit(tiny_run_assets, tokenizer, algorithm="dapo", callbacks=[record], num_rollouts=2)
     for step, (rollout, _) in zip(record.metrics, record.rollouts):
         kept = 4 - step["dynamic_sampling/filled_with_dropped"]
         groups = informative_groups(rollout.scores - 0.0, 4)  # the refilled rollout leads with informative groups
@@ -285,7 +306,8 @@ def test_each_named_algorithm_composes_to_its_published_defaults(algorithm):
         assert config.kl_estimator == estimator
     dapo = algorithm == "dapo"
     assert (config.dynamic_sampling, config.overlong == "shape", config.missing_eos_penalty is None) == (dapo,) * 3
-    assert type(config).__name__ == "GroupConfig" and config.k == 4
+    assert type(config).__name__ == "EstimatorConfig" and config.k == 4
+    assert config.sequence_ratio == ("mean" if algorithm == "gspo" else "sum")
 
 
 @pytest.mark.parametrize(
@@ -293,12 +315,20 @@ def test_each_named_algorithm_composes_to_its_published_defaults(algorithm):
     [
         (["algo=grpo", "std_eps=0.1", "advantage=group_mean"], "std_eps=0.1 does nothing with advantage=group_mean"),
         (["algo=grpo", "aggregation_constant=64"], "aggregation_constant=64 does nothing with loss_aggregation"),
-        (["algo=dapo", "kl_in=reward"], "kl_in=reward does nothing with kl_coef=0"),
-        (["algo=gspo", "kl_estimator=k1"], "kl_estimator=k1 does nothing with kl_coef=0"),
+        (["algo=dapo", "kl_in=loss"], "kl_in=loss does nothing with kl_coef=0"),
+        (["algo=gspo", "kl_estimator=k3"], "kl_estimator=k3 does nothing with kl_coef=0"),
+        (["algo=grpo", "kl_coef=0", "kl_estimator=k1"], "kl_estimator=k1 does nothing with kl_coef=0"),
         (["algo=grpo", "dynamic_sampling_rounds=5"], "dynamic_sampling_rounds=5 does nothing with dynamic_sampling"),
         (["algo=grpo", "overlong_cache=2"], "overlong_cache=2 does nothing with overlong=none"),
         (["algo=reinforce_pp", "ratio_level=sequence"], "ratio_level=sequence needs one advantage per completion"),
-        (["algo=rloo", "advantage=group_std"], "advantage does nothing with algo=rloo: only dapo, dr_grpo, grpo"),
+        (["algo=rloo", "baseline_decay=0.5"], "baseline_decay=0.5 does nothing with advantage=leave_one_out"),
+        (["algo=reinforce", "raft_rank_by=score"], "raft_rank_by=score does nothing with advantage=moving_average"),
+        (["algo=grpo", "sequence_ratio=mean"], "sequence_ratio=mean does nothing with ratio_level=token"),
+        (
+            ["algo=rloo", "loss=reinforce", "clip_range_high=0.3"],
+            "clip_range_high=0.3 does nothing with loss=reinforce",
+        ),
+        (["algo=rloo", "advantage=group_std", "k=1"], "k=1 is not allowed: an integer >= 2 with advantage=group_std"),
         (["algo=grpo", "eval.pass_k=[1,8]"], "eval.pass_k=[1, 8] does nothing with eval.samples_per_prompt=0"),
         (["algo=grpo", "eval.samples_per_prompt=4"], "needs reward functions"),
         (
@@ -319,9 +349,27 @@ def test_a_key_the_estimator_does_not_read_is_refused_in_one_line(overrides, ref
 
 
 def test_dynamic_sampling_is_refused_on_several_devices():
-    from rloo.cli import compose_train_config
-    from rloo.config import ConfigError, validate_train_config, world_size
+    from rloo.config.checks import ConfigError, validate_train_config, world_size
+    from rloo.run.cli import compose_train_config
 
     cfg = compose_train_config(["algo=dapo", "trainer.devices=2", "trainer.strategy=ddp"])
     with pytest.raises(ConfigError, match="dynamic_sampling=true runs on one device"):
         validate_train_config(cfg, world_size(cfg.trainer))
+
+
+# ---- guards: the same for every estimator of the one step --------------------------------------------------------
+FAMILY = ("rloo", "raft", "reinforce", "vanilla_pg", "grpo", "dr_grpo", "dapo", "reinforce_pp", "gspo")
+
+
+@pytest.mark.parametrize("algorithm", FAMILY)
+def test_a_rollout_no_completion_could_be_scored_counts_as_bad_for_every_estimator(
+    tiny_run_assets, tokenizer, algorithm
+):
+    """reward_errors=mask and a reward function that always fails: every rollout is unscored, each counts as bad,
+    and max_bad_steps in a row stop the run, whichever estimator the step runs."""
+    from rloo.rewards.scoring import Reward, parse_reward
+    from rloo.utils.errors import NonFiniteError
+
+    failing = Reward(parse_reward("tests.reward_functions:raises"), "mask")
+    with pytest.raises(NonFiniteError, match=r"^2 rollouts in a row \(max_bad_steps=2\)"):
+        fit(tiny_run_assets, tokenizer, algorithm=algorithm, callbacks=[RecordSteps(reward=failing)], max_bad_steps=2)

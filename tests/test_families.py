@@ -7,14 +7,15 @@ import json
 import pytest
 import torch
 
-from rloo.errors import ConfigError
+from rloo.utils.errors import ConfigError
 from tests.e2e import one_rollout
 from tests.tiny_models import FAMILIES, GATED_FAMILIES, tiny_model
 
 
 def onednn_reorders() -> bool:
-    """Whether this torch reorders float32 weights for oneDNN (rloo.decode.onednn_applies): the log says which."""
-    from rloo.decode import onednn_applies
+    """Whether this torch reorders float32 weights for oneDNN (rloo.generation.decode.onednn_applies): the log says
+    which."""
+    from rloo.generation.decode import onednn_applies
 
     return onednn_applies(torch.empty(0))
 
@@ -26,11 +27,11 @@ REORDERED = "float32 linear layers through oneDNN, from weights reordered once p
 def test_each_family_record_serves_its_own_model_on_every_fast_path(family):
     """The record's claims checked against a built model: every fast path serves it, LoRA's auto targets are
     exactly its linear layers but the head, and its MLPs have the form it names."""
-    from rloo.decode import why_not_lean_decode
     from rloo.families import family_of
-    from rloo.forward import why_not_shared_prefix
-    from rloo.lora import resolve_targets
-    from rloo.mlp_recompute import why_not_recompute_mlp
+    from rloo.generation.decode import why_not_lean_decode
+    from rloo.generation.forward import why_not_shared_prefix
+    from rloo.models.lora import resolve_targets
+    from rloo.models.mlp_recompute import why_not_recompute_mlp
 
     model = tiny_model(family)
     record = family_of(model)
@@ -52,7 +53,7 @@ def test_a_model_of_no_family_trains_on_hf_generate_and_the_plain_forward_and_sa
     import torch
     from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-    from rloo.lora import ALL_LINEAR, resolve_targets
+    from rloo.models.lora import ALL_LINEAR, resolve_targets
 
     sizes = dict(n_layer=2, n_embd=32, n_head=4, n_positions=128, vocab_size=len(tokenizer))
     ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -240,8 +241,8 @@ OFF = "linear layers through F.linear (oneDNN's reordered weights serve float32 
 )
 def test_the_sampler_names_its_linear_product(policy, overrides, product):
     """The lean decode's reordered-weight product serves float32 on CPU only; elsewhere the run says it is off."""
-    from rloo.cli import compose_train_config
-    from rloo.fast_paths import fast_paths
+    from rloo.generation.fast_paths import fast_paths
+    from rloo.run.cli import compose_train_config
 
     if product == REORDERED and not onednn_reorders():
         product = OFF + "32-true on cpu)"  # this torch has no oneDNN weight reorder: the log says F.linear
@@ -253,8 +254,8 @@ def test_the_sampler_names_its_linear_product(policy, overrides, product):
 
 
 def test_the_sampler_says_when_cuda_graphs_are_switched_off(policy):
-    from rloo.cli import compose_train_config
-    from rloo.fast_paths import fast_paths
+    from rloo.generation.fast_paths import fast_paths
+    from rloo.run.cli import compose_train_config
 
     sampler = fast_paths(compose_train_config(["trainer=gpu", "cuda_graph=false"]), policy, None)["sampler"]
     assert "eager steps that drop finished rows (cuda_graph=false)" in sampler[1]

@@ -12,9 +12,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rloo.errors import ConfigError
 from rloo.objectives import leave_one_out_advantages, masked_leave_one_out_advantages
-from rloo.scoring import MODEL, Interrupted, Reward, RewardTerm, call_reward_function, load_function, parse_reward
+from rloo.rewards.scoring import (
+    MODEL,
+    Interrupted,
+    Reward,
+    RewardTerm,
+    call_reward_function,
+    load_function,
+    parse_reward,
+)
+from rloo.utils.errors import ConfigError
 from tests import reward_functions
 from tests.e2e import FAST, HANG_GUARD_S, ROOT, train, train_error
 
@@ -371,7 +379,7 @@ def test_a_causal_lm_given_as_reward_model_is_refused_before_loading(embedded_ta
 
 
 def test_a_corrupted_cache_artifact_is_detected_and_rebuilt(tmp_path):
-    from rloo.cli import compose_train_config
+    from rloo.run.cli import compose_train_config
     from rloo.toy.bootstrap import damage, ensure_artifacts
 
     cfg = compose_train_config(["bootstrap=fast"]).bootstrap
@@ -392,8 +400,8 @@ def test_ranks_that_hold_different_weights_stop_the_run(monkeypatch):
     """RanksAgree against a stand-in for a 2-rank gather whose second rank drifted by one ulp in one tensor."""
     from types import SimpleNamespace
 
-    from rloo import callbacks
-    from rloo.callbacks import RanksAgree
+    from rloo.run import callbacks
+    from rloo.run.callbacks import RanksAgree
 
     policy = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
 

@@ -12,11 +12,11 @@ import traceback
 
 import pytest
 
-from rloo.config import ConfigError
-from rloo.errors import JudgeFailed
+from rloo.config.checks import ConfigError
 from rloo.judges import judge_pairs, win_rate_summary
 from rloo.judges.openai import CACHE_FILE, JudgeError, OpenAIJudge
 from rloo.judges.prompts import TLDR_COMPARISON, render_comparison
+from rloo.utils.errors import JudgeFailed
 from tests.builders import judge_from_conf
 from tests.chat_server import answer, sections
 

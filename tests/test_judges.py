@@ -6,14 +6,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPTNeoXForCausalLM
 
-from rloo.errors import JudgeFailed
-from rloo.heldout import INVALID, summarize_eval
+from rloo.evaluation.heldout import INVALID, summarize_eval
 from rloo.judges import Judge, Verdict, judge_pairs, swap_orders, win_rate_summary
 from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, parse_preference, render_comparison
-from rloo.models import load_reward_model, load_tokenizer
+from rloo.models.loading import load_reward_model, load_tokenizer
+from rloo.rewards.user_code import Interrupted
 from rloo.toy.judge import OracleJudge
 from rloo.toy.task import oracle_judge
-from rloo.user_code import Interrupted
+from rloo.utils.errors import JudgeFailed
 from tests import plugin_judges
 from tests.builders import judge_from_conf
 from tests.tiny_models import tiny_model

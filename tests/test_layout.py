@@ -16,14 +16,14 @@ ENTRY_POINTS = {
 }
 CORE = {
     "rloo.objectives",
-    "rloo.rollout",
-    "rloo.forward",
-    "rloo.sampling",
-    "rloo.decode",
-    "rloo.scoring",
-    "rloo.resume",
-    "rloo.lora",
-    "rloo.sharding",
+    "rloo.generation.rollout",
+    "rloo.generation.forward",
+    "rloo.generation.sampling",
+    "rloo.generation.decode",
+    "rloo.rewards.scoring",
+    "rloo.utils.resume",
+    "rloo.models.lora",
+    "rloo.models.sharding",
 }  # no Lightning or Hydra
 
 

@@ -1,4 +1,4 @@
-"""LoRA with the base as the reference (rloo/lora.py): against the model before adapters, plain transformers
+"""LoRA with the base as the reference (rloo/models/lora.py): against the model before adapters, plain transformers
 loading, and a real `python -m rloo.train model.lora=true` run."""
 
 import copy
@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM
 
 pytest.importorskip("peft")
 
-from rloo.decode import supports_lean_decode  # noqa: E402
-from rloo.forward import completion_logprobs  # noqa: E402
-from rloo.lora import adapters_disabled, add_adapters, has_adapters, merged_copy  # noqa: E402
+from rloo.generation.decode import supports_lean_decode  # noqa: E402
+from rloo.generation.forward import completion_logprobs  # noqa: E402
+from rloo.models.lora import adapters_disabled, add_adapters, has_adapters, merged_copy  # noqa: E402
 from tests.e2e import train  # noqa: E402
 from tests.test_rollout import grouped_batch  # noqa: E402
 

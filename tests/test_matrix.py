@@ -1,5 +1,5 @@
 """Every precision of conf/precision with every algorithm of conf/algo, on-policy and on the published 2 x 2
-schedule: one rollout of the real run (rloo.pipeline.run, in-process) on tiny saved models, with finite metrics."""
+schedule: one rollout of the real run (rloo.run.pipeline.run, in-process) on tiny saved models, with finite metrics."""
 
 import csv
 import itertools
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rloo.cli import compose_train_config, group_options
+from rloo.run.cli import compose_train_config, group_options
 from tests.e2e import one_rollout
 
 SCHEDULES = {"on_policy": ["num_ppo_epochs=1", "num_mini_batches=1"], "2x2": ["num_ppo_epochs=2", "num_mini_batches=2"]}

@@ -1,10 +1,10 @@
-"""rloo.memory: the peak a run reports is its own, also where a sweep's runs share one process."""
+"""rloo.utils.memory: the peak a run reports is its own, also where a sweep's runs share one process."""
 
 import sys
 
 import pytest
 
-from rloo.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
+from rloo.utils.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/clear_refs is Linux's")

@@ -8,11 +8,8 @@ import torch
 from rloo.objectives import (
     importance_weights,
     logprob_mismatch,
-    reinforce_loss,
-    sequence_ppo_clip_loss,
-    token_clip_fraction,
-    token_ppo_clip_loss,
 )
+from tests.loss_forms import reinforce_loss, sequence_ppo_clip_loss, token_clip_fraction, token_ppo_clip_loss
 
 # two sequences; the second has one padding position holding garbage
 TRAIN = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -0.3, 99.0]])

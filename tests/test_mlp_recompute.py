@@ -1,4 +1,5 @@
-"""rloo.mlp_recompute: the policy's MLPs keep only their up-projections for the backward, with the same gradients."""
+"""rloo.models.mlp_recompute: the policy's MLPs keep only their up-projections for the backward, with the same
+gradients."""
 
 import copy
 import gc
@@ -9,8 +10,8 @@ import torch
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXMLP
 
 from rloo.bench.presets import PRESETS
-from rloo.memory_plan import Shape, estimate
-from rloo.mlp_recompute import recompute_mlp_activations, why_not_recompute_mlp
+from rloo.models.mlp_recompute import recompute_mlp_activations, why_not_recompute_mlp
+from rloo.run.memory_plan import Shape, estimate
 from tests.test_plan import architecture, full_model_shape
 from tests.tiny_models import VARIANTS, tiny_model
 

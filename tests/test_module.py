@@ -1,4 +1,5 @@
-"""RLOOModule inside a real Lightning Trainer: frozen models stay frozen, step accounting is exact."""
+"""The policy-gradient step (PolicyGradientModule, algo=rloo) inside a real Lightning Trainer: frozen models stay
+frozen, step accounting is exact."""
 
 import copy
 
@@ -7,13 +8,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from rloo.algorithms.rloo import RLOOModule
-from rloo.data import PromptDataModule
-from rloo.models import freeze
+from rloo.algorithms.policy_gradient import PolicyGradientModule
+from rloo.data.prompts import PromptDataModule
+from rloo.models.loading import freeze
 from tests.builders import toy_split, train_config
 
 
-def fit(assets, tokenizer, num_rollouts=3, module_class=RLOOModule, algorithm="rloo", callbacks=(), **overrides):
+def fit(
+    assets, tokenizer, num_rollouts=3, module_class=PolicyGradientModule, algorithm="rloo", callbacks=(), **overrides
+):
     values = dict(
         k=4,
         rollout_batch_size=16,
@@ -91,10 +94,10 @@ def test_on_policy_ratio_is_exactly_one_and_nothing_is_clipped(tiny_run_assets, 
     """One update per rollout: the sequence ratio is 1 by construction, so PPO-clip is plain REINFORCE."""
     seen = []
 
-    class Spy(RLOOModule):
-        def log_step(self, rollout, targets, stats):
+    class Spy(PolicyGradientModule):
+        def log_step(self, rollout, targets, stats, *rest):
             seen.append(stats)
-            super().log_step(rollout, targets, stats)
+            super().log_step(rollout, targets, stats, *rest)
 
     fit(tiny_run_assets, tokenizer, num_rollouts=2, module_class=Spy)
     for stats in seen:
@@ -106,9 +109,9 @@ def test_reused_rollout_first_update_has_ratio_one_in_fp32(tiny_run_assets, toke
     """With old log-probs recomputed by the training forward, the first mini-batch sees ratio 1 to 1e-5."""
     ratios = []
 
-    class Spy(RLOOModule):
-        def ppo_clip(self, part, *args):
-            loss, stats = super().ppo_clip(part, *args)
+    class Spy(PolicyGradientModule):
+        def policy_loss(self, part, *args):
+            loss, stats = super().policy_loss(part, *args)
             if len(part) < 16:  # a micro-batch's; the whole rollout's is the first-epoch diagnostic
                 ratios.append((stats["ratio_min"].item(), stats["ratio_max"].item()))
             return loss, stats
@@ -131,16 +134,16 @@ def test_reused_rollout_first_update_has_ratio_one_in_fp32(tiny_run_assets, toke
 def test_logged_ratio_extremes_are_the_extremes_over_micro_batches(tiny_run_assets, tokenizer):
     per_micro, logged = [], []
 
-    class Spy(RLOOModule):
-        def ppo_clip(self, part, *args):
-            loss, stats = super().ppo_clip(part, *args)
+    class Spy(PolicyGradientModule):
+        def policy_loss(self, part, *args):
+            loss, stats = super().policy_loss(part, *args)
             if len(part) < 16:
                 per_micro.append({key: value.item() for key, value in stats.items()})
             return loss, stats
 
-        def log_step(self, rollout, targets, stats):
+        def log_step(self, rollout, targets, stats, *rest):
             logged.append(stats)
-            super().log_step(rollout, targets, stats)
+            super().log_step(rollout, targets, stats, *rest)
 
     fit(
         tiny_run_assets,
@@ -160,7 +163,7 @@ def test_one_forward_per_micro_batch_gives_the_same_step_as_a_separate_forward(t
     """Used once, a rollout takes log pi (for the KL) from the update's own forward; the same step with a separate
     forward before the update must give the same rewards, advantages and gradient."""
 
-    class Recorded(RLOOModule):
+    class Recorded(PolicyGradientModule):
         def on_before_optimizer_step(self, optimizer):
             self.gradient = [p.grad.clone() for p in self.policy.parameters()]  # before clipping
             super().on_before_optimizer_step(optimizer)
@@ -184,15 +187,15 @@ def test_one_forward_per_micro_batch_gives_the_same_step_as_a_separate_forward(t
 def test_diagnostics_at_two_by_two_measure_the_policy_that_sampled(tiny_run_assets, tokenizer):
     """At 2 epochs x 2 mini-batches the policy moves after the first mini-batch; mismatch/*, the entropy and the
     first-epoch clip fraction must still describe the rollout policy (here: the initial one, in fp32)."""
-    from rloo.forward import completion_logprobs_and_entropy
+    from rloo.generation.forward import completion_logprobs_and_entropy
     from rloo.objectives import logprob_mismatch, masked_mean
 
     logged = []
 
-    class Spy(RLOOModule):
-        def log_step(self, rollout, targets, stats):
+    class Spy(PolicyGradientModule):
+        def log_step(self, rollout, targets, stats, *rest):
             logged.append(stats)
-            super().log_step(rollout, targets, stats)
+            super().log_step(rollout, targets, stats, *rest)
 
     _, module = fit(
         tiny_run_assets,
@@ -218,11 +221,11 @@ def test_diagnostics_at_two_by_two_measure_the_policy_that_sampled(tiny_run_asse
 
 
 def test_a_reused_rollout_shuffles_whole_groups_so_every_micro_batch_shares_its_prompts(tiny_run_assets, tokenizer):
-    from rloo.forward import shares_prefix
+    from rloo.generation.forward import shares_prefix
 
     seen = []
 
-    class Spy(RLOOModule):
+    class Spy(PolicyGradientModule):
         def policy_forward(self, rollout, with_entropy=True):
             seen.append(shares_prefix(self.policy, rollout.prompt_ids, rollout.prompt_mask, self.config.k))
             return super().policy_forward(rollout, with_entropy)

@@ -11,7 +11,7 @@ import torch
 
 from rloo.bench.presets import PRESETS, build_models, model_config
 from rloo.families import architecture_from_config
-from rloo.memory_plan import Architecture, Shape, estimate
+from rloo.run.memory_plan import Architecture, Shape, estimate
 from tests.e2e import HANG_GUARD_S, ROOT
 from tests.tiny_models import GATED_FAMILIES
 
@@ -222,10 +222,11 @@ def test_an_unknown_model_type_is_planned_with_a_warning(tmp_path, capsys):
 
 
 def test_the_rollout_counts_the_decodes_reordered_weights_where_the_run_reorders():
-    """A float32 run on CPU samples from a reordered copy of every linear weight and the head (rloo.decode._linear);
+    """A float32 run on CPU samples from a reordered copy of every linear weight and the head
+    (rloo.generation.decode._linear);
     the rollout's memory is that copy plus the KV cache, and the plan reads whether it is made from the config."""
-    from rloo.cli import compose_train_config
-    from rloo.memory_plan import shape_from_config
+    from rloo.run.cli import compose_train_config
+    from rloo.run.memory_plan import shape_from_config
 
     preset = PRESETS["pythia-160m"]
     arch = architecture(preset)
@@ -246,8 +247,8 @@ def test_the_rollout_counts_the_cuda_graph_pool_where_the_decode_replays_graphs(
     """On a GPU the decode's static-shape step keeps one step's buffers in the graphs' pool between replays: the
     logits `[B, V]`, a block's widest values and the float32 scores over prompt + response, per row (hand-counted
     here for Pythia-160m at bf16-true: B = 16, P = 32, T = 16, 12 heads)."""
-    from rloo.cli import compose_train_config
-    from rloo.memory_plan import shape_from_config
+    from rloo.run.cli import compose_train_config
+    from rloo.run.memory_plan import shape_from_config
 
     preset = PRESETS["pythia-160m"]
     arch = architecture(preset)

@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rloo.algorithms.ppo import PPOModule
-from rloo.data import PromptDataModule
-from rloo.models import freeze, load_value_model
+from rloo.data.prompts import PromptDataModule
+from rloo.models.loading import freeze, load_value_model
 from tests.builders import toy_split, train_config
 from tests.e2e import train
 

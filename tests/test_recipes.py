@@ -3,8 +3,8 @@
 import pytest
 from omegaconf import OmegaConf
 
-from rloo.cli import expand_overrides, recipe_of
-from rloo.config import validate_train_config
+from rloo.config.checks import validate_train_config
+from rloo.run.cli import expand_overrides, recipe_of
 from tests.test_config import composed
 
 # What every TRL release's docs (docs/source/rloo_trainer.md, v0.9.3 to v0.12.2) publish for RLOO on TL;DR, in TRL's

@@ -14,12 +14,12 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from rloo.data import EpisodeSampler
-from rloo.errors import ConfigError
-from rloo.loggers import drop_rows_after
-from rloo.resolvers import unique_dir
-from rloo.resume import find_resume_point, restore_rng_states, rng_states
-from rloo.schema import compare_configs
+from rloo.config.schema import compare_configs
+from rloo.data.prompts import EpisodeSampler
+from rloo.run.loggers import drop_rows_after
+from rloo.run.resolvers import unique_dir
+from rloo.utils.errors import ConfigError
+from rloo.utils.resume import find_resume_point, restore_rng_states, rng_states
 from tests.e2e import FAST, ROOT, train, train_error
 from tests.test_interrupt import finish, start, wait_for
 
@@ -107,7 +107,7 @@ def test_resume_refuses_a_changed_k_in_one_line_before_loading(embedded_task, tm
     """A run dir whose config.yaml says k=2 (as a run writes it), resumed with k=4: refused before anything loads."""
     from omegaconf import OmegaConf
 
-    from rloo.cli import compose_train_config
+    from rloo.run.cli import compose_train_config
 
     base, previous = embedded_task, tmp_path / "previous"
     (previous / "checkpoints").mkdir(parents=True)
@@ -208,7 +208,7 @@ def test_the_last_whole_checkpoint_is_picked_truncated_and_mid_rollout_ones_skip
     save_checkpoint(directory / "interrupted.ckpt", rollouts=3, steps=14)  # Ctrl-C between the updates of rollout 4
     save_checkpoint(directory / "step16.ckpt", rollouts=4, steps=16)
     data = (directory / "step16.ckpt").read_bytes()
-    (directory / "step16.ckpt").write_bytes(data[: len(data) // 2])  # killed while writing (without rloo.atomic)
+    (directory / "step16.ckpt").write_bytes(data[: len(data) // 2])  # killed while writing (without rloo.utils.atomic)
     skipped = []
     point = find_resume_point(str(tmp_path), tmp_path, updates_per_rollout=4, log=skipped.append)
     assert point.checkpoint == directory / "step12.ckpt" and point.run_dir == tmp_path
@@ -258,7 +258,7 @@ def test_a_dangling_last_ckpt_falls_back_to_the_newest_whole_checkpoint(tmp_path
 
 
 def test_temporary_files_of_killed_writers_are_removed_and_live_ones_kept(tmp_path):
-    from rloo.atomic import remove_stale_temps
+    from rloo.utils.atomic import remove_stale_temps
 
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(finished.stdout)  # a process that has exited
@@ -296,7 +296,7 @@ def test_random_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
 def test_checkpoints_fall_due_by_rollouts_by_minutes_and_at_the_end(tmp_path):
     import time
 
-    from rloo.callbacks import RolloutCheckpoints
+    from rloo.run.callbacks import RolloutCheckpoints
 
     by_rollouts = RolloutCheckpoints(tmp_path, every=4, minutes=0, keep=3)
     assert [r for r in range(1, 11) if by_rollouts.due(r, total=10)] == [4, 8, 10]
@@ -321,12 +321,13 @@ def test_rows_after_the_resumed_rollout_move_aside(tmp_path):
 
 
 def test_every_leaf_of_every_composed_config_has_a_resume_policy(monkeypatch, tmp_path):
-    """rloo.schema gives each key fixed or applied; no key of any algorithm, model, recipe or debug setting is left
+    """rloo.config.schema gives each key fixed or applied; no key of any algorithm, model, recipe or debug setting is
+    left
     out (a key it does not know would be refused on resume as fixed)."""
     from omegaconf import OmegaConf
 
-    from rloo.cli import compose_train_config, group_options
-    from rloo.schema import APPLIED, FIXED, leaves, resume_policy
+    from rloo.config.schema import APPLIED, FIXED, leaves, resume_policy
+    from rloo.run.cli import compose_train_config, group_options
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     settings = (

@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from rloo.data import left_pad
-from rloo.forward import completion_logprobs, reward_scores
-from rloo.rollout import collect_rollout, truncate_after_stop
+from rloo.data.prompts import left_pad
+from rloo.generation.forward import completion_logprobs, reward_scores
+from rloo.generation.rollout import collect_rollout, truncate_after_stop
 from tests.builders import hf_generate as generate
 from tests.builders import sampling as sampling_config
 from tests.tiny_models import FAMILIES, tiny_model
@@ -212,8 +212,8 @@ def test_top_k_off_samples_from_the_whole_vocabulary(policy, tokenizer):
 # ---- the LM head on completion positions only, in chunks -------------------------------------------------------
 def test_the_chunked_log_prob_pass_equals_the_full_logits_with_left_padding_and_mixed_eos(policy, tokenizer):
     """Reference: the model's own forward to [N, T, V] logits, then log-softmax and entropy, slowly and whole."""
-    from rloo.forward import completion_logits, completion_logprobs, completion_logprobs_and_entropy
-    from rloo.models import use_fp32_lm_head
+    from rloo.generation.forward import completion_logits, completion_logprobs, completion_logprobs_and_entropy
+    from rloo.models.loading import use_fp32_lm_head
     from rloo.objectives import entropy_from_logits, token_logprobs
 
     use_fp32_lm_head(policy)
@@ -237,8 +237,8 @@ def test_the_chunked_log_prob_pass_equals_the_full_logits_with_left_padding_and_
 @pytest.mark.parametrize("fp32_head", [False, True])
 def test_chunks_give_the_values_and_gradients_of_plain_autograd(fp32_head):
     """Reference: log_softmax over the whole logits, differentiated by autograd; entropy by its definition."""
-    from rloo.forward import chunked_logprobs_and_entropy
-    from rloo.models import FP32Head
+    from rloo.generation.forward import chunked_logprobs_and_entropy
+    from rloo.models.loading import FP32Head
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 1000, bias=True)
@@ -269,7 +269,7 @@ def test_chunks_give_the_values_and_gradients_of_plain_autograd(fp32_head):
 
 def test_chunked_log_probs_under_bf16_autocast_match_autograd_through_the_same_head():
     """The backward recomputes the logits under the forward's autocast state: bf16 logits, as autograd sees them."""
-    from rloo.forward import chunked_logprobs_and_entropy
+    from rloo.generation.forward import chunked_logprobs_and_entropy
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 300, bias=False)
@@ -341,7 +341,7 @@ ATTENTIONS = [(family, attention) for family in FAMILIES for attention in ("sdpa
 
 @pytest.mark.parametrize("family, attention", [pair for pair in ATTENTIONS if pair != ("gemma2", "sdpa")])
 def test_the_shared_prefix_forward_gives_the_log_probs_and_gradients_of_the_plain_forward(tokenizer, family, attention):
-    from rloo.forward import completion_logprobs_and_entropy, shares_prefix
+    from rloo.generation.forward import completion_logprobs_and_entropy, shares_prefix
 
     policy = tiny_model(family, tokenizer)
     policy.set_attn_implementation(attention)  # the packed mask is bool for SDPA, additive for eager
@@ -366,7 +366,7 @@ def test_the_shared_prefix_forward_gives_the_log_probs_and_gradients_of_the_plai
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_shared_prefix_forward_gives_the_same_scores(tokenizer, family):
-    from rloo.forward import reward_scores
+    from rloo.generation.forward import reward_scores
 
     reward_model = tiny_model(family, tokenizer, reward=True, seed=1)
     input_ids, attention_mask, completion, _ = grouped_batch(tokenizer)
@@ -380,7 +380,7 @@ def test_the_shared_prefix_forward_gives_the_same_scores(tokenizer, family):
 def test_packing_is_chosen_by_its_cost_against_hand_counts():
     """One block's linear multiply-adds and the attention width, counted by hand; packing pays at a long prompt
     and short completions, not at a short prompt and long completions."""
-    from rloo.forward import _block_costs, packing_pays
+    from rloo.generation.forward import _block_costs, packing_pays
 
     neox = tiny_model("gpt_neox")  # hidden 64, MLP 256, 4 heads of 16
     assert _block_costs(neox) == (64 * 192 + 64 * 64 + 64 * 256 + 256 * 64, 64)
@@ -394,7 +394,7 @@ def test_packing_is_chosen_by_its_cost_against_hand_counts():
 
 
 def test_a_batch_packing_would_slow_takes_the_plain_forward_with_the_same_values(tokenizer):
-    from rloo.forward import completion_logprobs, packing_pays
+    from rloo.generation.forward import completion_logprobs, packing_pays
 
     policy = tiny_model("llama", tokenizer)
     input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
@@ -412,7 +412,7 @@ def test_a_batch_packing_would_slow_takes_the_plain_forward_with_the_same_values
 
 
 def test_rows_that_do_not_share_their_prompt_take_the_plain_forward(policy, tokenizer):
-    from rloo.forward import shares_prefix
+    from rloo.generation.forward import shares_prefix
 
     input_ids, attention_mask, _, _ = grouped_batch(tokenizer)
     shuffled = torch.tensor([0, 3, 1, 2, 4, 5, 6, 7, 8])  # a group split, as a shuffled mini-batch splits them
@@ -427,8 +427,8 @@ def test_a_bf16_reference_gives_the_policy_log_probs_exactly_under_bf16_autocast
     (embeddings and norms rounded too) is the reference that drifted, kept here as the counter-example."""
     import copy
 
-    from rloo.forward import completion_logprobs
-    from rloo.models import reference_from, use_fp32_lm_head
+    from rloo.generation.forward import completion_logprobs
+    from rloo.models.loading import reference_from, use_fp32_lm_head
 
     if fp32_head:
         use_fp32_lm_head(policy)
@@ -454,8 +454,8 @@ def test_activation_checkpointing_keeps_the_gradients_and_saves_less_for_the_bac
     tensors autograd keeps for the backward shrink (counted with saved-tensor hooks)."""
     import copy
 
-    from rloo.forward import completion_logprobs_and_entropy
-    from rloo.models import use_activation_checkpointing
+    from rloo.generation.forward import completion_logprobs_and_entropy
+    from rloo.models.loading import use_activation_checkpointing
 
     input_ids, attention_mask, completion, completion_mask = grouped_batch(tokenizer)
     checkpointed = use_activation_checkpointing(copy.deepcopy(policy))

@@ -1,4 +1,4 @@
-"""rloo.static_decode against the same references as the eager loop: HF generate's greedy ids, the training
+"""rloo.generation.static_decode against the same references as the eager loop: HF generate's greedy ids, the training
 forward's log-probs, and the eager loop's seeded samples. On CPU the static step runs eagerly (capture=False); on a
 GPU (the GPU check runs this file there) the same tests replay it as CUDA graphs."""
 
@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-import rloo.decode
-from rloo import static_decode
-from rloo.decode import lean_generate
-from rloo.rollout import truncate_after_stop
-from rloo.static_decode import buckets, static_generate, why_not_graph
+import rloo.generation.decode
+from rloo.generation import static_decode
+from rloo.generation.decode import lean_generate
+from rloo.generation.rollout import truncate_after_stop
+from rloo.generation.static_decode import buckets, static_generate, why_not_graph
 from tests.builders import sampling as sampling_config
 from tests.test_decode import (
     ARCHITECTURES,
@@ -95,12 +95,13 @@ def test_static_samples_equal_the_eager_loops(architecture, layout, device, comp
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_rollout_samples_through_graphs_on_a_gpu_and_the_eager_loop_elsewhere(device, monkeypatch):
-    """rloo.rollout's sampler: the static loop where cuda_graph=true and the policy is on a GPU, else the eager
+    """rloo.generation.rollout's sampler: the static loop where cuda_graph=true and the policy is on a GPU, else the
+    eager
     loop (cuda_graph=false, or a CPU)."""
-    from rloo.rollout import generate_with_logprobs
+    from rloo.generation.rollout import generate_with_logprobs
 
     calls = []
-    for module, name in ((static_decode, "static_generate"), (rloo.decode, "lean_generate")):
+    for module, name in ((static_decode, "static_generate"), (rloo.generation.decode, "lean_generate")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     model = tiny_model(vocab_size=20).to(device)

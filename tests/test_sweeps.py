@@ -213,7 +213,7 @@ def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curv
 
 
 def test_a_path_valued_override_names_one_job_dir_not_a_nest():
-    from rloo.resolvers import one_dir_name
+    from rloo.run.resolvers import one_dir_name
 
     name = one_dir_name("data.train.path=/data/tldr/train.jsonl,k=2")
     assert name == "data.train.path=%2Fdata%2Ftldr%2Ftrain.jsonl,k=2" and "/" not in name

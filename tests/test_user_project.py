@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from rloo.cli import config_dirs, preflight
-from rloo.errors import ConfigError, RewardFunctionError
-from rloo.scoring import Reward, RewardTerm, parse_reward
+from rloo.rewards.scoring import Reward, RewardTerm, parse_reward
+from rloo.run.cli import config_dirs, preflight
+from rloo.utils.errors import ConfigError, RewardFunctionError
 from tests.e2e import run_module
 
 WORDS = "my dog very car train but then today rain is really tree river so yes".split()
@@ -95,7 +95,7 @@ def test_none_adds_nothing_and_a_completion_no_term_scores_follows_reward_errors
 
 def test_a_callable_no_module_can_import_is_registered_for_this_process():
     from rloo.front_door import reward_spec
-    from rloo.scoring import load_function
+    from rloo.rewards.scoring import load_function
 
     first, second = (lambda prompts, completions: [0.0]), (lambda prompts, completions: [1.0])
     names = [term.name for term in parse_reward(reward_spec([first, second, "model"], None))]

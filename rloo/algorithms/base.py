@@ -1,8 +1,8 @@
 """What every online RL algorithm here shares: its settings, the rollout call, the policy forward, the
 epoch / mini-batch / micro-batch schedule, the optimiser step, and the rollout / training mismatch diagnostics.
 
-The algorithms (rloo.py, ppo.py) write their own `training_step` from these pieces, in order; the rollout itself
-is rloo/rollout.py's, the same for all of them.
+The algorithms (policy_gradient.py, ppo.py, dpo.py) write their own `training_step` from these pieces, in order; the
+rollout itself is rloo/generation/rollout.py's, the same for all of them.
 
 Steps. Lightning counts every optimiser step (`trainer.global_step`); one batch of the train loop is one
 rollout, counted by `rollouts` and logged as `train/rollout`. With one update per rollout the two agree.
@@ -12,92 +12,32 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 from lightning import LightningModule
 from torch import Tensor
 
+from rloo.algorithms.configs import OnlineRLConfig
 from rloo.algorithms.metrics import common_metrics, log_metrics
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.algorithms.run_state import RunState
 from rloo.algorithms.schedule import MicroBatch, StrategyAdapter, micro_batches, mini_batch_indices
-from rloo.errors import NonFiniteError
-from rloo.forward import completion_logprobs_and_entropy
-from rloo.keys import APPLIED, FIXED, derived, key
-from rloo.lora import ADAPTER_MARK, has_adapters
+from rloo.generation.forward import completion_logprobs_and_entropy
+from rloo.generation.rollout import PhaseTimer, Rollout, clock, collect_rollout
+from rloo.models.lora import ADAPTER_MARK, has_adapters
+from rloo.models.sharding import shard_model
 from rloo.objectives import (
-    IS_CORRECTIONS,
-    KL_ESTIMATORS,
     apply_missing_eos_penalty,
     importance_weights,
     logprob_mismatch,
     masked_mean,
     masked_sum,
 )
-from rloo.rollout import PhaseTimer, Rollout, clock, collect_rollout
-from rloo.sampling import SamplingConfig
-from rloo.scoring import Reward
-from rloo.sharding import shard_model
+from rloo.rewards.scoring import Reward
+from rloo.utils.errors import NonFiniteError
 
 log = logging.getLogger("rloo")
-
-LR_SCHEDULES = ("linear", "constant", "cosine")
-LR_SCHEDULE_PER = ("optimizer_step", "rollout")
-OLD_LOGPROBS = ("recompute", "generation")
-
-
-@dataclass(frozen=True)
-class OnlineRLConfig:
-    """The keys of conf/train.yaml every algorithm reads (documented there, with their defaults), each with its type,
-    range and resume policy (rloo.keys.key): the schema of these keys and the typed settings the module reads, in
-    one declaration. Built from a checked config by rloo.config.algorithm_config; `derived` fields are made there."""
-
-    k: int = key(FIXED, low=1)
-    missing_eos_penalty: float | None = key(FIXED, low=0)
-    missing_eos_score: float | None = key(FIXED)
-    num_ppo_epochs: int = key(FIXED, low=1)
-    num_mini_batches: int = key(FIXED, low=1)
-    rollout_batch_size: int = key(FIXED, low=1)
-    micro_batch_size: int = key(FIXED, low=1)
-    generation_batch_size: int = key(APPLIED, low=1)
-    lr: float = key(APPLIED, low=0, low_open=True)
-    weight_decay: float = key(APPLIED, low=0)
-    adam_eps: float = key(APPLIED, low=0, low_open=True)
-    warmup_ratio: float = key(APPLIED, low=0, high=1)
-    lr_schedule: str = key(APPLIED, choices=LR_SCHEDULES)
-    lr_schedule_per: str = key(FIXED, choices=LR_SCHEDULE_PER)  # optimizer_step | rollout
-    max_grad_norm: float | None = key(APPLIED, low=0, low_open=True)
-    log_every: int = key(APPLIED, low=1)
-    max_bad_steps: int = key(APPLIED, low=1)
-    shared_prefix: bool = key(APPLIED)
-    sampling: SamplingConfig = derived()  # from conf/sampling.yaml's keys (rloo.config.rollout_sampling)
-    total_rollouts: int = derived()  # from total_episodes, rollout_batch_size and the devices
-
-    @property
-    def updates_per_rollout(self) -> int:
-        return self.num_ppo_epochs * self.num_mini_batches
-
-    @property
-    def reuses_rollout(self) -> bool:
-        return self.updates_per_rollout > 1
-
-
-@dataclass(frozen=True)
-class PolicyGradientConfig(OnlineRLConfig):
-    """Plus conf/algo/shared/policy_gradient.yaml: the algorithms that sample from the policy (RLOO's family, PPO)."""
-
-    kl_coef: float = key(APPLIED, low=0)
-    kl_estimator: str = key(FIXED, choices=KL_ESTIMATORS)
-    normalize_advantages: bool = key(FIXED)
-    clip_range: float = key(APPLIED, low=0, low_open=True)
-    old_logprobs: str = key(FIXED, choices=OLD_LOGPROBS)
-    is_correction: str = key(FIXED, choices=IS_CORRECTIONS)
-    is_cap: float = key(FIXED, low=0, low_open=True)
-    is_low: float = key(FIXED, low=0, high=1, low_open=True)
-    is_high: float = key(FIXED, low=1)
-    log_histograms: bool = key(APPLIED)
 
 
 class OnlineRLModule(LightningModule):
@@ -116,13 +56,13 @@ class OnlineRLModule(LightningModule):
         self.state = RunState()  # counters, guard, random states: what checkpoints carry
         self.strategy = StrategyAdapter(self)  # what differs by strategy in accumulation and optimiser steps
         self.last_rollout: Rollout | None = None
-        self.last_targets = None  # what the algorithm derived from it (RLOOTargets, PPOTargets)
+        self.last_targets = None  # what the algorithm derived from it (StepTargets, PPOTargets)
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
         self.last_mismatch: dict[str, Tensor] = {}  # per-token delta logp, sequence log-ratio (log_histograms)
         self.last_grad_norm: Tensor | None = None  # of the last optimiser step, before clipping
         self.train_started = (time.monotonic(), 0)  # (when, episodes then) this process began training: eps
         self.reward: Reward | None = (
-            None  # reward= other than the reward model alone (rloo.scoring); set by the builder
+            None  # reward= other than the reward model alone (rloo.rewards.scoring); set by the builder
         )
 
     # ---- the pieces of a step, in the order a step uses them -------------------------------------------------
@@ -276,7 +216,7 @@ class OnlineRLModule(LightningModule):
         }
         stats["entropy"] = masked_mean(entropy, mask)  # of the distribution, per token (TRL: policy/entropy_avg)
         stats["entropy_seq"] = masked_sum(-rollout_policy_logprobs, mask, dim=1).mean()  # TRL: objective/entropy
-        if self.config.log_histograms:  # for the W&B histograms (rloo.callbacks.MismatchHistograms)
+        if self.config.log_histograms:  # for the W&B histograms (rloo.run.callbacks.MismatchHistograms)
             delta = (rollout_policy_logprobs - rollout.generation_logprobs) * mask
             self.last_mismatch = {
                 "delta_logp": delta[mask.bool()].float().cpu(),

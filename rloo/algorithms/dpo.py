@@ -3,7 +3,7 @@ whole training step, read top to bottom.
 
     1. pairs  : k completions (k=2) per prompt sampled from the frozen SFT policy, the reference, never from the
                 policy being trained; scored by the run's reward, as the RL methods' completions are. The best of
-                each prompt's k is chosen, the worst rejected; a tie makes no pair.         (rloo/rollout.py)
+                each prompt's k is chosen, the worst rejected; a tie makes no pair.         (rloo/generation/rollout.py)
     2. loss   : -log sigmoid(beta * [(log pi - log pi_ref)(chosen) - (log pi - log pi_ref)(rejected)]),
                 log pi the sum of the completion's token log-probs
     3. step   : num_ppo_epochs x num_mini_batches optimiser steps; micro-batches of whole pairs accumulate gradients
@@ -20,18 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import OnlineRLConfig, OnlineRLModule
+from rloo.algorithms.base import OnlineRLModule
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
-from rloo.keys import FIXED, key
+from rloo.generation.rollout import PhaseTimer, Rollout, clock
 from rloo.objectives import dpo_loss, masked_sum, preference_pairs
-from rloo.rollout import PhaseTimer, Rollout, clock
-
-
-@dataclass(frozen=True)
-class DPOConfig(OnlineRLConfig):
-    """The shared keys plus conf/algo/dpo.yaml's."""
-
-    dpo_beta: float = key(FIXED, low=0, low_open=True)
 
 
 @dataclass

@@ -9,8 +9,8 @@ import time
 import torch
 from torch import Tensor
 
-from rloo.memory import peak_rss_mb
-from rloo.rollout import Rollout
+from rloo.generation.rollout import Rollout
+from rloo.utils.memory import peak_rss_mb
 
 # metric names of the statistics RLOO and PPO report: TRL's where the quantity is TRL's (docs/configuration.md maps
 # every one)
@@ -112,7 +112,7 @@ def log_metrics(module, metrics: dict, batch_size: int) -> None:
     if "objective/kl" in metrics:  # algo=dpo samples from the reference: no KL of the policy's own samples
         module.log("kl", metrics["objective/kl"], prog_bar=True, logger=False, batch_size=batch_size)
     rollouts, config = module.state.rollouts, module.config
-    module.last_metrics = metrics  # what a progress line shows (rloo.callbacks.ProgressLines reads the few it shows)
+    module.last_metrics = metrics  # what a progress line shows (rloo.run.callbacks.ProgressLines reads a few)
     if rollouts % config.log_every == 0 or rollouts == config.total_rollouts:
         row = dict(zip(metrics, values.tolist()))  # one device sync
         for logger in module.loggers:

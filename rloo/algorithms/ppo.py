@@ -1,7 +1,7 @@
 """PPO for RLHF (Schulman et al. 2017; "The N+ implementation details of RLHF with PPO", Huang et al. 2024):
 the baseline RLOO is measured against. The rollout is RLOO's; what PPO adds is a value model and GAE.
 
-    rollout   : one completion per prompt (k=1), reference and old log-probs, scores      (rloo/rollout.py)
+    rollout   : one completion per prompt (k=1), reference and old log-probs, scores      (rloo/generation/rollout.py)
     values    : V_t of a value model initialised from the reward model
     reward    : r_t = -beta * KL_t on every token, + score on the last real token
     advantage : GAE(gamma, lambda) over tokens, whitened over the batch; value targets G_t = A_t + V_t
@@ -20,11 +20,13 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from rloo.algorithms.base import OnlineRLModule, PolicyGradientConfig
+from rloo.algorithms.base import OnlineRLModule
+from rloo.algorithms.configs import PPOConfig
 from rloo.algorithms.metrics import METRIC_NAMES, StepStats, common_metrics, log_metrics
-from rloo.forward import token_values
-from rloo.keys import APPLIED, FIXED, key
+from rloo.generation.forward import token_values
+from rloo.generation.rollout import PhaseTimer, Rollout, chunked, clock
 from rloo.objectives import (
+    LossForm,
     clipped_value_loss,
     explained_variance,
     gae_advantages,
@@ -32,20 +34,8 @@ from rloo.objectives import (
     masked_mean,
     masked_whiten,
     per_token_rewards,
-    token_ppo_clip_loss,
+    policy_gradient_loss,
 )
-from rloo.rollout import PhaseTimer, Rollout, chunked, clock
-
-
-@dataclass(frozen=True)
-class PPOConfig(PolicyGradientConfig):
-    """The PPO keys of conf/algo/ppo.yaml on top of the shared ones (documented there)."""
-
-    vf_coef: float = key(APPLIED, low=0)
-    value_clip_range: float = key(APPLIED, low=0, low_open=True)
-    gamma: float = key(FIXED, low=0, high=1)
-    lam: float = key(FIXED, low=0, high=1)
-    value_model: str | None = key(FIXED)  # loaded by rloo.assemble; null: started from the reward model
 
 
 @dataclass
@@ -123,10 +113,16 @@ class PPOModule(OnlineRLModule):
         self.finish_step(rollout, targets, timer, started, rollout_done)
         # measured at the policy that sampled, whatever the epochs and mini-batches did after
         diagnostics = self.rollout_diagnostics(rollout, rollout_policy_logprobs, entropy)
-        diagnostics["first_epoch_clipfrac"] = token_ppo_clip_loss(
-            advantages, rollout_policy_logprobs, old_logprobs, mask, cfg.clip_range
-        )[1].clipfrac
+        diagnostics["first_epoch_clipfrac"] = policy_gradient_loss(
+            advantages, rollout_policy_logprobs, old_logprobs, mask, self.loss_form
+        )[1]["clipfrac"]
         self.log_step(rollout, scores, targets, stats.means() | diagnostics)
+
+    @property
+    def loss_form(self) -> LossForm:
+        """PPO's policy loss: a ratio per token, clipped symmetrically, averaged over the batch's real tokens."""
+        clip = self.config.clip_range
+        return LossForm("ppo_clip", "token", "sum", clip, clip, "token_mean")
 
     def micro_batch_loss(
         self, part: Rollout, targets: PPOTargets, index: Tensor, old_logprobs: Tensor, rollout_policy_logprobs: Tensor
@@ -135,8 +131,8 @@ class PPOModule(OnlineRLModule):
         cfg, mask, length = self.config, part.completion_mask, part.completion_ids.shape[1]
         logprobs, _ = self.policy_forward(part)  # [n, T]
         token_w, sequence_w, is_stats = self.correction_weights(part, rollout_policy_logprobs)
-        policy_loss, clip = token_ppo_clip_loss(
-            targets.advantages[index], logprobs, old_logprobs, mask, cfg.clip_range, token_w, sequence_w
+        policy_loss, clip = policy_gradient_loss(
+            targets.advantages[index], logprobs, old_logprobs, mask, self.loss_form, token_w, sequence_w
         )
         values = token_values(self.value_model, part.input_ids, part.attention_mask, length)  # [n, T]
         value_loss, value_clipfrac = clipped_value_loss(
@@ -146,12 +142,8 @@ class PPOModule(OnlineRLModule):
         return loss, {
             "loss": policy_loss,
             "value_loss": value_loss,
-            "clipfrac": clip.clipfrac,
             "value_clipfrac": value_clipfrac,
-            "approxkl": clip.approxkl,
-            "ratio": clip.ratio_mean,
-            "ratio_min": clip.ratio_min,
-            "ratio_max": clip.ratio_max,
+            **clip,
             **is_stats,
         }
 

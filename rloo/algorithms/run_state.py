@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rloo.resume import restore_rng_states, rng_states
+from rloo.utils.resume import restore_rng_states, rng_states
 
 
 @dataclass

@@ -49,7 +49,7 @@ def micro_batches(passes: Iterable[Iterator[list[Tensor]]], step: Callable[[], N
 
 class StrategyAdapter:
     """The strategy differences of an update, in one place. DDP reduces gradients through Lightning's
-    `toggle_model(sync_grad=...)` (the module's own code); FSDP2 (rloo.sharding) has its own sync switch on the
+    `toggle_model(sync_grad=...)` (the module's own code); FSDP2 (rloo.models.sharding) has its own sync switch on the
     policy; DeepSpeed holds the gradients itself, must be told the accumulation boundary before each backward, clips
     inside its step and reports the norm it clipped by."""
 
@@ -63,7 +63,7 @@ class StrategyAdapter:
 
     @property
     def clips_itself(self) -> bool:
-        """DeepSpeed clips inside its step (gradient_clipping, rloo.assemble.deepspeed_settings); p.grad holds
+        """DeepSpeed clips inside its step (gradient_clipping, rloo.run.assemble.deepspeed_settings); p.grad holds
         nothing."""
         return self.deepspeed_engine is not None
 

@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rloo.bench.presets import PRESETS, get_preset
-from rloo.cli import OneLineParser
+from rloo.run.cli import OneLineParser
 
 DEFAULT_PRESETS = ("tiny", "small", "pythia-160m")
 

@@ -1,4 +1,5 @@
-"""python -m rloo.bench decode: how close the lean decode (rloo/decode.py) reads at the machine's memory limit, and
+"""python -m rloo.bench decode: how close the lean decode (rloo/generation/decode.py) reads at the machine's memory
+limit, and
 where its time goes.
 
 At a preset's shape (default `long-160m`: Pythia-160m, 2 prompts x k = 4 = 8 rows, 64-token prompts), random
@@ -15,8 +16,8 @@ weights, float32 on CPU and bfloat16 on a GPU, every row running to its last tok
   go below;
 - on CPU a per-op profile (torch.profiler) of one decode in four parts: the linear products, attention over the
   cache, sampling, and everything else (the small ops of each layer and the Python between them);
-- where CUDA graphs serve (`rloo.static_decode`: the model on a GPU), the graph loop's ms per token beside the
-  eager loop's, its captures included (each call captures its buckets' steps, as a rollout's call does).
+- where CUDA graphs serve (`rloo.generation.static_decode`: the model on a GPU), the graph loop's ms per token beside
+  the eager loop's, its captures included (each call captures its buckets' steps, as a rollout's call does).
 
 Writes decode.json and decode.md. Plain torch + transformers.
 """
@@ -73,8 +74,8 @@ def step_bytes(model, num_prompts: int, rows: int, prompt_length: int, new_token
 
 @contextmanager
 def _labelled():
-    """Label attention and sampling in the profile (record_function around rloo.decode's two hooks)."""
-    from rloo import decode
+    """Label attention and sampling in the profile (record_function around rloo.generation.decode's two hooks)."""
+    from rloo.generation import decode
 
     originals = decode._decode_attend, decode.sample_tokens
 
@@ -83,7 +84,7 @@ def _labelled():
             return originals[0](*args, **kwargs)
 
     def sample(*args, **kwargs):
-        with torch.profiler.record_function("rloo.sampling"):
+        with torch.profiler.record_function("rloo.generation.sampling"):
             return originals[1](*args, **kwargs)
 
     decode._decode_attend, decode.sample_tokens = attend, sample
@@ -106,7 +107,7 @@ def op_profile(run, steps: int) -> dict:
     averages = prof.key_averages()
     linear = sum(e.self_cpu_time_total for e in averages if e.key in LINEAR_OPS) / 1e3
     attention = sum(e.cpu_time_total for e in averages if e.key == "rloo.attention") / 1e3
-    sampling = sum(e.cpu_time_total for e in averages if e.key == "rloo.sampling") / 1e3
+    sampling = sum(e.cpu_time_total for e in averages if e.key == "rloo.generation.sampling") / 1e3
     parts = {"linear products": linear, "attention over the cache": attention, "sampling": sampling}
     parts["small ops and Python"] = wall * 1e3 - sum(parts.values())
     top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:10]
@@ -131,9 +132,9 @@ def measure(
     from transformers import AutoModelForCausalLM
 
     from rloo.bench.presets import get_preset, model_config, random_prompts
-    from rloo.decode import lean_generate, prepared_weights
-    from rloo.sampling import SamplingConfig
-    from rloo.static_decode import static_generate, why_not_graph
+    from rloo.generation.decode import lean_generate, prepared_weights
+    from rloo.generation.settings import SamplingConfig
+    from rloo.generation.static_decode import static_generate, why_not_graph
 
     torch.set_num_threads(threads)
     preset = get_preset(preset_name)

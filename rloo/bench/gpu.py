@@ -4,7 +4,7 @@
     python -m rloo.bench gpu                    # the same check at a reduced size on CPU (what CI runs)
 
 For each model: one real training step after a warm-up (rloo.bench.worker, bf16-true, a fresh interpreter each),
-giving decode tokens per second, step time and peak memory, and rloo.memory_plan's planned peak for the same shape
+giving decode tokens per second, step time and peak memory, and rloo.run.memory_plan's planned peak for the same shape
 beside the measured one (GPU: torch.cuda.max_memory_allocated; CPU: peak RSS above the post-import baseline); the
 decode alone (rloo.bench.decode): ms per token of the eager loop and of the CUDA-graph loop beside the read floor
 (the bytes a step reads over torch.sum's read rate on the same device); and TRL's RLOOTrainer at the same shape
@@ -21,19 +21,19 @@ import sys
 from pathlib import Path
 
 from rloo.bench.presets import get_preset, model_config
-from rloo.forward import packing_pays
+from rloo.generation.forward import packing_pays
 
 MODELS = {"cuda": ("tldr-1b", "pythia-1b", "llama-1b"), "cpu": ("small", "llama-small")}
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def planned_peak_mib(preset_name: str, precision: str) -> float:
-    """rloo.memory_plan's peak for one worker step of the preset: every completion in one micro-batch."""
+    """rloo.run.memory_plan's peak for one worker step of the preset: every completion in one micro-batch."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from rloo.families import architecture_from_config
-    from rloo.memory_plan import Shape, estimate
+    from rloo.run.memory_plan import Shape, estimate
 
     preset = get_preset(preset_name)
     config = model_config(preset)

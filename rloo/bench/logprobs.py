@@ -1,5 +1,6 @@
 """python -m rloo.bench logprobs: peak memory and time of the log-prob pass, whole `[R, V]` logits against the chunked
-head of rloo.rollout, at a Pythia-sized vocabulary. Each variant runs in a fresh interpreter; memory is the peak
+head of rloo.generation.rollout, at a Pythia-sized vocabulary. Each variant runs in a fresh interpreter; memory is the
+peak
 resident size above what the process held once the head and hidden states were made.
 """
 
@@ -17,10 +18,10 @@ def measure(variant: str, grad: bool) -> dict:
     """In this process: one log-prob (and entropy) pass of `variant` (whole | chunked), with a backward if `grad`."""
     import torch
 
-    from rloo.forward import chunked_logprobs_and_entropy
-    from rloo.memory import current_rss_mb, peak_rss_mb
-    from rloo.models import FP32Head
+    from rloo.generation.forward import chunked_logprobs_and_entropy
+    from rloo.models.loading import FP32Head
     from rloo.objectives import entropy_from_logits, token_logprobs
+    from rloo.utils.memory import current_rss_mb, peak_rss_mb
 
     torch.set_num_threads(2)
     torch.manual_seed(0)

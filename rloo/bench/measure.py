@@ -6,7 +6,7 @@ import statistics
 
 import torch
 
-from rloo.memory import current_rss_mb, peak_rss_mb  # noqa: F401  (the workers read them from here)
+from rloo.utils.memory import current_rss_mb, peak_rss_mb  # noqa: F401  (the workers read them from here)
 
 
 def median(values: list[float]) -> float | None:

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from rloo.bench.measure import current_rss_mb, median, model_state_mb, peak_rss_mb  # noqa: E402
 from rloo.bench.presets import build_models, build_tokenizer, get_preset, random_prompts  # noqa: E402
-from rloo.rollout import clock  # noqa: E402  (waits for queued CUDA work before reading the clock)
+from rloo.generation.rollout import clock  # noqa: E402  (waits for queued CUDA work before reading the clock)
 
 TEMPERATURE, LEARNING_RATE, MISSING_EOS_PENALTY = 0.7, 1e-6, 1.0
 

@@ -82,11 +82,11 @@ class StepClock:
 
 def build_module(args, preset, tokenizer, policy, reward_model):
     """The module of `args.algorithm` with conf/train.yaml's settings, the preset's shape and `--set` on top."""
-    from rloo.assemble import build_module as build
-    from rloo.assemble import policy_and_reference
-    from rloo.cli import compose_train_config
-    from rloo.config import ConfigError, validate_train_config
-    from rloo.models import freeze
+    from rloo.config.checks import ConfigError, validate_train_config
+    from rloo.models.loading import freeze
+    from rloo.run.assemble import build_module as build
+    from rloo.run.assemble import policy_and_reference
+    from rloo.run.cli import compose_train_config
 
     completions, steps = preset.completions_per_step, args.steps + args.warmup
     shape = {
@@ -136,7 +136,7 @@ def run(args) -> dict:
         {"prompt_ids": chunk, "prompt_mask": torch.ones_like(chunk)} for chunk in prompts.split(prompts_per_step)
     ]
     clock = StepClock()
-    from rloo.assemble import precision_arguments
+    from rloo.run.assemble import precision_arguments
 
     accelerator = "gpu" if args.device == "cuda" else "cpu"
     trainer = L.Trainer(

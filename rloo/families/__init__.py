@@ -1,6 +1,6 @@
 """Model families: one module per family, each exporting one `Family` record (rloo/families/base.py), and this list
 of them. Everything in rloo that depends on a model's family reads it from here: LoRA's `auto` targets, the lean
-decode's layer code, the memory plan's layout, the MLP form rloo.mlp_recompute rewrites, and `why_not`, which the
+decode's layer code, the memory plan's layout, the MLP form rloo.models.mlp_recompute rewrites, and `why_not`, which the
 run and `rloo.plan` both ask before a fast path serves a model. No other module switches on a model class or a
 `model_type` string.
 

@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 # (q `[B, H, T, hd]`, new k|v `[B, kv_heads, T, 2*hd]`) -> `[B, H, T, hd]`: attention over the decode's cache,
-# which the loop (rloo/decode.py) reads and extends
+# which the loop (rloo/generation/decode.py) reads and extends
 Attend = Callable[[Tensor, Tensor], Tensor]
 
 
 class MLPForm(NamedTuple):
-    """How a block's MLP computes, by the names of its submodules, for rloo.mlp_recompute.
+    """How a block's MLP computes, by the names of its submodules, for rloo.models.mlp_recompute.
 
     gated: down(act(gate(x)) * up(x)), names (gate, up, down, act); else down(act(up(x))), names (up, act, down)."""
 
@@ -81,13 +81,13 @@ class Architecture:
     def saved_per_token(self, mlp_recompute: bool = False) -> int:
         """Values one block keeps per token for the backward: the norms' inputs, q, k and v, the attention output,
         the MLP's input (about 8 D + the k|v width) and its wide activations (GELU: h and act(h); gated: gate, up,
-        act(gate), product). With rloo.mlp_recompute, the up-projections only (GELU: h; gated: gate and up)."""
+        act(gate), product). With rloo.models.mlp_recompute, the up-projections only (GELU: h; gated: gate and up)."""
         wide = (2 if self.gated_mlp else 1) if mlp_recompute else (4 if self.gated_mlp else 2)
         return 8 * self.hidden_size + self.kv_width + wide * self.intermediate_size
 
 
 class Proj(NamedTuple):
-    """One linear layer's weights and the product that applies them (rloo.decode chooses the product)."""
+    """One linear layer's weights and the product that applies them (rloo.generation.decode chooses the product)."""
 
     weight: Tensor  # the module's own, or a copy in oneDNN's blocked layout
     bias: Tensor | None
@@ -137,7 +137,7 @@ class Family:
 
     model_types: config.json's `model_type` values it claims; causal_lm: its transformers causal-LM class (the lean
     decode samples from that class only); projections: a block's linear layers in the model's names, which LoRA's
-    `auto` adapts and the decode reads; mlp: its MLP form (rloo.mlp_recompute); architecture: config.json -> the
+    `auto` adapts and the decode reads; mlp: its MLP form (rloo.models.mlp_recompute); architecture: config.json -> the
     memory plan's Architecture; decode_body: (model, linear) -> the lean decode's weights and layer code;
     attention_window: the sliding window of a config (None: full attention everywhere)."""
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rloo.errors import JudgeFailed
-from rloo.user_code import Interrupted, call_guarded, one_line
+from rloo.rewards.user_code import Interrupted, call_guarded, one_line
+from rloo.utils.errors import JudgeFailed
 
 OUTCOMES = {1.0: "win", 0.5: "tie", 0.0: "loss", None: "invalid"}
 
@@ -81,7 +81,8 @@ def in_callers_torch_modes(function):
 def judge_pairs(
     judge: Judge, prompts: list[str], candidates: list[str], others: list[str], timeout_s: float = 0, should_stop=None
 ) -> list[Verdict]:
-    """`judge.judge(...)` under guard (rloo.user_code): one Verdict per pair, or `JudgeFailed` in one line naming the
+    """`judge.judge(...)` under guard (rloo.rewards.user_code): one Verdict per pair, or `JudgeFailed` in one line
+    naming the
     judge and what it did (raised anything, SystemExit included; ran past `timeout_s`, eval.judge_timeout_s; returned
     the wrong count or something not a Verdict with outcome 1, 0.5, 0 or None). `Interrupted` when SIGTERM came.
     timeout_s=0: called directly in the main thread, without the guard."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rloo.data import left_pad
+from rloo.data.prompts import left_pad
 from rloo.judges.base import Judge, Verdict, swap_orders
 from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, render_comparison
 
@@ -35,7 +35,7 @@ class HFJudge(Judge):
             return
         from transformers import AutoModelForCausalLM
 
-        from rloo.models import DTYPES, freeze, load_tokenizer
+        from rloo.models.loading import DTYPES, freeze, load_tokenizer
 
         self.tokenizer = load_tokenizer(self.tokenizer_path or self.path)
         self.label_ids = []
@@ -52,7 +52,7 @@ class HFJudge(Judge):
     @torch.no_grad()
     def label_logprobs(self, texts: list[str]) -> torch.Tensor:
         """log p(label A), log p(label B) as the next token after each text, `[N, 2]`, normalised over the two."""
-        from rloo.sampling import position_ids_for
+        from rloo.generation.sampling import position_ids_for
 
         device = next(self.model.parameters()).device
         encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]

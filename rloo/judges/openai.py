@@ -25,9 +25,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rloo.errors import ConfigError
 from rloo.judges.base import Judge, Verdict, swap_orders
 from rloo.judges.prompts import TLDR_COMPARISON, parse_preference, render_comparison
+from rloo.utils.errors import ConfigError
 
 logger = logging.getLogger("rloo.judges")
 

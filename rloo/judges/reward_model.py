@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rloo.data import left_pad
+from rloo.data.prompts import left_pad
 from rloo.judges.base import Judge, Verdict
 
 
@@ -36,14 +36,14 @@ class RewardModelJudge(Judge):
     def setup(self, device="cpu") -> None:
         if self.model is not None:
             return
-        from rloo.models import load_reward_model, load_tokenizer
+        from rloo.models.loading import load_reward_model, load_tokenizer
 
         self.tokenizer = load_tokenizer(self.tokenizer_path or self.path)
         self.model = load_reward_model(self.path, self.dtype, self.tokenizer).to(device)
 
     @torch.no_grad()
     def scores(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
-        from rloo.forward import reward_scores
+        from rloo.generation.forward import reward_scores
 
         eos = [self.tokenizer.eos_token_id] if self.append_eos and self.tokenizer.eos_token_id is not None else []
         texts = [p + c for p, c in zip(prompts, completions)]

@@ -5,7 +5,7 @@ with integer answers, as chat prompts, and the correctness reward that checks th
     reward=rloo.toy.arithmetic:correct               1 if the completion's last number is the row's answer, else 0
 
 Each row is {"prompt": [{"role": "system", ...}, {"role": "user", "content": question}], "answer": "<integer>"};
-the reward function reads the `answer` column by name (rloo.scoring passes a row's columns to the functions that
+the reward function reads the `answer` column by name (rloo.rewards.scoring passes a row's columns to the functions that
 ask for them).
 """
 
@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from rloo import cache
+from rloo.utils import cache
 
 SPLITS = {"train": (2048, 0), "validation": (256, 1), "test": (256, 2)}  # rows, seed offset
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Finn", "Gita", "Hugo", "Iris", "Jon")
@@ -63,7 +63,7 @@ def rows(n: int, seed: int) -> list[dict]:
 
 
 def split_path(cache_dir: str, split: str, seed: int = 0, log=None) -> str:
-    """The jsonl of one split, from the cache entry of all three (rloo.cache: written once under a lock, a few ms,
+    """The jsonl of one split, from the cache entry of all three (rloo.utils.cache: written once under a lock, a few ms,
     the same rows for the same seed; checked against its hashes on every use, a damaged one written again)."""
     root = Path(cache_dir).expanduser() / f"arithmetic-v{VERSION}-{seed}"
 

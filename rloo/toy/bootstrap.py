@@ -1,7 +1,7 @@
 """The embedded task's bootstrap: data splits, tokenizer, SFT policy and reward model, built once and cached.
 
 The cache key is the whole `bootstrap` config block (conf/bootstrap/toy.yaml) plus TASK_VERSION. The entry is
-built, locked, staged, hashed and checked on every use by rloo.cache, as every cache of the project is.
+built, locked, staged, hashed and checked on every use by rloo.utils.cache, as every cache of the project is.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification
 
-from rloo import atomic, cache
-from rloo.errors import SIGTERM_EXIT_CODE
 from rloo.toy.evaluation import evaluate, pair_accuracy
 from rloo.toy.preferences import make_preference_pairs
 from rloo.toy.reward_stage import RewardModelModule, collate_pairs, encode_pairs
 from rloo.toy.sft_stage import SFTModule, collate_sft, encode_sft_examples, sft_loss
 from rloo.toy.task import PostShape, make_splits, split_seed
 from rloo.toy.tokenizer import task_corpus, train_tokenizer
+from rloo.utils import atomic, cache
+from rloo.utils.errors import SIGTERM_EXIT_CODE
 
 # Bump when task, tokenizer or training code changes what a given config builds.
 TASK_VERSION = "toy-v2"

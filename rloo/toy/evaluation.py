@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from rloo.forward import reward_scores
-from rloo.heldout import complete
-from rloo.rollout import chunked
-from rloo.sampling import SamplingConfig
+from rloo.evaluation.heldout import complete
+from rloo.generation.forward import reward_scores
+from rloo.generation.rollout import chunked
+from rloo.generation.settings import SamplingConfig
 from rloo.toy.reward_stage import collate_pairs, encode_pairs, pair_scores
 from rloo.toy.sft_stage import collate_sft, encode_sft_examples
 from rloo.toy.task import ideal_summary, oracle_judge, oracle_score

@@ -1,7 +1,7 @@
 """Bradley-Terry reward-model training on (prompt, chosen, rejected).
 
 Sequences use the rollout layout (prompt left-padded, completion + EOS right-padded) and are scored
-with `rloo.forward.reward_scores`, so the model is trained at the very token RL reads its score from.
+with `rloo.generation.forward.reward_scores`, so the model is trained at the very token RL reads its score from.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
-from rloo.data import left_pad
-from rloo.forward import reward_scores
+from rloo.data.prompts import left_pad
+from rloo.generation.forward import reward_scores
 from rloo.toy.sft_stage import encode_completion, pad_right
 
 

@@ -1,4 +1,5 @@
-"""Rule-based rewards for the embedded task, usable as `reward=rloo.toy.rule_rewards:<name>` (see rloo/scoring.py).
+"""Rule-based rewards for the embedded task, usable as `reward=rloo.toy.rule_rewards:<name>` (see
+rloo/rewards/scoring.py).
 
 Each takes the decoded prompts and completions and returns one float per completion. They are simpler than the
 oracle (which also charges order errors and repeated words): a reward a user might write by hand.

@@ -1,6 +1,6 @@
 """Supervised fine-tuning of a causal LM on (prompt, reference): the loss is on completion tokens only.
 
-Batches use the rollout layout (`rloo.rollout`): prompts left-padded `[N, P]`, completions (reference
+Batches use the rollout layout (`rloo.generation.rollout`): prompts left-padded `[N, P]`, completions (reference
 tokens + EOS) right-padded `[N, T]`, and log-probs come from `completion_logprobs`, so the positions the
 SFT loss trains are exactly the ones RL later reads.
 """
@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
-from rloo.data import left_pad
-from rloo.forward import completion_logprobs
+from rloo.data.prompts import left_pad
+from rloo.generation.forward import completion_logprobs
 from rloo.objectives import masked_mean
 
 

@@ -1,0 +1,1 @@
+"""Prompts: the DataModule over HF datasets."""

@@ -1,0 +1,312 @@
+"""Prompts for RL: `PromptDataModule` over HF `datasets`, left-padded, with exact rollout counts.
+
+A prompt column holds plain text or a list of chat messages; a trailing assistant message is the
+reference completion and the rest is rendered with the tokenizer's chat template.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import torch
+from lightning import LightningDataModule
+from torch.utils.data import DataLoader, Sampler
+
+from rloo.utils.errors import ConfigError
+
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+
+
+@dataclass
+class SplitSpec:
+    """One split's keys of conf/data/*.yaml (documented there)."""
+
+    path: str
+    split: str
+    prompt_column: str
+    reference_column: str | None
+
+
+def load_split(spec: SplitSpec, key: str = "data") -> datasets.Dataset:
+    """A local file (.jsonl/.json/.parquet/.csv), a `save_to_disk` dir, or a hub id. Anything that cannot be read,
+    or holds no rows, is a one-line ConfigError naming `key` (data.train, data.validation) and the file."""
+    path = Path(spec.path).expanduser()
+    where = f"{key}.path={spec.path!r}"
+    if path.is_dir():
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except Exception as error:  # datasets raises several kinds for a dir that is not one of its own
+            raise ConfigError(f"{where} is not a datasets.save_to_disk dir ({_first_line(error)})") from None
+        if isinstance(loaded, datasets.DatasetDict):
+            if spec.split not in loaded:
+                raise ConfigError(f"{key}.split={spec.split!r} is not in {path} (splits: {', '.join(loaded)})")
+            loaded = loaded[spec.split]
+        dataset = loaded
+    elif path.suffix in FILE_BUILDERS:
+        if not path.is_file():
+            raise ConfigError(f"{where} does not exist")
+        if path.stat().st_size == 0:
+            raise ConfigError(f"{where} is empty: no prompts")
+        try:
+            dataset = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train")
+        except Exception as error:
+            raise ConfigError(
+                f"{where} cannot be read as {path.suffix[1:]}: {_malformed_line(path) or _first_line(error)}"
+            ) from None
+    else:
+        try:
+            dataset = datasets.load_dataset(spec.path, split=spec.split)
+        except Exception as error:
+            raise ConfigError(
+                f"{where} is not a local file or dir and cannot be loaded as a dataset id ({_first_line(error)})"
+            ) from None
+    if len(dataset) == 0:
+        raise ConfigError(f"{where} holds no rows")
+    return dataset
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+
+
+def _malformed_line(path: Path) -> str | None:
+    """The first line of a .jsonl file that is not a JSON object, said with its number."""
+    if path.suffix != ".jsonl":
+        return None
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                if not isinstance(json.loads(line), dict):
+                    return f"line {number} is not a JSON object"
+            except json.JSONDecodeError as error:
+                return f"line {number} is not JSON ({error.msg})"
+    return None
+
+
+def render_prompt(value, tokenizer, where: str) -> tuple[str, str | None]:
+    """(prompt text, reference from a trailing assistant message or None)."""
+    if isinstance(value, str):
+        return value, None
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in value
+    ):
+        raise ConfigError(
+            f"{where} holds {type(value).__name__} {str(value)[:40]!r}: text, or a list of chat messages "
+            "{role, content}"
+        )
+    messages = list(value)
+    reference = None
+    if messages and messages[-1]["role"] == "assistant":
+        reference = messages[-1]["content"]
+        messages = messages[:-1]
+    if tokenizer.chat_template is None:
+        raise ConfigError(
+            f"{where} holds chat messages but the tokenizer has no chat template: set model.chat_template"
+        )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), reference
+
+
+def tokenize_prompts(
+    dataset: datasets.Dataset, spec: SplitSpec, tokenizer, max_prompt_length: int, truncate: bool, key: str = "data"
+) -> tuple[list[dict], int]:
+    """Render and tokenize every row; prompts over max_prompt_length are dropped or left-truncated.
+
+    Returns rows {prompt, reference, prompt_ids, columns} and the number of prompts dropped (or truncated);
+    `columns` holds the row's other columns by name, for reward functions that ask for them (an `answer`, say).
+    """
+    for name, column in (("prompt_column", spec.prompt_column), ("reference_column", spec.reference_column)):
+        if column is not None and column not in dataset.column_names:
+            raise ConfigError(
+                f"{key}.{name}={column!r} is not a column of {spec.path} (columns: {', '.join(dataset.column_names)})"
+            )
+    rows, over_length = [], 0
+    for index, example in enumerate(dataset):
+        prompt, reference = render_prompt(
+            example[spec.prompt_column],
+            tokenizer,
+            f"{key}.prompt_column={spec.prompt_column!r} at row {index} of {spec.path}",
+        )
+        if spec.reference_column is not None:
+            reference = example[spec.reference_column]
+            if reference is not None and not isinstance(reference, str):
+                raise ConfigError(
+                    f"{key}.reference_column={spec.reference_column!r} at row {index} of {spec.path} "
+                    f"holds {type(reference).__name__}: text or null"
+                )
+        ids = tokenizer(prompt, add_special_tokens=False).input_ids
+        if len(ids) > max_prompt_length:
+            over_length += 1
+            if not truncate:
+                continue
+            ids = ids[-max_prompt_length:]  # keep the end: it holds the question and the generation prompt
+        columns = {name: value for name, value in example.items() if name != spec.prompt_column}
+        rows.append({"prompt": prompt, "reference": reference, "prompt_ids": ids, "columns": columns})
+    return rows, over_length
+
+
+def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad to the longest: ids `[B, P]` and mask `[B, P]`."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
+    return ids, mask
+
+
+class EpisodeSampler(Sampler[int]):
+    """Exactly `num_samples` indices over all ranks: seeded reshuffled passes over the dataset, back to back, from
+    index `start` of that stream on (a resumed run skips what it trained on; its length stays the whole run's, as
+    Lightning counts the batches already done). Rank `rank` of `world` takes every world-th index of the stream,
+    from its own offset, so each rank's batches are whole prompts and together the ranks cover the stream once.
+
+    One Lightning epoch is then the whole run, so the progress bar ends where training ends.
+    """
+
+    def __init__(
+        self,
+        dataset_size: int,
+        num_samples: int,
+        seed: int,
+        shuffle: bool = True,
+        start: int = 0,
+        rank: int = 0,
+        world: int = 1,
+    ):
+        self.dataset_size, self.num_samples, self.seed, self.shuffle = dataset_size, num_samples, seed, shuffle
+        self.start, self.rank, self.world = start, rank, world
+
+    def stream(self):
+        """The indices of every rank, from `start` on."""
+        data_pass, position = self.start // self.dataset_size, self.start // self.dataset_size * self.dataset_size
+        while position < self.num_samples:
+            generator = torch.Generator().manual_seed(self.seed + data_pass)
+            order = (
+                torch.randperm(self.dataset_size, generator=generator)
+                if self.shuffle
+                else torch.arange(self.dataset_size)
+            )
+            chunk = order[: self.num_samples - position].tolist()
+            yield from ((position + i, index) for i, index in enumerate(chunk) if position + i >= self.start)
+            position += len(chunk)
+            data_pass += 1
+
+    def __iter__(self):
+        return (index for position, index in self.stream() if position % self.world == self.rank)
+
+    def __len__(self) -> int:
+        return self.num_samples // self.world
+
+
+class RolloutLoader(DataLoader):
+    """The train loader, resumable as Lightning asks: where a resumed run's loader starts is set from the
+    checkpoint's own rollout counter (PromptDataModule.first_rollout, by rloo.utils.resume), so it keeps no state of its
+    own to save or load."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class PromptDataModule(LightningDataModule):
+    """Train prompts for rollouts and held-out (prompt, reference) pairs for evaluation."""
+
+    def __init__(
+        self,
+        tokenizer,
+        train: SplitSpec,
+        validation: SplitSpec,
+        max_prompt_length: int,
+        truncate_prompts: bool,
+        prompts_per_rollout: int,
+        num_rollouts: int,
+        seed: int,
+        shuffle: bool,
+        num_workers: int,
+        log=print,
+    ):
+        super().__init__()
+        self.tokenizer, self.train_spec, self.validation_spec = tokenizer, train, validation
+        self.max_prompt_length, self.truncate_prompts = max_prompt_length, truncate_prompts
+        self.prompts_per_rollout, self.num_rollouts = prompts_per_rollout, num_rollouts
+        self.seed, self.shuffle, self.num_workers, self.log_fn = seed, shuffle, num_workers, log
+        self.train_rows: list[dict] | None = None
+        self.validation_rows: list[dict] | None = None
+        self.first_rollout = 0  # a resumed run starts at the prompts of this rollout (rloo.utils.resume)
+
+    @property
+    def num_train_prompts(self) -> int:
+        return len(self.train_rows) if self.train_rows is not None else 0
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_rows is not None:
+            return
+        self.train_rows = self._prepare("train", self.train_spec)
+        self.validation_rows = self._prepare("validation", self.validation_spec)
+
+    def _prepare(self, name: str, spec: SplitSpec) -> list[dict]:
+        dataset = load_split(spec, f"data.{name}")
+        rows, over = tokenize_prompts(
+            dataset, spec, self.tokenizer, self.max_prompt_length, self.truncate_prompts, f"data.{name}"
+        )
+        action = "truncated" if self.truncate_prompts else "dropped"
+        self.log_fn(
+            f"data: {name}: {len(rows)} prompts from {spec.path}; {over} longer than "
+            f"{self.max_prompt_length} tokens {action}"
+        )
+        if not rows:
+            raise ConfigError(
+                f"data.max_prompt_length={self.max_prompt_length} drops every prompt of data.{name} "
+                f"({spec.path}): raise it, or set data.truncate_prompts=true"
+            )
+        return rows
+
+    def collate(self, rows: list[dict]) -> dict:
+        prompt_ids, prompt_mask = left_pad([row["prompt_ids"] for row in rows], self.tokenizer.pad_token_id)
+        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "columns": [row["columns"] for row in rows]}
+
+    def train_dataloader(self) -> DataLoader:
+        # the sampler splits the prompts across ranks itself (the Trainer runs with use_distributed_sampler=False)
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+        per_rollout = self.prompts_per_rollout * world_size
+        sampler = EpisodeSampler(
+            len(self.train_rows),
+            self.num_rollouts * per_rollout,
+            self.seed,
+            self.shuffle,
+            start=self.first_rollout * per_rollout,
+            rank=rank,
+            world=world_size,
+        )
+        # its own generator for the workers' base seed: a resumed run's global random state stays the checkpoint's
+        return RolloutLoader(
+            self.train_rows,
+            batch_size=self.prompts_per_rollout,
+            sampler=sampler,
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+
+    def extra_prompts(self, count: int, rollout: int, round_: int) -> dict:
+        """`count` train prompts for a rollout's extra sampling round (DAPO's dynamic sampling), drawn from the seed,
+        the rollout's number, the round and the rank alone: a resumed run draws the same ones."""
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        generator = torch.Generator().manual_seed(((self.seed * 1_000_003 + rollout) * 1_009 + round_) * 1_013 + rank)
+        picked = torch.randint(len(self.train_rows), (count,), generator=generator).tolist()
+        return self.collate([self.train_rows[i] for i in picked])
+
+    def eval_rows(self, num_prompts: int) -> list[dict]:
+        """The first `num_prompts` held-out rows (fixed, so before/after compare the same prompts)."""
+        return self.validation_rows[:num_prompts]

@@ -1,0 +1,192 @@
+"""Held-out evaluation shared by the training callback and `python -m rloo.evaluate`: complete fixed prompts
+(greedy by default), score them with the reward model, judge them pairwise against the references (or another
+policy's completions), and summarise as a win rate with a 95% interval."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import torch
+
+from rloo.data.prompts import left_pad
+from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
+from rloo.generation.forward import reward_scores
+from rloo.generation.rollout import chunked, sample_completions
+from rloo.generation.settings import SamplingConfig
+from rloo.judges import Judge, judge_pairs, win_rate_summary
+
+INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)
+MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy")  # per-row values summarised alike
+
+
+@dataclass(frozen=True)
+class VerifiableEval:
+    """Evaluation for verifiable rewards (train.yaml's eval.samples_per_prompt and the keys below it): n samples per
+    prompt at the rollout's settings, each correct where the reward functions' weighted sum reaches correct_at."""
+
+    samples_per_prompt: int
+    pass_k: tuple[int, ...]
+    correct_at: float
+    sampling: SamplingConfig  # the rollout's
+    answer: Callable[[str], str | None] | None = None  # null: the completion, stripped
+
+
+def sampled_correctness(
+    policy, tokenizer, rows: list[dict], reward, verifiable: VerifiableEval, batch_size: int, device, columns: dict
+) -> dict[str, torch.Tensor]:
+    """pass@k (unbiased, Chen et al. 2021) for each k and majority-vote accuracy, one value per row, from n sampled
+    completions of each row's prompt."""
+    n = verifiable.samples_per_prompt
+    repeated = [row for row in rows for _ in range(n)]
+    done = complete(policy, tokenizer, repeated, verifiable.sampling, batch_size, device)
+    prompts = [row["prompt"] for row in repeated]
+    columns = {name: [value for value in values for _ in range(n)] for name, values in columns.items()}
+    correct = reward.function_total(reward.function_values(prompts, done["texts"], columns)) >= verifiable.correct_at
+    correct = correct.reshape(len(rows), n).tolist()
+    answer_of = verifiable.answer or (lambda text: text.strip())
+    answers = [answer_of(text) for text in done["texts"]]
+    out = {
+        f"pass@{k}": torch.tensor([pass_at_k(n, sum(row), k) for row in correct], device=device)
+        for k in verifiable.pass_k
+    }
+    out["majority_vote"] = torch.tensor(
+        [float(majority_vote(answers[i * n : (i + 1) * n], correct[i])) for i in range(len(rows))], device=device
+    )
+    return out
+
+
+@torch.no_grad()
+def complete(
+    policy, tokenizer, rows: list[dict], sampling: SamplingConfig, batch_size: int, device: torch.device | str = "cpu"
+) -> dict:
+    """Completions of each row's prompt: texts, and the prompt/completion tensors in rollout layout."""
+    ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
+    ids, mask = ids.to(device), mask.to(device)
+    completion_ids, completion_mask, ended, _ = sample_completions(
+        policy, ids, mask, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size
+    )
+    return {
+        "texts": tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
+        "input_ids": torch.cat([ids, completion_ids], 1),
+        "attention_mask": torch.cat([mask, completion_mask], 1),
+        "length": completion_mask.sum(1).float(),
+        "eos": ended.float(),
+    }
+
+
+@torch.no_grad()
+def evaluate_policy(
+    policy,
+    tokenizer,
+    rows: list[dict],
+    sampling: SamplingConfig,
+    batch_size: int,
+    judge: Judge | None = None,
+    reward_model=None,
+    device: torch.device | str = "cpu",
+    others: list[str] | None = None,
+    reward=None,
+    judge_timeout_s: float = 0,
+    should_stop=None,
+    verifiable: VerifiableEval | None = None,
+) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """Complete, score and judge `rows`; the candidate is judged against `others` (default: the references).
+
+    Returns per-row tensors (score: nan without a reward model; outcome: 1 / 0.5 / 0, -1 invalid, nan without a
+    judge; length; eos; reward/<name> for each reward function of `reward`, a rloo.rewards.scoring.Reward, which gets
+    the
+    rows' columns as in training; with `verifiable`, accuracy of these completions and pass@k and majority_vote from
+    sampled ones) and one record per row for the JSONL / W&B table. The judge runs under guard
+    (rloo.judges.judge_pairs: `judge_timeout_s`, `should_stop` says SIGTERM came).
+    """
+    done = complete(policy, tokenizer, rows, sampling, batch_size, device)
+    n = len(rows)
+    scores = torch.full((n,), float("nan"), device=done["length"].device)
+    if reward_model is not None:
+        scores = chunked(partial(reward_scores, reward_model), batch_size, done["input_ids"], done["attention_mask"])
+    prompts, references = [row["prompt"] for row in rows], [row["reference"] for row in rows]
+    head_to_head = others is not None
+    others = others if head_to_head else references
+    verdicts = (
+        judge_pairs(judge, prompts, done["texts"], others, judge_timeout_s, should_stop)
+        if judge is not None
+        else [None] * n
+    )
+    outcome = [float("nan") if v is None else INVALID if v.outcome is None else v.outcome for v in verdicts]
+    per_row = {
+        "score": scores.float(),
+        "length": done["length"],
+        "eos": done["eos"],
+        "outcome": torch.tensor(outcome, device=scores.device),
+    }
+    if reward is not None and reward.functions:
+        columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
+        values = reward.function_values(prompts, done["texts"], columns)
+        for name, value in values.items():
+            per_row[f"reward/{name}"] = value.to(scores.device)
+        if verifiable is not None:
+            per_row["accuracy"] = (reward.function_total(values) >= verifiable.correct_at).float().to(scores.device)
+            per_row.update(
+                sampled_correctness(policy, tokenizer, rows, reward, verifiable, batch_size, scores.device, columns)
+            )
+    samples = []
+    for i, (prompt, reference, other, text, verdict) in enumerate(
+        zip(prompts, references, others, done["texts"], verdicts)
+    ):
+        samples.append(
+            {
+                "prompt": prompt,
+                "reference": reference,
+                **({"opponent": other} if head_to_head else {}),
+                "completion": text,
+                "verdict": None if verdict is None else verdict.label,
+                "outcome": None if verdict is None else verdict.outcome,
+                "order": None if verdict is None else verdict.order,
+                "judge_answer": None if verdict is None else (verdict.raw if verdict.error is None else verdict.error),
+                "length": int(per_row["length"][i]),
+                "score": finite_or_none(scores[i]),  # the reward model's; None without one
+                # each reward function's value by name (None: it returned None there, or failed)
+                "rewards": {key[7:]: finite_or_none(v[i]) for key, v in per_row.items() if key.startswith("reward/")},
+                **({"correct": bool(per_row["accuracy"][i])} if "accuracy" in per_row else {}),
+            }
+        )
+    return per_row, samples
+
+
+def finite_or_none(value) -> float | None:
+    """A value for a strict JSON record: a float, or None (JSON null) for nan or inf, which JSON has no word for."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> dict[str, float]:
+    """Means over rows, and, where a judge ran, the win rate (ties half) with its 95% interval and the counts."""
+    summary = {
+        f"{prefix}mean_length": per_row["length"].mean().item(),
+        f"{prefix}eos_frac": per_row["eos"].mean().item(),
+    }
+    for key in [k for k in per_row if k.startswith(MEANS_WITH_INTERVALS)]:  # mean, normal 95% interval over rows
+        values = per_row[key][torch.isfinite(per_row[key])].double()  # not a failure (nan) nor a None (-inf)
+        if len(values):
+            mean = values.mean().item()
+            half = 1.96 * values.std().item() / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+            summary.update(
+                {f"{prefix}{key}": mean, f"{prefix}{key}_ci_low": mean - half, f"{prefix}{key}_ci_high": mean + half}
+            )
+    scores = per_row["score"]
+    if not torch.isnan(scores).all():
+        summary[f"{prefix}score"] = scores[~torch.isnan(scores)].mean().item()
+    outcome = per_row["outcome"]
+    if not torch.isnan(outcome).all():
+        judged = [None if o == INVALID else o for o in outcome[~torch.isnan(outcome)].tolist()]
+        summary.update(
+            {
+                f"{prefix}{k}": v
+                for k, v in win_rate_summary(judged).items()
+                if not (isinstance(v, float) and math.isnan(v))
+            }
+        )
+    return summary

@@ -1,0 +1,1 @@
+"""What scores a completion: `reward=` (the reward model, functions, weighted sums) and user code."""

@@ -1,0 +1,295 @@
+"""What scores a completion: the reward model, Python functions, or a weighted sum of them (`reward=` in
+conf/train.yaml).
+
+    reward=model                                            # the reward model (model.reward_model), the default
+    reward=rloo.toy.rule_rewards:topic_recall                    # a function (prompts, completions) -> one float each
+    reward='model + 0.5*rloo.toy.rule_rewards:topic_recall'      # a weighted sum; each term is [weight*]name
+
+A function receives the decoded prompts and completions (special tokens removed) as two lists of strings and
+returns a sequence of floats, one per completion: positionally, or by keyword where it names `prompts` or
+`completions` or takes **kwargs (TRL's convention, `def reward(completions, **kwargs)`); any other column of the data
+it names arrives by name. A None is "does not apply": that function adds nothing to that completion's reward (the
+others' weighted values still sum; counted as reward/none/<name>); a completion that no term scores is a failure
+under reward_errors. A function that raises, returns the wrong count or a value that is not
+finite stops the run with a one-line error naming it (`reward_errors=raise`), or, with `reward_errors=mask`, its
+completions get no score: they leave the leave-one-out baseline and are counted (`reward/masked`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import numbers
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rloo.rewards.user_code import Interrupted, call_guarded, one_line
+from rloo.utils.errors import ConfigError, RewardFunctionError
+
+MODEL = "model"
+REWARD_ERRORS = ("raise", "mask")
+TERM = re.compile(
+    r"^\s*(?:(?P<weight>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\*\s*)?(?P<name>[\w.]+(?::\w+)?)\s*$"
+)
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    weight: float
+    name: str  # "model", or "module:function"
+
+
+def parse_reward(spec: str) -> list[RewardTerm]:
+    """'model + 0.5*pkg.mod:fn' -> [RewardTerm(1.0, 'model'), RewardTerm(0.5, 'pkg.mod:fn')]."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(
+            f"reward={spec!r} is not allowed: model, module:function, or a sum like 'model + 0.5*module:function'"
+        )
+    terms = []
+    for part in spec.split("+"):
+        match = TERM.match(part)
+        if match is None or (match["name"] != MODEL and ":" not in match["name"]):
+            raise ConfigError(
+                f"reward={spec!r}: term {part.strip()!r} is not [weight*]model or [weight*]module:function"
+            )
+        terms.append(RewardTerm(float(match["weight"]) if match["weight"] else 1.0, match["name"]))
+    names = [t.name for t in terms]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"reward={spec!r} names a term twice: give it one weight")
+    return terms
+
+
+FROM_PYTHON = "rloo.fit"  # reward=rloo.fit:<name>: a callable handed to rloo.fit in this process
+REGISTERED: dict[str, Callable] = {}
+
+
+def function_name(function: Callable) -> str:
+    """The `reward=` name of a Python callable: `module:function` where that imports back to this very function (a
+    resume from the command line finds it), else `rloo.fit:<name>`, registered for this process (a lambda, a
+    closure, a partial)."""
+    module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    if module and qualname.isidentifier():
+        try:
+            if getattr(importlib.import_module(module), qualname, None) is function:
+                return f"{module}:{qualname}"
+        except ImportError:
+            pass
+    base = re.sub(r"\W", "_", getattr(function, "__name__", type(function).__name__)).strip("_") or "function"
+    name, n = base, 1
+    while REGISTERED.get(name, function) is not function:
+        n += 1
+        name = f"{base}_{n}"
+    REGISTERED[name] = function
+    return f"{FROM_PYTHON}:{name}"
+
+
+def load_function(name: str, key: str = "reward") -> Callable:
+    """`module:function`, imported; a one-line ConfigError naming `key` if it is not there (checked before any
+    model loads)."""
+    module_name, _, function_name = name.partition(":")
+    if module_name == FROM_PYTHON:
+        if function_name not in REGISTERED:
+            raise ConfigError(
+                f"{key}: {name!r} was a function handed to rloo.fit in another process: hand it to rloo.fit again, "
+                "or give it as module:function"
+            )
+        return REGISTERED[function_name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"{key}: cannot import {module_name!r} for {name!r} ({error})") from None
+    except (Exception, SystemExit) as error:  # the module itself fails as it runs
+        detail = (str(error).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"{key}: importing {module_name!r} for {name!r} raised {type(error).__name__}: {detail}"
+        ) from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigError(f"{key}: {module_name} has no function {function_name!r}")
+    return function
+
+
+def columns_asked_for(function: Callable, columns: dict[str, list]) -> dict[str, list]:
+    """The dataset columns a reward function names as parameters (all of them for one that takes **kwargs)."""
+    parameters = inspect.signature(function).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return columns
+    return {p.name: columns[p.name] for p in parameters if p.name in columns}
+
+
+NOT_APPLICABLE = float("-inf")  # a function's None in its values (nan: it failed there); Reward adds nothing for it
+
+
+def keyword_parameters(function: Callable) -> set[str] | None:
+    """Which of `prompts` and `completions` a reward function takes by keyword: the ones it names, both where it takes
+    **kwargs (TRL's convention); None where it names neither (it takes them positionally, as its first two)."""
+    parameters = inspect.signature(function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return {"prompts", "completions"}
+    return ({"prompts", "completions"} & set(parameters)) or None
+
+
+def reward_arguments(function: Callable, prompts: list, completions: list, columns: dict) -> tuple[tuple, dict]:
+    """How a reward function is called (keyword_parameters): its positional and keyword arguments, the data's other
+    columns it asks for by name."""
+    kwargs = columns_asked_for(function, columns)
+    if (by_name := keyword_parameters(function)) is None:
+        return (prompts, completions), kwargs
+    named = {"prompts": prompts, "completions": completions}
+    return (), kwargs | {key: value for key, value in named.items() if key in by_name}
+
+
+def check_columns(reward: "Reward", available: list[str], where: str) -> None:
+    """Every column a reward function needs (a parameter after prompts and completions, without a default) is a
+    column of the data: one line before any model loads, not a TypeError at the first rollout."""
+    for name, function in reward.functions.items():
+        parameters = list(inspect.signature(function).parameters.values())
+        if keyword_parameters(function) is not None:
+            parameters = [p for p in parameters if p.name not in ("prompts", "completions")]
+        else:
+            parameters = parameters[2:]
+        needed = [
+            p.name
+            for p in parameters
+            if p.default is inspect.Parameter.empty
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        ]
+        if missing := [column for column in needed if column not in available]:
+            raise ConfigError(
+                f"reward: {name} asks for {', '.join(missing)}, which {where} does not have "
+                f"(columns: {', '.join(available) or 'none besides the prompt'})"
+            )
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def call_reward_function(
+    name: str,
+    function: Callable,
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, list] | None = None,
+    timeout_s: float = 0,
+    should_stop=None,
+) -> tuple[Tensor, str | None]:
+    """The function's scores `[N]` float32, nan where it failed, and what went wrong in one line (None: nothing).
+    `columns`: the dataset row's other columns, one value per completion, passed by name to a function that asks
+    for them: `def exact_answer(prompts, completions, answer)`. With `timeout_s` > 0 it runs under guard
+    (rloo.rewards.user_code; 0: called directly, in the main thread, for graders that time themselves with
+    signal.alarm).
+    Anything it raises fails it, SystemExit included; KeyboardInterrupt still stops the run."""
+    n, nothing = len(completions), torch.full((len(completions),), float("nan"))
+    args, kwargs = reward_arguments(function, prompts, completions, columns or {})
+    try:
+        values = call_guarded(function, args, kwargs, timeout_s, should_stop, f"reward {name}", "reward_timeout_s")
+    except Interrupted:
+        raise
+    except (Exception, SystemExit) as error:  # a user's function: any error is its own
+        return nothing, f"reward function {name} raised {one_line(error)}"
+    if isinstance(values, (torch.Tensor, np.ndarray)) and values.ndim == 1 and values.dtype != bool:
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        return nothing, f"reward function {name} returned {type(values).__name__}, not one number per completion"
+    if len(values) != n:
+        return nothing, f"reward function {name} returned {len(values)} values for {n} completions"
+    if wrong := [v for v in values if v is not None and not _is_number(v)]:
+        return nothing, (
+            f"reward function {name} returned {type(wrong[0]).__name__} values ({wrong[0]!r}), not numbers "
+            "(a bool or a string is not a score: return float(...), or None where it does not apply)"
+        )
+    bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(v)]
+    values = [NOT_APPLICABLE if v is None else float(v) for v in values]
+    scores = torch.tensor([float("nan") if i in set(bad) else v for i, v in enumerate(values)], dtype=torch.float32)
+    if bad:
+        return scores, (
+            f"reward function {name} returned a non-finite value for {len(bad)} of {n} completions "
+            f"(first: {values[bad[0]]} at {bad[0]})"
+        )
+    return scores, None
+
+
+class Reward:
+    """The weighted sum of the terms of `reward=` for decoded completions; `model_scores` supplies the reward
+    model's term. Under reward_errors=mask a misbehaving function leaves nan where it failed (the caller masks)."""
+
+    def __init__(self, terms: list[RewardTerm], on_error: str, timeout_s: float = 0):
+        self.terms, self.on_error, self.timeout_s = terms, on_error, timeout_s
+        self.should_stop = None  # set by rloo.train: whether SIGTERM came (a guarded call then stops waiting)
+        self.functions = {t.name: load_function(t.name) for t in terms if t.name != MODEL}
+        self.last_term_means: dict[str, float] = {}
+        self.last_not_applicable: dict[str, int] = {}  # completions each term returned None for
+        self.last_errors: list[str] = []
+
+    @property
+    def uses_model(self) -> bool:
+        return any(t.name == MODEL for t in self.terms)
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], model_scores: Tensor | None, columns: dict | None = None
+    ) -> Tensor:
+        """sum over terms of weight * value; a term whose function returned None for a completion adds nothing to
+        it (the weights are not renormalised), and a completion no term scored is a failure under reward_errors."""
+        total = torch.zeros(len(completions), dtype=torch.float32)
+        scored = torch.zeros(len(completions), dtype=torch.bool)
+        self.last_term_means, self.last_not_applicable, self.last_errors = {}, {}, []
+        for term in self.terms:
+            if term.name == MODEL:
+                values = model_scores.float().cpu()
+            else:
+                function = self.functions[term.name]
+                values, error = call_reward_function(
+                    term.name, function, prompts, completions, columns, self.timeout_s, self.should_stop
+                )
+                if error is not None and self.on_error == "raise":
+                    raise RewardFunctionError(error)
+                if error is not None:
+                    self.last_errors.append(error)
+            applies = values != NOT_APPLICABLE
+            if term.name != MODEL:
+                self.last_not_applicable[term.name] = int((~applies).sum())
+            finite = torch.isfinite(values)
+            self.last_term_means[term.name] = float(values[finite].mean()) if finite.any() else float("nan")
+            total += term.weight * torch.where(applies, values, 0.0)
+            scored |= applies
+        if not scored.all():
+            error = (
+                f"no term of reward={self.spec!r} scored {int((~scored).sum())} of {len(completions)} completions "
+                "(each function returned None)"
+            )
+            if self.on_error == "raise":
+                raise RewardFunctionError(error)
+            self.last_errors.append(error)
+            total[~scored] = float("nan")
+        return total
+
+    @property
+    def spec(self) -> str:
+        return " + ".join(f"{t.weight:g}*{t.name}" for t in self.terms)
+
+    def function_total(self, values: dict) -> Tensor:
+        """The weighted sum of the function terms (the reward model's left out) from `function_values`' output; as in
+        __call__, a term that returned None for a completion adds nothing to it, and a failure (nan) leaves no sum."""
+        total = torch.zeros(len(next(iter(values.values()))), dtype=torch.float32)
+        for term in self.terms:
+            if term.name != MODEL:
+                value = values[term.name.rsplit(":", 1)[-1]].float().cpu()
+                total += term.weight * torch.where(value == NOT_APPLICABLE, 0.0, value)  # a failure (nan) stays
+        return total
+
+    def function_values(self, prompts: list[str], completions: list[str], columns: dict | None = None) -> dict:
+        """Each function term's values `[N]` (nan where it failed, NOT_APPLICABLE where it returned None), by its
+        short name (after the colon): what held-out evaluation reports as eval/reward/<name>, over the finite ones."""
+        values = {}
+        for name, function in self.functions.items():
+            values[name.rsplit(":", 1)[-1]] = call_reward_function(
+                name, function, prompts, completions, columns, self.timeout_s, self.should_stop
+            )[0]
+        return values

@@ -1,0 +1,201 @@
+"""Building a run's pieces from a checked config, shared by the entry points (rloo.train, rloo.evaluate) and the
+benchmark worker: model and data locations, Lightning's precision arguments, the number of processes, and the
+LightningModule of the chosen algorithm."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from datetime import timedelta
+
+from omegaconf import DictConfig, OmegaConf
+
+from rloo.algorithms.registry import ALGORITHMS
+from rloo.config.checks import algorithm_config, autocast_dtype
+from rloo.utils.errors import ConfigError
+
+
+def resolve_sources(cfg: DictConfig, log=print) -> tuple[dict, dict, dict]:
+    """Model and data locations, with the embedded task's bootstrap filling whatever is null."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    report: dict = {}
+    if cfg.get("bootstrap") is not None:
+        from rloo.toy.bootstrap import ensure_artifacts
+
+        artifacts = ensure_artifacts(OmegaConf.to_container(cfg.bootstrap, resolve=True), cfg.paths.cache_dir, log=log)
+        model["policy"] = model["policy"] or artifacts.policy
+        model["reward_model"] = model["reward_model"] or artifacts.reward_model
+        model["tokenizer"] = model["tokenizer"] or artifacts.tokenizer
+        data["train"]["path"] = data["train"]["path"] or artifacts.data["train"]
+        data["validation"]["path"] = data["validation"]["path"] or artifacts.data["validation"]
+        report = {"dir": str(artifacts.root), **artifacts.report}
+    from rloo.models.packaged import converted_dir, is_packaged
+
+    for key in ("policy", "reference", "tokenizer"):  # package:<module>/<file>: a plain directory in the cache
+        if is_packaged(model[key]):
+            model[key] = converted_dir(model[key], cfg.paths.cache_dir, log=log)
+    model["tokenizer"] = model["tokenizer"] or model["policy"]
+    return model, data, report
+
+
+# Other packages' warnings that rloo's own calls cannot avoid, each filtered by its exact text, here only; never one of
+# rloo's own. (What rloo's calls caused is fixed at the call: fit's checkpoint hints, W&B's `anonymous` setting.)
+THIRD_PARTY_WARNINGS = (
+    # Lightning's pytree helper builds torch's LeafSpec, which torch 2.13 deprecates (lightning/pytorch/utilities/
+    # _pytree.py): nothing a caller of Lightning can change
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # Lightning's advice to train modules in train mode: the policy, reference and reward model stay in eval mode on
+    # purpose (no dropout in sampling, scoring or the loss)
+    r".*module\(s\) in eval mode",
+)
+
+
+def quiet_lightning_logs() -> None:
+    """One copy of each Lightning message (Hydra's handler prints it), no advertising, and THIRD_PARTY_WARNINGS
+    filtered."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
+    for message in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    import datasets
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, one per model
+    datasets.disable_progress_bars()  # "Generating train split" bars, one per data file read
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: "litlogger" not in record.getMessage()
+    )
+
+
+def precision_arguments(precision: str, accelerator: str, fabric: bool = False) -> dict:
+    """Trainer (or Fabric) arguments for `precision`. Lightning turns 16-mixed on CPU into bf16-mixed
+    without asking; fp16 with loss scaling is the alternative to bf16 worth comparing, so on CPU it gets a
+    real fp16 autocast plugin with a loss scaler."""
+    if precision == "16-mixed" and accelerator == "cpu":
+        import torch
+
+        if fabric:
+            from lightning.fabric.plugins.precision import MixedPrecision
+        else:
+            from lightning.pytorch.plugins.precision import MixedPrecision
+        return {"plugins": [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]}
+    return {"precision": precision}
+
+
+def policy_and_reference(cfg: DictConfig, policy, reference_path: str | None):
+    """The policy as trained (its fp32 LM head, LoRA adapters) and its frozen reference: a stored copy of the initial
+    policy or of `reference_path`, or None with LoRA and no reference path, where the reference is the policy's
+    base with its adapters switched off (rloo.models.lora)."""
+    from rloo.models.loading import reference_from, use_fp32_lm_head
+    from rloo.models.lora import add_adapters, resolve_targets
+
+    if cfg.fp32_lm_head:
+        use_fp32_lm_head(policy)
+    reference = (
+        None
+        if cfg.model.lora and reference_path is None
+        else reference_from(policy, reference_path, cfg.model.frozen_dtype, autocast_dtype(cfg.precision.trainer))
+    )
+    if cfg.model.lora:
+        targets = resolve_targets(cfg.lora.target_modules, policy.config)
+        add_adapters(policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, targets)
+    return policy, reference
+
+
+def check_lora_targets(cfg: DictConfig, policy_path: str) -> None:
+    """model.lora=true: the targets match layers of the policy, checked on its config.json and an empty (meta)
+    model, before any weight loads; one line naming the layers there are where none match."""
+    if not cfg.model.lora:
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rloo.models.lora import resolve_targets, unmatched_targets
+
+    config = AutoConfig.from_pretrained(policy_path)
+    with torch.device("meta"):
+        names = [
+            name
+            for name, module in AutoModelForCausalLM.from_config(config).named_modules()
+            if isinstance(module, torch.nn.Linear)
+        ]
+    targets = resolve_targets(cfg.lora.target_modules, config)
+    if missing := unmatched_targets(targets, names):
+        layer_names = sorted({name.rsplit(".", 1)[-1] for name in names})
+        raise ConfigError(
+            f"lora.target_modules: {', '.join(missing)} name no layer of this {config.model_type} policy; its linear "
+            f"layers are {', '.join(layer_names)} (or use auto | all-linear)"
+        )
+
+
+def lightning_strategy(cfg: DictConfig, trainer_args: dict, processes: int):
+    """trainer.strategy as the Trainer takes it. Built here:
+    - fsdp2: Lightning's ModelParallelStrategy, data parallel over all `processes` (the module shards the policy in
+      configure_model), saving whole checkpoints through the run's atomic checkpoint writer;
+    - deepspeed_*: Lightning's DeepSpeedStrategy of that name, with deepspeed_settings(cfg) in its config (DeepSpeed
+      clips inside its own step; the Trainer's clipping cannot reach it under manual optimisation);
+    - any other strategy Lightning registers (ddp, ddp_spawn, fsdp, ...; auto over several processes is Lightning's
+      ddp) with the run's collective timeout (trainer.collective_timeout_s): a rank that hangs ends the run within it.
+    A strategy given as an object goes to Lightning as it is."""
+    strategy = trainer_args.get("strategy", "auto")
+    if processes < 2 or not isinstance(strategy, str):
+        return strategy
+    timeout = {"timeout": timedelta(seconds=float(cfg.trainer.collective_timeout_s))}
+    if strategy == "fsdp2":
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(
+            data_parallel_size=processes, tensor_parallel_size=1, save_distributed_checkpoint=False, **timeout
+        )
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    name = "ddp" if strategy == "auto" else strategy  # Lightning's choice for several processes outside a notebook
+    if name not in StrategyRegistry:
+        return strategy  # Lightning names what it does not know
+    entry = StrategyRegistry[name]
+    built = entry["strategy"](**entry["init_params"], **timeout)
+    if name.startswith("deepspeed"):
+        built.config.update(deepspeed_settings(cfg))
+    return built
+
+
+def deepspeed_settings(cfg: DictConfig) -> dict:
+    """What a DeepSpeed engine must know of the run: the gradient norm it clips to (max_grad_norm; 0 turns clipping
+    off) and the micro-batch each backward sees. Gradient accumulation is not counted by DeepSpeed: the module marks
+    the last micro-batch of each mini-batch as the boundary (OnlineRLModule.accumulate_gradients)."""
+    return {
+        "gradient_clipping": float(cfg.max_grad_norm) if cfg.max_grad_norm is not None else 0.0,
+        "train_micro_batch_size_per_gpu": int(cfg.micro_batch_size),
+    }
+
+
+def build_module(
+    cfg: DictConfig, policy, reference, reward_model, tokenizer, total_rollouts: int, value_model, reward=None
+):
+    """The LightningModule of `cfg.algorithm` (rloo/algorithms/registry.py; `value_model`: a loader, called for an
+    algorithm that trains one), scoring with `reward` (reward_from_config(cfg): None where the reward model alone
+    scores)."""
+    spec = ALGORITHMS[cfg.algorithm]
+    module_class, _ = spec.load()
+    models = (policy, reference, reward_model) + ((value_model(),) if spec.value_model else ())
+    module = module_class(*models, tokenizer, algorithm_config(cfg, total_rollouts))
+    module.reward = reward
+    if cfg.activation_checkpointing:  # after the module put the policy in eval mode
+        from rloo.models.loading import use_activation_checkpointing
+
+        use_activation_checkpointing(module.policy)
+    elif cfg.mlp_recompute:
+        from rloo.models.mlp_recompute import recompute_mlp_activations
+
+        module.policy.rloo_activations = recompute_mlp_activations(module.policy)  # read by fast_paths
+    return module
+
+
+def reward_from_config(cfg: DictConfig):
+    """`reward=` as a Reward, or None when it is the reward model alone (scored inside the rollout, as always)."""
+    from rloo.rewards.scoring import MODEL, Reward, RewardTerm, parse_reward
+
+    terms = parse_reward(cfg.get("reward", MODEL))
+    return None if terms == [RewardTerm(1.0, MODEL)] else Reward(terms, cfg.reward_errors, cfg.reward_timeout_s)
