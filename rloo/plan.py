@@ -73,7 +73,8 @@ def device_memory(accelerator: str) -> tuple[float, str]:
 
 def main(argv: list[str] | None = None) -> int:
     from rloo.config.checks import ConfigError, validate_train_config
-    from rloo.run.cli import OneLineParser, compose_train_config, hydra_argument_error
+    from rloo.run.cli import OneLineParser, compose_train_config
+    from rloo.run.command_line import CommandLine
 
     parser = OneLineParser(
         prog="python -m rloo.plan",
@@ -86,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     argv, gpu_gib = args.overrides, args.gpu_gib
-    if (problem := hydra_argument_error(argv)) is not None:
-        parser.error(problem)
+    try:
+        CommandLine.parse(argv)
+    except ConfigError as problem:
+        parser.error(str(problem))
     try:
         cfg = compose_train_config(argv + ["judge=none"])  # judging takes no training memory (nor an API key)
         validate_train_config(cfg, world_size=world_size(dict(cfg.trainer)))

@@ -81,3 +81,44 @@ def test_only_the_first_rank_refuses_a_run_dir_that_holds_outputs(tmp_path, monk
         check_run_dir([f"hydra.run.dir={tmp_path}"])
     monkeypatch.setenv("LOCAL_RANK", "1")
     check_run_dir([f"hydra.run.dir={tmp_path}"])
+
+
+def test_a_quoted_run_dir_is_read_as_hydra_reads_it(tmp_path, monkeypatch):
+    """Hydra's quoting (needed for a path with spaces) and escapes give the dir Hydra will use: a finished run's dir
+    named with quotes is refused as the plain name is, and a fresh dir with spaces and non-ASCII characters is
+    locked at its real path, with no stray tree under the current dir."""
+    from rloo.run.cli import check_run_dir, preflight
+    from rloo.utils import ownership
+
+    finished = tmp_path / "finished run ü"
+    finished.mkdir()
+    (finished / "summary.json").write_text("{}")
+    for argv in (
+        [f"hydra.run.dir='{finished}'"],
+        [f'hydra.run.dir="{finished}"'],
+        [f"paths.output_dir='{finished}'"],
+    ):
+        with pytest.raises(ConfigError, match="holds another run's outputs"):
+            check_run_dir(argv)
+    monkeypatch.setenv("RLOO_TEST_DIR", str(finished))
+    with pytest.raises(ConfigError, match="holds another run's outputs"):
+        check_run_dir(["hydra.run.dir=${oc.env:RLOO_TEST_DIR}"])  # an interpolation, resolved as Hydra will
+
+    fresh, elsewhere = tmp_path / "new run é", tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    try:
+        preflight([f"hydra.run.dir='{fresh}'", "judge=none"])
+        assert (fresh / ownership.OWNER_FILE).is_file()  # taken at the path Hydra will write
+        assert list(elsewhere.iterdir()) == []  # nothing under the current dir
+    finally:
+        ownership.release(fresh)
+
+
+def test_hydras_own_flags_take_their_values(capsys, monkeypatch):
+    """--info takes an optional value and -cd a dir, as in Hydra's own parser: neither is read as an override."""
+    from rloo.run.command_line import CommandLine
+
+    command = CommandLine.parse(["--info", "searchpath", "-cd", "/tmp", "k=4", "-m"])
+    assert command.prints_only and command.multirun and command.lines == ["k=4"]
+    assert command.flags.config_dir == "/tmp"

@@ -44,3 +44,31 @@ def test_the_readme_lists_every_documentation_page():
     readme = (ROOT / "README.md").read_text()
     pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
     assert [page for page in pages if f"(docs/{page})" not in readme] == []
+
+
+def test_extending_names_only_what_the_code_has():
+    """docs/extending.md: every path it names exists, every backticked name of the step's registries is defined
+    where it says, and every choice of the step's keys is a branch of its pure function."""
+    import torch
+
+    from rloo.algorithms import configs
+    from rloo.algorithms.registry import ALGORITHMS, STEP
+    from rloo.objectives import aggregate, sequence_advantages
+
+    text = (ROOT / "docs" / "extending.md").read_text()
+    paths = set(re.findall(r"`((?:rloo|tests|conf)/[\w/.]+?\.(?:py|yaml))", text))
+    assert paths and [p for p in paths if not (ROOT / p).exists()] == []
+    for name in ("ADVANTAGES", "AGGREGATIONS", "ESTIMATOR_INERT", "EstimatorConfig", "OnlineRLConfig"):
+        assert f"`{name}`" in text and hasattr(configs, name), name
+    assert {a for a, spec in ALGORITHMS.items() if (spec.module, spec.module_class, spec.config_class) == STEP} >= {
+        "rloo",
+        "grpo",
+        "dapo",
+    }
+    rewards = torch.tensor([1.0, 2.0, 0.0, 4.0])
+    per_completion = [a for a in configs.ADVANTAGES if a != "return_to_go_batch_std"]
+    for advantage in per_completion:  # every per-completion choice is a branch of sequence_advantages
+        assert sequence_advantages(rewards, 2, advantage).shape == (4,)
+    mask = torch.ones(4, 3)
+    for aggregation in configs.AGGREGATIONS:  # and every aggregation a branch of aggregate
+        assert aggregate(torch.ones(4, 3), mask, aggregation, 3.0).item() > 0

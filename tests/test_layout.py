@@ -97,3 +97,42 @@ def test_the_core_has_no_framework_in_it():
             node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
         }
         assert not imported & {"lightning", "hydra", "omegaconf"}, name
+
+
+def test_composing_and_validating_a_config_loads_no_lightning():
+    """The config classes and every check before the models load read YAML and dataclasses only: a subprocess
+    composes and validates each kind of algorithm and finds no Lightning among its modules."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from rloo.run.cli import compose_train_config, preflight\n"
+        "from rloo.config.checks import validate_run\n"
+        "for argv in ([], ['algo=grpo'], ['algo=dapo'], ['algo=ppo'], ['algo=dpo'], ['judge=reward_model']):\n"
+        "    validate_run(compose_train_config(preflight(argv)), 1)\n"
+        "import rloo.algorithms.configs, rloo.run.pipeline\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))\n"
+        "print('torch' in sys.modules and 'rloo.algorithms.configs' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[0] == "[]"
+
+
+def test_the_config_classes_import_neither_lightning_nor_torch():
+    """rloo/algorithms/configs.py and what it imports (checked on the import graph)."""
+    found = modules()
+    seen, todo = set(), ["rloo.algorithms.configs"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        text = found[name].read_text()
+        assert not any(
+            line.startswith(("import torch", "from torch", "import lightning", "from lightning"))
+            for line in (line.strip() for line in text.splitlines())
+        ), name
+        todo += sorted(imports(found[name], set(found)) - {name})
+    assert "rloo.generation.settings" in seen and "rloo.utils.keys" in seen

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from rloo.data.prompts import left_pad
+from rloo.data.padding import left_pad
 from rloo.generation.forward import completion_logprobs, reward_scores
 from rloo.generation.rollout import collect_rollout, truncate_after_stop
 from tests.builders import hf_generate as generate

@@ -47,11 +47,12 @@ def test_group_options_are_looked_up_along_hydras_search_path(tmp_path):
     assert "experiment=my_gym" in preflight([f"hydra.searchpath=[file://{conf}]", "experiment=my_gym"])
     with pytest.raises(ConfigError) as refused:
         preflight(["-cd", str(conf), "experiment=my_gm"])
-    assert f"in {conf}/experiment/ or rloo's conf/experiment/: choose one of arithmetic_smollm2" in str(refused.value)
+    assert f"in rloo's conf/experiment/ or {conf}/experiment/: choose one of arithmetic_smollm2" in str(refused.value)
     assert "my_gym" in str(refused.value)
-    # Hydra's order: --config-dir before rloo's conf/, hydra.searchpath after it; pkg:// is a package's dir
+    # Hydra's order (python -m rloo.train --info=searchpath): rloo's conf/, --config-dir, then hydra.searchpath;
+    # pkg:// is a package's dir
     dirs = config_dirs(["hydra.searchpath=[pkg://tests]", "-cd", str(conf)])
-    assert dirs[0] == conf and dirs[-1].name == "tests" and dirs[-1].is_dir()
+    assert dirs[1] == conf and dirs[-1].name == "tests" and dirs[-1].is_dir()
 
 
 def test_a_reward_function_in_trls_convention_gets_its_arguments_by_keyword(tmp_path, monkeypatch):

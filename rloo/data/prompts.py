@@ -15,6 +15,7 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Sampler
 
+from rloo.data.padding import left_pad
 from rloo.utils.errors import ConfigError
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
@@ -148,18 +149,6 @@ def tokenize_prompts(
         columns = {name: value for name, value in example.items() if name != spec.prompt_column}
         rows.append({"prompt": prompt, "reference": reference, "prompt_ids": ids, "columns": columns})
     return rows, over_length
-
-
-def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad to the longest: ids `[B, P]` and mask `[B, P]`."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        if seq:
-            ids[row, width - len(seq) :] = torch.tensor(seq)
-            mask[row, width - len(seq) :] = 1
-    return ids, mask
 
 
 class EpisodeSampler(Sampler[int]):

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from rloo.data.prompts import left_pad
+from rloo.data.padding import left_pad
 from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
 from rloo.generation.forward import reward_scores
 from rloo.generation.rollout import chunked, sample_completions

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rloo.data.prompts import left_pad
+from rloo.data.padding import left_pad
 from rloo.judges.base import Judge, Verdict, swap_orders
 from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, render_comparison
 

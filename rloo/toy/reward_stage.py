@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
-from rloo.data.prompts import left_pad
+from rloo.data.padding import left_pad
 from rloo.generation.forward import reward_scores
 from rloo.toy.sft_stage import encode_completion, pad_right
 

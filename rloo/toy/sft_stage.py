@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from rloo.algorithms.optim import adamw_with_schedule
-from rloo.data.prompts import left_pad
+from rloo.data.padding import left_pad
 from rloo.generation.forward import completion_logprobs
 from rloo.objectives import masked_mean
 

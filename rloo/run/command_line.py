@@ -1,0 +1,183 @@
+"""The command line of a `python -m rloo.*` entry point as Hydra reads it, before Hydra runs: its flags by Hydra's own
+argument parser, every `key=value` by Hydra's override parser (quotes, escapes, sweeps and `~`/`+` as Hydra takes
+them), and the config groups by Hydra's config loader along the command line's search path (rloo's conf/, then
+--config-dir, then hydra.searchpath, in Hydra's order). Nothing here splits a string.
+
+On top, rloo's conventions: `group=none` leaves an optional group out, and `model=X` alone runs the model's published
+recipe (the experiment that selects it). The value every guard reads is the value Hydra will use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+from omegaconf import open_dict
+
+from rloo.utils.errors import ConfigError
+from rloo.utils.keys import CONF_DIR
+
+OPTIONAL_GROUPS = ("experiment", "debug", "bootstrap")  # group=none (or null) runs without one
+NOT_CHOICES = ("hydra", "paths")  # groups of conf/ that a command line does not choose an option of
+
+
+def hydra_arguments() -> argparse.ArgumentParser:
+    """Hydra's own parser of its flags (--config-dir, -m, --cfg, --info ...), its errors one line."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def error(message: str):
+        raise ConfigError(f"{message}: key=value overrides, or Hydra's flags (--help lists them)")
+
+    parser.error = error
+    return parser
+
+
+@dataclass
+class CommandLine:
+    """A command line as Hydra reads it: its flags and its overrides, each parsed by Hydra."""
+
+    flags: argparse.Namespace
+    overrides: list[Override]
+
+    @classmethod
+    def parse(cls, argv: list[str]) -> "CommandLine":
+        flags, unknown = hydra_arguments().parse_known_args(argv)
+        if unknown:
+            raise ConfigError(f"unknown option {unknown[0]}: key=value overrides, or Hydra's flags (--help lists them)")
+        parser = OverridesParser.create()
+        overrides = []
+        for line in flags.overrides:
+            try:
+                overrides += parser.parse_overrides([line])
+            except Exception:  # Hydra's OverrideParseException, several lines long
+                raise ConfigError(
+                    f"{line!r} is not an override: write key=value (e.g. k=4), group=option (e.g. algo=ppo) or ~key "
+                    "(Hydra's grammar: quote a value with spaces or special characters, 'like this')"
+                ) from None
+        return cls(flags, overrides)
+
+    @property
+    def lines(self) -> list[str]:
+        return [override.input_line for override in self.overrides]
+
+    @property
+    def multirun(self) -> bool:
+        return bool(self.flags.multirun)
+
+    @property
+    def prints_only(self) -> bool:
+        """Hydra prints the config, its info or help and runs nothing."""
+        flags = self.flags
+        return bool(flags.cfg or flags.info or flags.help or flags.hydra_help or flags.shell_completion)
+
+    def given(self, key: str) -> Override | None:
+        """The last override that sets `key` (Hydra applies them in order), or None."""
+        found = [o for o in self.overrides if o.key_or_group == key and o.type != OverrideType.DEL]
+        return found[-1] if found else None
+
+    def value(self, key: str):
+        """The value Hydra will give `key` from this command line (unquoted and unescaped as Hydra does); None where
+        the command line does not set it."""
+        override = self.given(key)
+        return None if override is None or override.is_sweep_override() else override.value()
+
+    def choices(self, override: Override) -> list[str]:
+        """Every value an override takes: one, or each of a sweep's (a,b / choice(...) / range(...))."""
+        if override.is_sweep_override():
+            return list(override.sweep_string_iterator())
+        value = override.value()
+        return ["null" if value is None else str(value)]
+
+    @cached_property
+    def configs(self) -> "ConfigTree":
+        return ConfigTree(
+            self.flags.config_dir, [o.input_line for o in self.overrides if o.key_or_group == "hydra.searchpath"]
+        )
+
+
+class ConfigTree:
+    """rloo's conf/ with a command line's --config-dir and hydra.searchpath, read by Hydra's config loader."""
+
+    def __init__(self, config_dir: str | None = None, searchpath_overrides: list[str] | None = None):
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra._internal.utils import create_config_search_path
+        from hydra.core.config_search_path import SearchPathQuery
+
+        search_path = create_config_search_path(str(CONF_DIR))
+        if config_dir is not None:  # as Hydra's main adds it
+            absolute = os.path.abspath(os.path.expanduser(config_dir))
+            if not os.path.isdir(absolute):
+                raise ConfigError(f"--config-dir={config_dir}: {absolute} is not a dir")
+            search_path.prepend(provider="command-line", path=f"file://{absolute}", anchor=SearchPathQuery("schema"))
+        self.loader = ConfigLoaderImpl(config_search_path=search_path)
+        self.searchpath = searchpath_overrides or []
+
+    def options(self, group: str) -> list[str]:
+        """The options of a config group along the search path."""
+        return sorted(self.loader.get_group_options(group, config_name="train", overrides=self.searchpath))
+
+    def groups(self) -> list[str]:
+        """The top-level config groups a command line chooses an option of (algo, model, experiment ...)."""
+        return [g for g in self.loader.list_groups("") if g not in NOT_CHOICES]
+
+    @cached_property
+    def dirs(self) -> list[Path]:
+        """The dirs of the search path, in Hydra's order (a pkg:// entry as its package's dir; Hydra's own left out)."""
+        _, repository = self.loader._parse_overrides_and_create_caching_repo("train", self.searchpath)
+        dirs = []
+        for source in repository.get_sources():
+            if source.provider == "hydra" or source.scheme() not in ("file", "pkg"):
+                continue
+            dirs += [Path(source.path)] if source.scheme() == "file" else _package_dir(source.path)
+        return dirs
+
+    def defaults(self, overrides: list[str]):
+        """Hydra's defaults list of conf/train.yaml under `overrides` (which config each group composes)."""
+        from hydra.types import RunMode
+
+        return self.loader.compute_defaults_list("train", self.searchpath + overrides, RunMode.RUN)
+
+    def compose(self, overrides: list[str], config_name: str = "train"):
+        """A config as Hydra composes it (its `hydra` node left out)."""
+        from hydra.types import RunMode
+
+        cfg = self.loader.load_configuration(config_name, self.searchpath + overrides, RunMode.RUN)
+        with open_dict(cfg):
+            cfg.pop("hydra", None)
+        return cfg
+
+    def describe(self, group: str) -> str:
+        return " or ".join(f"rloo's conf/{group}/" if d == CONF_DIR else f"{d / group}/" for d in self.dirs)
+
+    def recipe_of(self, model: str) -> str | None:
+        """The experiment `model=<model>` runs: of those that select the model (themselves or through the recipe
+        they build on), the one no other builds on (tldr_pythia1b, rloo's recipe on top of TRL's published ones)."""
+        default = self.defaults([]).overrides.known_choices.get("model")
+        selects, bases = {}, {}
+        for option in self.options("experiment"):
+            defaults = self.defaults([f"experiment={option}"])
+            selects[option] = defaults.overrides.known_choices.get("model")
+            paths = {d.config_path for d in defaults.defaults if d.config_path}
+            bases[option] = {p.split("/", 1)[1] for p in paths if p.startswith("experiment/")} - {option}
+        candidates = [o for o, chosen in selects.items() if chosen == model and chosen != default]
+        built_on = set().union(*(bases[o] for o in candidates)) if candidates else set()
+        tops = [o for o in candidates if o not in built_on]
+        return tops[0] if len(tops) == 1 else None
+
+
+def _package_dir(package: str) -> list[Path]:
+    """The dir of an installed package named by a pkg:// entry (none where it is not installed)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(package.strip("/").replace("/", "."))
+    except (ImportError, ValueError):
+        return []
+    return [Path(p) for p in (spec.submodule_search_locations or [])][:1] if spec else []
