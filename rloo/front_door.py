@@ -47,16 +47,18 @@ def fit(
     out = run_dir(output_dir, resume)
     argv += [f"paths.output_dir={out}"] + ([f"resume={resume}"] if resume is not None else [])
     from rloo.run.cli import compose_train_config, preflight
+    from rloo.run.command_line import CommandLine
     from rloo.run.loggers import end_wandb_run
     from rloo.run.pipeline import run
     from rloo.utils import ownership
 
     argv = preflight(argv)  # the command line's checks, the run dir's included (and taken), before anything is written
-    given = {arg.partition("=")[0] for arg in argv}  # the caller's own data keys win over what the data suggests
+    given = {o.key_or_group for o in CommandLine.parse(argv).overrides}  # the caller's data keys win over the data's
     failed = True
     try:
         with run_logging(out):
-            data = [a for a in data_overrides(train_dataset, eval_dataset, out) if a.partition("=")[0] not in given]
+            suggested = data_overrides(train_dataset, eval_dataset, out)
+            data = [a for a, o in zip(suggested, CommandLine.parse(suggested).overrides) if o.key_or_group not in given]
             cfg = compose_train_config(argv + data)
             try:
                 summary = run(cfg)

@@ -480,3 +480,41 @@ def test_the_class_that_validates_an_algorithms_keys_is_the_one_its_module_reads
     every = {f.name for spec in ALGORITHMS.values() for f in fields(spec.load()[1]) if "resume" in f.metadata}
     for name in sorted(every - set(keyed)):
         assert f"{name} does nothing with algo={algorithm}" in first_error(f"algo={algorithm}", f"+{name}=1")
+
+
+def test_the_runtime_settings_are_the_schemas_keys_by_name():
+    """Each settings class reads its keys by their own names (rloo.utils.keys.settings); every sampling key of the
+    schema reaches a field of the sampler's settings (or one made from it), so a new key cannot validate and do
+    nothing."""
+    from dataclasses import fields
+
+    from rloo.config.checks import eval_sampling, rollout_sampling, verifiable_eval
+    from rloo.config.schema import EvalKeys, SamplingKeys
+    from rloo.generation.settings import SamplingConfig
+    from rloo.utils.keys import settings
+
+    cfg = composed("reward=rloo.toy.rule_rewards:topic_recall", "eval.samples_per_prompt=4", "temperature=0.7")
+    sampling = rollout_sampling(cfg)
+    assert (sampling.temperature, sampling.max_new_tokens) == (0.7, cfg.response_length)
+    assert eval_sampling(cfg).max_new_tokens == cfg.eval.max_new_tokens
+    assert verifiable_eval(cfg).samples_per_prompt == 4
+    made_from = {"response_length": "max_new_tokens", "stop_token": "stop_at_eos", "eval": None}
+    sampler_fields = {f.name for f in fields(SamplingConfig)}
+    for key in (f.name for f in fields(SamplingKeys)):
+        assert key in sampler_fields or key in made_from, f"sampling key {key} reaches no setting"
+    assert {"samples_per_prompt", "pass_k", "correct_at", "answer"} <= {f.name for f in fields(EvalKeys)}
+    with pytest.raises(KeyError, match="no config key of that name"):
+        settings(SamplingConfig, cfg.eval)  # eval has no temperature: a field is never filled from another name
+
+
+def test_an_old_module_path_is_refused_in_one_line_naming_the_new_one():
+    """The tree was laid out by layer: reward=, eval.answer and _target_ strings that name a module at its old path
+    are one line naming the new path, before any model loads."""
+    assert (
+        first_error("reward=rloo.scoring:x")
+        == "reward: rloo.scoring moved to rloo.rewards.scoring: write rloo.rewards.scoring:x"
+    )
+    assert first_error("logger=csv", "logger.csv._target_=rloo.loggers.AppendingCSVLogger") == (
+        "rloo.loggers.AppendingCSVLogger: rloo.loggers moved to rloo.run.loggers; write "
+        "rloo.run.loggers.AppendingCSVLogger"
+    )

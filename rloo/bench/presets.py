@@ -7,6 +7,7 @@ Random policies almost never sample EOS, so completions run to `response_length`
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import asdict, dataclass
 
 import torch
@@ -218,12 +219,12 @@ def get_preset(name: str) -> Preset:
         raise ValueError(f"preset {base!r} is not known: choose one of {', '.join(PRESETS)}")
     changes = {}
     for item in filter(None, shape.split("+")):
-        key, _, value = item.partition("=")
-        if key not in SHAPE_KEYS or not value.isdigit() or int(value) < 1:
+        match = re.fullmatch(r"(\w+)=(\d+)", item)
+        if match is None or match[1] not in SHAPE_KEYS or int(match[2]) < 1:
             raise ValueError(
                 f"preset {name!r}: {item!r} is not a shape; give {', '.join(f'{k}=<int >= 1>' for k in SHAPE_KEYS)}"
             )
-        changes[SHAPE_KEYS[key]] = int(value)
+        changes[SHAPE_KEYS[match[1]]] = int(match[2])
     return dataclasses.replace(PRESETS[base], name=name, **changes) if changes else PRESETS[base]
 
 

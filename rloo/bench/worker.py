@@ -2,7 +2,7 @@
 
     python -m rloo.bench.worker --algorithm rloo --preset small --steps 5 --warmup 2 --out result.json
 
-The step is the real one: PolicyGradientModule / PPOModule inside a Lightning Trainer, on the preset's random-weight models.
+The step is the real one: PolicyGradientModule / PPOModule in a Lightning Trainer, on the preset's random-weight models.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
-import rloo.algorithms.ppo  # noqa: E402,F401  (imported before the baseline is read: imports are not the step's memory)
 import rloo.algorithms.policy_gradient  # noqa: E402,F401
+import rloo.algorithms.ppo  # noqa: E402,F401  (imported before the baseline is read: imports are not the step's memory)
 from rloo.bench.measure import current_rss_mb, median, model_state_mb, peak_rss_mb  # noqa: E402
 from rloo.bench.presets import build_models, build_tokenizer, get_preset, random_prompts  # noqa: E402
 

@@ -18,7 +18,7 @@ from rloo.algorithms.registry import ALGORITHMS
 from rloo.config.schema import check_config, check_keys
 from rloo.generation.settings import SamplingConfig
 from rloo.utils.errors import ConfigError
-from rloo.utils.keys import refuse_inert
+from rloo.utils.keys import refuse_inert, settings
 
 
 def _require(cond: bool, key: str, allowed: str, value) -> None:
@@ -78,56 +78,43 @@ def episodes_note(cfg: DictConfig, world_size: int) -> str | None:
 
 
 def rollout_sampling(cfg: DictConfig) -> SamplingConfig:
-    """How rollouts sample (conf/sampling.yaml)."""
-    return SamplingConfig(
-        cfg.response_length,
-        cfg.temperature,
-        cfg.top_k,
-        cfg.top_p,
-        greedy=False,
-        stop_at_eos=cfg.stop_token == "eos",
-        lean_decode=cfg.lean_decode,
-        sampler=cfg.sampler,
-        cuda_graph=cfg.cuda_graph,
+    """How rollouts sample (conf/sampling.yaml): each setting its key's, up to response_length."""
+    return settings(
+        SamplingConfig, cfg, max_new_tokens=cfg.response_length, greedy=False, stop_at_eos=cfg.stop_token == "eos"
     )
 
 
 def eval_sampling(cfg: DictConfig) -> SamplingConfig:
     """How held-out evaluation samples: greedy unless eval.greedy=false, up to eval.max_new_tokens."""
-    return SamplingConfig(
-        cfg.eval.max_new_tokens,
-        cfg.temperature,
-        cfg.top_k,
-        cfg.top_p,
+    return settings(
+        SamplingConfig,
+        cfg,
+        max_new_tokens=cfg.eval.max_new_tokens,
         greedy=cfg.eval.greedy,
         stop_at_eos=cfg.stop_token == "eos",
-        lean_decode=cfg.lean_decode,
-        sampler=cfg.sampler,
-        cuda_graph=cfg.cuda_graph,
     )
 
 
 def verifiable_eval(cfg: DictConfig):
-    """The sampled evaluation for verifiable rewards (eval.samples_per_prompt), or None where it is off."""
+    """The sampled evaluation for verifiable rewards (eval.samples_per_prompt and the keys below it), or None where it
+    is off."""
     if cfg.eval.samples_per_prompt == 0:
         return None
     from rloo.evaluation.heldout import VerifiableEval
     from rloo.rewards.scoring import load_function
 
     answer = load_function(cfg.eval.answer, key="eval.answer") if cfg.eval.answer is not None else None
-    return VerifiableEval(
-        cfg.eval.samples_per_prompt, tuple(cfg.eval.pass_k), cfg.eval.correct_at, rollout_sampling(cfg), answer
+    return settings(
+        VerifiableEval, cfg.eval, pass_k=tuple(cfg.eval.pass_k), sampling=rollout_sampling(cfg), answer=answer
     )
 
 
 def algorithm_config(cfg: DictConfig, total_rollouts: int):
     """The typed settings of `cfg.algorithm`'s config class (rloo/algorithms/registry.py) from a checked config: each
     key by its field's name, the derived fields made here."""
-    from dataclasses import fields
-
-    config_class = ALGORITHMS[cfg.algorithm].config()
-    derived = {"sampling": rollout_sampling(cfg), "total_rollouts": total_rollouts}
-    return config_class(**{f.name: derived[f.name] if f.name in derived else cfg[f.name] for f in fields(config_class)})
+    return settings(
+        ALGORITHMS[cfg.algorithm].config(), cfg, sampling=rollout_sampling(cfg), total_rollouts=total_rollouts
+    )
 
 
 # parameters partitioned across ranks. fsdp2: Lightning's ModelParallelStrategy with the policy sharded block by
@@ -201,6 +188,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
             "missing-EOS rule at a time (subtract the penalty, or replace the score); set the other to null"
         )
     spec.config().check(cfg, world_size)  # the algorithm's own rules (rloo/algorithms/configs.py)
+    check_targets(cfg)
     validate_reward(cfg)
     validate_verifiable_eval(cfg)
     validate_lora(cfg)
@@ -241,6 +229,24 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         path = OmegaConf.select(cfg, f"data.{split}.path")
         if path is not None and _looks_local(path) and not Path(path).exists():
             raise ConfigError(f"data.{split}.path={path!r} does not exist: give an existing file or dir, or a hub id")
+
+
+def check_targets(cfg: DictConfig) -> None:
+    """Every `_target_` (a logger, a judge) that names a module rloo moved is one line naming the new path."""
+    from rloo.utils.moved import moved_target
+
+    def targets(node):
+        if OmegaConf.is_dict(node):
+            for name in node.keys():
+                child = node._get_node(name)
+                if name == "_target_" and not child._is_missing():
+                    yield str(node[name])
+                elif OmegaConf.is_config(child):
+                    yield from targets(child)
+
+    for target in targets(cfg):
+        if (reason := moved_target(target)) is not None:
+            raise ConfigError(reason)
 
 
 def check_sources_given(cfg: DictConfig) -> None:

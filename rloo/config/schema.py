@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rloo.algorithms.registry import ALGORITHMS
+from rloo.data.settings import SplitSpec
 from rloo.generation.settings import SAMPLERS
 from rloo.utils.errors import ConfigError
 from rloo.utils.keys import APPLIED, FIXED, group, key
@@ -78,18 +79,10 @@ class ModelKeys:
 
 
 @dataclass
-class SplitKeys:
-    path: str | None = key(FIXED)
-    split: str = key(FIXED)
-    prompt_column: str = key(FIXED)
-    reference_column: str | None = key(FIXED)
-
-
-@dataclass
 class DataKeys:
     name: str = key(FIXED)
-    train: SplitKeys = key(FIXED)
-    validation: SplitKeys = key(FIXED)
+    train: SplitSpec = key(FIXED)
+    validation: SplitSpec = key(FIXED)
     max_prompt_length: int = key(FIXED, low=1)
     truncate_prompts: bool = key(FIXED)
     shuffle: bool = key(FIXED)

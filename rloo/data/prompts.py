@@ -7,7 +7,6 @@ reference completion and the rest is rendered with the tokenizer's chat template
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -16,19 +15,10 @@ from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Sampler
 
 from rloo.data.padding import left_pad
+from rloo.data.settings import SplitSpec
 from rloo.utils.errors import ConfigError
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-
-
-@dataclass
-class SplitSpec:
-    """One split's keys of conf/data/*.yaml (documented there)."""
-
-    path: str
-    split: str
-    prompt_column: str
-    reference_column: str | None
 
 
 def load_split(spec: SplitSpec, key: str = "data") -> datasets.Dataset:

@@ -100,9 +100,15 @@ def load_function(name: str, key: str = "reward") -> Callable:
                 "or give it as module:function"
             )
         return REGISTERED[function_name]
+    from rloo.utils.moved import MOVED
+
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
+        if module_name in MOVED:
+            raise ConfigError(
+                f"{key}: {module_name} moved to {MOVED[module_name]}: write {MOVED[module_name]}:{function_name}"
+            ) from None
         raise ConfigError(f"{key}: cannot import {module_name!r} for {name!r} ({error})") from None
     except (Exception, SystemExit) as error:  # the module itself fails as it runs
         detail = (str(error).strip().splitlines() or [""])[0]
@@ -110,6 +116,10 @@ def load_function(name: str, key: str = "reward") -> Callable:
             f"{key}: importing {module_name!r} for {name!r} raised {type(error).__name__}: {detail}"
         ) from None
     function = getattr(module, function_name, None)
+    if not callable(function) and module_name in MOVED:  # a module that became a package of the same name
+        raise ConfigError(
+            f"{key}: {module_name} moved to {MOVED[module_name]}: write {MOVED[module_name]}:{function_name}"
+        )
     if not callable(function):
         raise ConfigError(f"{key}: {module_name} has no function {function_name!r}")
     return function

@@ -287,10 +287,13 @@ def planned_fast_paths(cfg, arch: Architecture) -> dict[str, tuple[str, str]]:
 def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]] | None = None) -> Shape:
     from rloo.generation.fast_paths import decode_reorders_weights, decode_replays_graphs
     from rloo.rewards.scoring import MODEL, parse_reward
+    from rloo.utils.keys import settings
 
     paths = paths if paths is not None else planned_fast_paths(cfg, arch)
     trainer = dict(cfg.trainer)
-    return Shape(
+    return settings(  # k, micro_batch_size, generation_batch_size, response_length, activation_checkpointing: by name
+        Shape,
+        cfg,
         precision=str(cfg.precision.trainer),
         frozen_dtype=str(cfg.model.frozen_dtype),
         strategy=str(trainer.get("strategy", "auto")),
@@ -300,13 +303,8 @@ def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]]
         lora_targets=tuple(lora_targets(cfg, arch)),
         separate_reference=not cfg.model.lora or cfg.model.reference is not None,
         has_reward_model=any(term.name == MODEL for term in parse_reward(str(cfg.reward))),
-        k=int(cfg.k),
-        micro_batch_size=int(cfg.micro_batch_size),
-        generation_batch_size=int(cfg.generation_batch_size),
         prompt_length=int(cfg.data.max_prompt_length),
-        response_length=int(cfg.response_length),
         shared_prefix=paths["policy_forward"][0] == "shared_prefix",
-        activation_checkpointing=bool(cfg.activation_checkpointing),
         mlp_recompute=paths.get("policy_activations", ("kept", ""))[0] == "mlp_recompute",
         sampler=paths["sampler"][0],
         decode_weight_copy=paths["sampler"][0] == "lean_decode" and decode_reorders_weights(cfg),

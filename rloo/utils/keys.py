@@ -42,6 +42,26 @@ def group(resume: str):
     return field(metadata={"resume": resume, "open": True})
 
 
+def settings(cls: type, node, **given):
+    """The settings dataclass `cls` from a checked config node: the fields in `given` as given, every other read
+    from `node` by its own name (a field with a default may be absent there). A runtime setting is thus a key of the
+    schema by name, never a copy of one under another; tests/test_config.py holds each class to the schema."""
+    from dataclasses import MISSING, fields
+
+    values = {}
+    for f in fields(cls):
+        if f.name in given:
+            values[f.name] = given[f.name]
+        elif f.name in node:
+            values[f.name] = node[f.name]
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise KeyError(f"{cls.__name__}.{f.name}: no config key of that name and nothing given")
+    unknown = set(given) - {f.name for f in fields(cls)}
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field {sorted(unknown)[0]!r}")
+    return cls(**values)
+
+
 def refuse_inert(cfg: DictConfig, key: str, setting: str, what_it_does: str, defaults: str = "train") -> None:
     """`key` does nothing under `setting`: set away from its value in `defaults` (a config of conf/ as Hydra composes it
     alone: "train", or "algo/<name>" for an algorithm's own values), it is refused rather than ignored."""
