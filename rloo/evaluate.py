@@ -45,12 +45,12 @@ def run(cfg: DictConfig) -> dict:
     from rloo.models.loading import load_policy, load_reward_model, load_tokenizer
     from rloo.run.assemble import precision_arguments, quiet_lightning_logs, resolve_sources
     from rloo.utils import atomic
+    from rloo.utils.ownership import own_output_dir
 
     started = time.time()
     quiet_lightning_logs()
     log = logging.getLogger("rloo").info
-    out = Path(cfg.paths.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = own_output_dir(cfg)  # before anything is written into it
     atomic.write_text(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True), "the resolved config")
     if cfg.trainer.get("num_threads"):
         torch.set_num_threads(cfg.trainer.num_threads)
@@ -63,7 +63,7 @@ def run(cfg: DictConfig) -> dict:
         policy_src if own_tokenizer else model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"]
     )
     spec = SplitSpec(**data_src["validation"])
-    rows, over = tokenize_prompts(
+    rows, over, empty = tokenize_prompts(
         load_split(spec, "data.validation"),
         spec,
         tokenizer,
@@ -72,10 +72,14 @@ def run(cfg: DictConfig) -> dict:
         "data.validation",
     )
     rows = rows[: cfg.eval.num_prompts]
-    log(f"data: {len(rows)} held-out prompts from {spec.path} ({over} over {cfg.data.max_prompt_length} tokens)")
+    log(
+        f"data: {len(rows)} held-out prompts from {spec.path} ({over} over {cfg.data.max_prompt_length} tokens, "
+        f"{empty} empty dropped)"
+    )
     if not rows:
         raise ConfigError(
-            f"data.validation: no prompts left from {spec.path} (max_prompt_length={cfg.data.max_prompt_length})"
+            f"data.validation: no prompts left from {spec.path} ({empty} empty; max_prompt_length="
+            f"{cfg.data.max_prompt_length})"
         )
 
     fabric = L.Fabric(

@@ -156,6 +156,8 @@ def split_path(data, out: Path, name: str) -> str:
         raise ConfigError(f"{name}_dataset is a DatasetDict ({', '.join(data)}): hand in one split, e.g. ds['train']")
     if not isinstance(data, datasets.Dataset):
         raise ConfigError(f"{name}_dataset is a {type(data).__name__}: a datasets.Dataset, a list of dicts or a path")
+    if len(data) == 0:
+        raise ConfigError(f"{name}_dataset has no rows: hand in prompts to train on")
     target = out / "data" / name
     if target.is_dir():
         if rows_hash(datasets.load_from_disk(str(target))) != rows_hash(data):

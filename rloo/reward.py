@@ -17,6 +17,7 @@ from rloo.toy.bootstrap import (
     train_reward_model,
     train_sft_policy,
 )
+from rloo.utils.ownership import own_output_dir
 
 
 @hydra.main(config_path="../conf", config_name="reward", version_base="1.3")
@@ -25,9 +26,9 @@ def main(cfg: DictConfig) -> None:
         exit_on_config_error(
             ConfigError(f"policy={cfg.policy!r} is not a directory: give a save_pretrained SFT policy dir or null")
         )
+    run_dir = own_output_dir(cfg)
     bootstrap = OmegaConf.to_container(cfg.bootstrap, resolve=True)
     splits, tokenizer = task_splits(bootstrap), build_tokenizer(bootstrap)
-    run_dir = Path(cfg.paths.output_dir)
     report: dict = {}
     policy_dir = cfg.policy
     if policy_dir is None:

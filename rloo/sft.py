@@ -8,10 +8,12 @@ from transformers import GPTNeoXForCausalLM
 
 from rloo.run.cli import run_entry_point
 from rloo.toy.bootstrap import build_tokenizer, format_report, measure, task_splits, train_sft_policy
+from rloo.utils.ownership import own_output_dir
 
 
 @hydra.main(config_path="../conf", config_name="sft", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    own_output_dir(cfg)
     bootstrap = OmegaConf.to_container(cfg.bootstrap, resolve=True)
     splits, tokenizer = task_splits(bootstrap), build_tokenizer(bootstrap)
     out_dir = Path(cfg.paths.output_dir) / "policy"

@@ -15,6 +15,7 @@ from rloo.run.pipeline import print_summary, run  # noqa: F401 (print_summary: t
 from rloo.utils.errors import (
     ConfigError,
     JudgeFailed,
+    NoLearningSignal,
     NonFiniteError,
     RankLost,
     RewardFunctionError,
@@ -36,7 +37,16 @@ def hydra_main(cfg: DictConfig) -> float | None:
         end_wandb_run(failed=True)  # before the error line: a sweep's next job starts its own W&B run
         if isinstance(error, ConfigError):
             exit_on_config_error(error)
-        if isinstance(error, (WriteError, NonFiniteError, RewardFunctionError, JudgeFailed, RunIncomplete, RankLost)):
+        stops = (
+            WriteError,
+            NonFiniteError,
+            NoLearningSignal,
+            RewardFunctionError,
+            JudgeFailed,
+            RunIncomplete,
+            RankLost,
+        )
+        if isinstance(error, stops):
             fail(error, 1)
         raise
     end_wandb_run(failed=False)

@@ -292,6 +292,37 @@ def test_two_processes_on_one_run_dir(embedded_task, tmp_path):
     assert json.loads((run / "summary.json").read_text())["status"] == "finished"
 
 
+@pytest.mark.slow
+def test_evaluate_into_a_live_runs_dir_is_refused_and_the_run_resumes(embedded_task, tmp_path):
+    """rloo.evaluate, sft and reward own their run dirs as rloo.train does: pointed at a training run's dir while it
+    lives (before its first checkpoint, logger=none: no output that marks the dir yet), rloo.evaluate exits 2 in one
+    line and changes no byte of it; once the trainer is killed, resume=auto finishes the run."""
+    run, store = tmp_path / "run", embedded_task / "cache"
+    hang = {"RLOO_TEST_FAULT": "hang", "RLOO_TEST_FAULT_FILE": str(tmp_path / "inside"), "RLOO_TEST_FAULT_CALL": "1"}
+    settings = ["checkpoint_every=1", "eval.before=false", "reward=model + tests.reward_functions:faulty_rank"]
+    trainer, trainer_log = start(run, store, *settings, "logger=none", env=hang)
+    wait_for((tmp_path / "inside").exists, trainer, trainer_log)  # in its first rollout, no checkpoint yet
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    environment = {**os.environ, "RLOO_CACHE_DIR": str(store), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    evaluate = subprocess.run(
+        [sys.executable, "-m", "rloo.evaluate", f"hydra.run.dir='{run}'", "bootstrap=fast", "response_length=8"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert evaluate.returncode == 2, evaluate.stderr[-3000:]
+    assert evaluate.stderr.strip().splitlines()[-1].startswith(f"error: {run} is in use by process {trainer.pid}")
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    trainer.kill()
+    trainer.wait()
+    resumed, resumed_log = start(run, store, *settings, "logger=none", "resume=auto")
+    code, output, _ = finish(resumed, resumed_log)
+    assert code == 0, output[-3000:]
+    assert json.loads((run / "summary.json").read_text())["status"] == "finished"
+
+
 # ---- a rank that dies, hangs or is stopped -------------------------------------------------------------------------
 def test_the_collective_timeout_is_checked_and_reaches_every_strategy():
     from datetime import timedelta

@@ -48,9 +48,9 @@ def test_long_prompts_are_dropped_or_left_truncated_and_counted(tokenizer):
     rows = ROWS + [{"prompt": "POST: " + "the " * 80 + "cat\n\nTL;DR:", "reference": " cat"}]
     dataset = datasets.Dataset.from_list(rows)
     spec = SplitSpec(path="mem", split="train", prompt_column="prompt", reference_column="reference")
-    kept, over = tokenize_prompts(dataset, spec, tokenizer, max_prompt_length=32, truncate=False)
+    kept, over, _ = tokenize_prompts(dataset, spec, tokenizer, max_prompt_length=32, truncate=False)
     assert over == 1 and len(kept) == 5
-    kept, over = tokenize_prompts(dataset, spec, tokenizer, max_prompt_length=32, truncate=True)
+    kept, over, _ = tokenize_prompts(dataset, spec, tokenizer, max_prompt_length=32, truncate=True)
     assert over == 1 and len(kept) == 6 and len(kept[-1]["prompt_ids"]) == 32
     tail = tokenizer(rows[-1]["prompt"], add_special_tokens=False).input_ids[-32:]
     assert kept[-1]["prompt_ids"] == tail  # the end of the prompt (the generation cue) survives
@@ -138,3 +138,36 @@ def test_train_dataloader_has_one_batch_per_rollout(tmp_path, tokenizer):
         assert batch["prompt_ids"].shape[0] == 2
         assert (batch["prompt_mask"][:, -1] == 1).all()  # left padded: the last position is always real
         assert torch.equal(batch["prompt_ids"] == tokenizer.pad_token_id, batch["prompt_mask"] == 0)
+
+
+def test_bytes_that_are_not_utf8_are_named_by_file_and_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')  # latin-1 e-acute on line 2
+    spec = SplitSpec(path=str(path), split="train", prompt_column="prompt", reference_column=None)
+    with pytest.raises(ConfigError) as caught:
+        load_split(spec, "data.train")
+    assert str(caught.value) == (
+        f"data.train.path={str(path)!r} is not UTF-8 text: line 2 has byte 0xe9 at column 16; save it as UTF-8"
+    )
+
+
+def test_empty_prompts_are_dropped_and_counted_and_all_empty_is_one_line(tmp_path, tokenizer):
+    """Blank text, null and chat messages with blank contents ask nothing: dropped and counted like over-long
+    prompts; a split with nothing else stops in one line, before any model loads."""
+    rows = [
+        {"prompt": "POST: the cat was there\n\nTL;DR:"},
+        {"prompt": ""},
+        {"prompt": "  \n\t"},
+        {"prompt": None},
+    ]
+    spec = SplitSpec(path="mem", split="train", prompt_column="prompt", reference_column=None)
+    kept, over, empty = tokenize_prompts(datasets.Dataset.from_list(rows), spec, tokenizer, 64, False)
+    assert (len(kept), over, empty) == (1, 0, 3) and kept[0]["prompt"].startswith("POST: the cat")
+    chats = [{"prompt": [{"role": "system", "content": ""}, {"role": "user", "content": " "}]}]
+    assert tokenize_prompts(datasets.Dataset.from_list(chats), spec, tokenizer, 64, False) == ([], 0, 1)
+
+    path = write_jsonl(tmp_path / "blank.jsonl", rows[1:3])
+    blank = SplitSpec(path=str(path), split="train", prompt_column="prompt", reference_column=None)
+    module = PromptDataModule(tokenizer, blank, blank, 64, False, 2, 1, seed=0, shuffle=False, num_workers=0, log=print)
+    with pytest.raises(ConfigError, match=r"^data.train: every prompt of .*blank.jsonl is empty \(2 rows of blank"):
+        module.setup("fit")

@@ -373,3 +373,23 @@ def test_a_rollout_no_completion_could_be_scored_counts_as_bad_for_every_estimat
     failing = Reward(parse_reward("tests.reward_functions:raises"), "mask")
     with pytest.raises(NonFiniteError, match=r"^2 rollouts in a row \(max_bad_steps=2\)"):
         fit(tiny_run_assets, tokenizer, algorithm=algorithm, callbacks=[RecordSteps(reward=failing)], max_bad_steps=2)
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo", "dapo"])
+def test_rollouts_whose_scores_do_not_differ_are_counted_and_stop_the_run(tiny_run_assets, tokenizer, algorithm):
+    """A constant reward: no prompt's k completions differ in score. Each rollout counts, and max_no_signal_steps in
+    a row stop the run; a reward with spread counts none."""
+    from rloo.rewards.scoring import Reward, parse_reward
+    from rloo.utils.errors import NoLearningSignal
+
+    constant = Reward(parse_reward("tests.reward_functions:constant"), "raise")
+    with pytest.raises(NoLearningSignal, match=r"^2 rollouts in a row \(max_no_signal_steps=2\) had no prompt whose 4"):
+        fit(
+            tiny_run_assets,
+            tokenizer,
+            algorithm=algorithm,
+            callbacks=[RecordSteps(reward=constant)],
+            max_no_signal_steps=2,
+        )
+    _, module = fit(tiny_run_assets, tokenizer, algorithm=algorithm, max_no_signal_steps=1)  # the reward model's scores
+    assert module.state.no_signal_rollouts == 0 and module.state.rollouts == 3

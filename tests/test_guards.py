@@ -277,6 +277,32 @@ def test_a_nan_reward_model_stops_the_run_after_max_bad_steps_without_saving_nan
 
 
 @pytest.mark.slow
+def test_a_reward_with_no_spread_stops_the_run_after_max_no_signal_steps(finished_run):
+    """algo=dapo with a constant reward: every group is dropped, every round, and the rollout filled with them; each
+    rollout is said and counted, and max_no_signal_steps in a row stop the run in one line, exit 1, with a whole
+    checkpoint and a summary that says why."""
+    base, _ = finished_run
+    run = base / "no-signal"
+    result = train(
+        run,
+        base / "cache",
+        "algo=dapo",
+        "reward=tests.reward_functions:constant",
+        "max_no_signal_steps=2",
+        "logger=csv",
+        "eval.before=false",
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert last_line(result).startswith(
+        "error: 2 rollouts in a row (max_no_signal_steps=2) had no prompt whose 2 completions differ in score"
+    )
+    assert "rollout 1: no prompt's 2 completions differ in score" in result.stderr + result.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["no_signal_rollouts"] == 2
+    assert (run / "checkpoints" / "interrupted.ckpt").is_file()
+
+
+@pytest.mark.slow
 def test_skipped_updates_are_counted_and_leave_the_weights_as_they_were(finished_run, nan_reward_model):
     base, _ = finished_run
     run = base / "nan-skip"

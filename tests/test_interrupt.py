@@ -159,6 +159,7 @@ def test_a_full_disk_at_the_end_says_so_in_one_line_and_leaves_no_torn_files(fin
     assert code == 1, output[-3000:]
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "File too large" in errors[0] and str(run) in errors[0], output[-3000:]
+    assert errors[0].startswith(f"error: could not write {run / 'checkpoints'}"), errors[0]  # the file, named
     assert "Traceback" not in output
     assert not (run / "policy").exists()  # never a half-written policy
     leftovers = [p.name for p in run.iterdir() if ".tmp-" in p.name]

@@ -369,3 +369,22 @@ def test_a_changed_key_is_refused_or_applied_by_its_policy():
     refused, applied = compare_configs(before, after)
     assert refused == ["loss: 'ppo_clip' -> 'reinforce'", "temperature: 0.7 -> 0.9", "trainer.devices: 1 -> 2"]
     assert applied == ["eval_every: 32 -> 8", "kl_coef: 0.05 -> 0.1", "trainer.strategy: 'auto' -> 'ddp'"]
+
+
+def test_resuming_a_run_stopped_before_its_first_checkpoint_says_how_to_start_it_again(tmp_path):
+    """A run dir stopped while it was set up (config.yaml, summary.json interrupted, no checkpoints/) is a run dir:
+    the line says it stopped before its first checkpoint and how to start it again, not that it is no run dir."""
+    from rloo.utils.errors import ConfigError
+    from rloo.utils.resume import check_resume_argument
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text('{"status": "interrupted", "stopped_during": "setting up"}')
+    with pytest.raises(ConfigError) as caught:
+        check_resume_argument(str(run))
+    assert str(caught.value) == (
+        f"resume={str(run)!r}: that run stopped before its first checkpoint, so there is nothing to continue from; "
+        f"start it again in its dir: hydra.run.dir={run} resume=auto"
+    )
+    with pytest.raises(ConfigError, match="is a dir without checkpoints/"):
+        check_resume_argument(str(tmp_path))  # a dir that was never a run

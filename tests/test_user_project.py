@@ -168,6 +168,9 @@ def test_rloo_fit_runs_from_python_with_callables_and_a_dataset(embedded_task, t
         )
     with pytest.raises(ConfigError, match="kk is not a config key"):
         rloo.fit(["kk=3"], output_dir=tmp_path / "other")
+    for empty in (datasets.Dataset.from_list([]), []):  # said as such, not as the dir rloo wrote it into
+        with pytest.raises(ConfigError, match=r"^train_dataset has no rows: hand in prompts to train on$"):
+            rloo.fit(["debug=fast"], train_dataset=empty, output_dir=tmp_path / "empty")
 
 
 @pytest.mark.slow

@@ -29,13 +29,14 @@ from rloo.models.lora import ADAPTER_MARK, has_adapters
 from rloo.models.sharding import shard_model
 from rloo.objectives import (
     apply_missing_eos_penalty,
+    group_reward_std,
     importance_weights,
     logprob_mismatch,
     masked_mean,
     masked_sum,
 )
 from rloo.rewards.scoring import Reward
-from rloo.utils.errors import NonFiniteError
+from rloo.utils.errors import NoLearningSignal, NonFiniteError
 
 log = logging.getLogger("rloo")
 
@@ -232,6 +233,8 @@ class OnlineRLModule(LightningModule):
         self.state.finish_rollout(len(rollout) * self.trainer.world_size, now - started)
         if self.config.lr_schedule_per == "rollout":  # TRL's RLOO: once per rollout, after all its optimiser steps
             self.lr_schedulers().step()
+        if targets is not None:  # a rollout the guard skipped has its own count
+            self.check_learning_signal(rollout)
         self.check_guard()
         self.last_rollout, self.last_targets = rollout, targets
 
@@ -279,6 +282,30 @@ class OnlineRLModule(LightningModule):
             "guard/nonfinite_scores": float(bad),
         }
         log_metrics(self, common_metrics(self, rollout) | metrics, batch_size=len(rollout))
+
+    def check_learning_signal(self, rollout: Rollout) -> None:
+        """A rollout in which no prompt's k completions differ in score (every group's std 0, on every rank) teaches
+        nothing from the reward: said, counted, and max_no_signal_steps in a row stop the run (a constant or broken
+        reward, a task the policy always or never solves). One completion per prompt has no group to ask."""
+        cfg = self.config
+        if cfg.k < 2:
+            return
+        spread = (group_reward_std(self.penalised_scores(rollout), cfg.k) > 1e-6).any().float()  # nan std: none
+        if self.trainer.world_size > 1:
+            spread = self.trainer.strategy.reduce(spread, reduce_op="sum")
+        self.state.note_signal(bool(spread > 0))
+        if spread > 0:
+            return
+        log.warning(
+            f"rollout {self.state.rollouts}: no prompt's {cfg.k} completions differ in score: nothing to learn from "
+            f"the reward ({self.state.no_signal_in_a_row} in a row, max_no_signal_steps={cfg.max_no_signal_steps})"
+        )
+        if self.state.no_signal_in_a_row >= cfg.max_no_signal_steps:
+            raise NoLearningSignal(
+                f"{self.state.no_signal_in_a_row} rollouts in a row (max_no_signal_steps={cfg.max_no_signal_steps}) "
+                f"had no prompt whose {cfg.k} completions differ in score, up to rollout {self.state.rollouts}: the "
+                "reward gives nothing to learn from. Check the reward function (a constant?) and the task's difficulty"
+            )
 
     def check_guard(self) -> None:
         """After each rollout (RunState counts the bad ones in a row): stop after max_bad_steps."""

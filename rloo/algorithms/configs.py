@@ -45,6 +45,7 @@ class OnlineRLConfig:
     max_grad_norm: float | None = key(APPLIED, low=0, low_open=True)
     log_every: int = key(APPLIED, low=1)
     max_bad_steps: int = key(APPLIED, low=1)
+    max_no_signal_steps: int = key(APPLIED, low=1)
     shared_prefix: bool = key(APPLIED)
     sampling: SamplingConfig = derived()  # from conf/sampling.yaml's keys (rloo.config.checks.rollout_sampling)
     total_rollouts: int = derived()  # from total_episodes, rollout_batch_size and the devices

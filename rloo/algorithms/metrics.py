@@ -83,6 +83,7 @@ def common_metrics(module, rollout: Rollout) -> dict[str, float | Tensor]:
         "lr": module.lr_schedulers().get_last_lr()[0],
         "train/rollout": float(state.rollouts),
         "guard/skipped_steps": float(state.skipped_updates),
+        "guard/no_signal_rollouts": float(state.no_signal_rollouts),
         "episode": float(state.episodes),
         "eps": episodes_per_second(module),
         "train/epoch": state.episodes / max(num_train_prompts(module) * module.config.k, 1),

@@ -15,6 +15,8 @@ class RunState:
     train_seconds: float = 0.0  # seconds in training steps (rollout and update; no evaluation, no checkpoint)
     skipped_updates: int = 0  # guard: optimiser steps taken without gradients (non-finite)
     bad_in_a_row: int = 0  # guard: rollouts in a row with a skipped update
+    no_signal_rollouts: int = 0  # guard: rollouts in which no prompt's completions differed in score
+    no_signal_in_a_row: int = 0
     rollout_was_bad: bool = False  # guard: the current rollout skipped an update
     rollout_finished: bool = True  # between rollouts: a checkpoint now continues with the states as they are
     rng_before_rollout: dict | None = (
@@ -32,6 +34,11 @@ class RunState:
         self.rollout_finished = True
         self.bad_in_a_row = self.bad_in_a_row + 1 if self.rollout_was_bad else 0
 
+    def note_signal(self, spread: bool) -> None:
+        """After a trained rollout: whether any prompt's completions differed in score."""
+        self.no_signal_rollouts += 0 if spread else 1
+        self.no_signal_in_a_row = 0 if spread else self.no_signal_in_a_row + 1
+
     def rng_for_checkpoint(self) -> dict:
         """Between rollouts the states as they are; inside one (Ctrl-C, an error), those it began with."""
         return rng_states() if self.rollout_finished else self.rng_before_rollout
@@ -40,7 +47,12 @@ class RunState:
         checkpoint["rloo_episodes"] = self.episodes
         checkpoint["rloo_train_seconds"] = self.train_seconds
         checkpoint["rloo_rollouts"] = self.rollouts
-        checkpoint["rloo_guard"] = {"skipped_updates": self.skipped_updates, "bad_in_a_row": self.bad_in_a_row}
+        checkpoint["rloo_guard"] = {
+            "skipped_updates": self.skipped_updates,
+            "bad_in_a_row": self.bad_in_a_row,
+            "no_signal_rollouts": self.no_signal_rollouts,
+            "no_signal_in_a_row": self.no_signal_in_a_row,
+        }
         checkpoint["rloo_rng"] = self.rng_for_checkpoint()
         if rng_by_rank is not None:  # every rank samples from its own generators
             checkpoint["rloo_rng_by_rank"] = rng_by_rank
@@ -51,6 +63,8 @@ class RunState:
         self.rollouts = checkpoint.get("rloo_rollouts", 0)
         guard = checkpoint.get("rloo_guard", {})
         self.skipped_updates, self.bad_in_a_row = guard.get("skipped_updates", 0), guard.get("bad_in_a_row", 0)
+        self.no_signal_rollouts = guard.get("no_signal_rollouts", 0)
+        self.no_signal_in_a_row = guard.get("no_signal_in_a_row", 0)
         by_rank = checkpoint.get("rloo_rng_by_rank") or []
         # the same world size resumes each rank's own states; another one starts every rank from rank 0's
         self.rng_to_restore = by_rank[rank] if len(by_rank) == world_size else checkpoint.get("rloo_rng")

@@ -41,6 +41,8 @@ def load_split(spec: SplitSpec, key: str = "data") -> datasets.Dataset:
             raise ConfigError(f"{where} does not exist")
         if path.stat().st_size == 0:
             raise ConfigError(f"{where} is empty: no prompts")
+        if (bad := _undecodable_line(path)) is not None:
+            raise ConfigError(f"{where} is not UTF-8 text: {bad}; save it as UTF-8")
         try:
             dataset = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train")
         except Exception as error:
@@ -64,11 +66,24 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
 
 
+def _undecodable_line(path: Path) -> str | None:
+    """The first line of a text file (.jsonl, .json, .csv) that is not UTF-8, said with its number and the byte."""
+    if path.suffix not in (".jsonl", ".json", ".csv"):
+        return None
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return f"line {number} has byte 0x{line[error.start]:02x} at column {error.start + 1}"
+    return None
+
+
 def _malformed_line(path: Path) -> str | None:
     """The first line of a .jsonl file that is not a JSON object, said with its number."""
     if path.suffix != ".jsonl":
         return None
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -103,21 +118,37 @@ def render_prompt(value, tokenizer, where: str) -> tuple[str, str | None]:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), reference
 
 
+def is_empty_prompt(value) -> bool:
+    """A prompt with nothing to answer: null, blank text, or chat messages whose contents are all blank."""
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, (list, tuple)) and all(isinstance(m, dict) for m in value):
+        return not any(str(m.get("content") or "").strip() for m in value)
+    return False  # render_prompt names what it is
+
+
 def tokenize_prompts(
     dataset: datasets.Dataset, spec: SplitSpec, tokenizer, max_prompt_length: int, truncate: bool, key: str = "data"
-) -> tuple[list[dict], int]:
-    """Render and tokenize every row; prompts over max_prompt_length are dropped or left-truncated.
+) -> tuple[list[dict], int, int]:
+    """Render and tokenize every row; empty prompts are dropped, prompts over max_prompt_length dropped or
+    left-truncated.
 
-    Returns rows {prompt, reference, prompt_ids, columns} and the number of prompts dropped (or truncated);
-    `columns` holds the row's other columns by name, for reward functions that ask for them (an `answer`, say).
+    Returns rows {prompt, reference, prompt_ids, columns}, the number of prompts dropped (or truncated) for their
+    length, and the number dropped as empty; `columns` holds the row's other columns by name, for reward functions
+    that ask for them (an `answer`, say).
     """
     for name, column in (("prompt_column", spec.prompt_column), ("reference_column", spec.reference_column)):
         if column is not None and column not in dataset.column_names:
             raise ConfigError(
                 f"{key}.{name}={column!r} is not a column of {spec.path} (columns: {', '.join(dataset.column_names)})"
             )
-    rows, over_length = [], 0
+    rows, over_length, empty = [], 0, 0
     for index, example in enumerate(dataset):
+        if is_empty_prompt(example[spec.prompt_column]):
+            empty += 1
+            continue
         prompt, reference = render_prompt(
             example[spec.prompt_column],
             tokenizer,
@@ -138,7 +169,7 @@ def tokenize_prompts(
             ids = ids[-max_prompt_length:]  # keep the end: it holds the question and the generation prompt
         columns = {name: value for name, value in example.items() if name != spec.prompt_column}
         rows.append({"prompt": prompt, "reference": reference, "prompt_ids": ids, "columns": columns})
-    return rows, over_length
+    return rows, over_length, empty
 
 
 class EpisodeSampler(Sampler[int]):
@@ -222,6 +253,7 @@ class PromptDataModule(LightningDataModule):
         self.train_rows: list[dict] | None = None
         self.validation_rows: list[dict] | None = None
         self.first_rollout = 0  # a resumed run starts at the prompts of this rollout (rloo.utils.resume)
+        self.counts: dict[str, dict[str, int]] = {}  # per split: prompts kept, dropped (or truncated) and why
 
     @property
     def num_train_prompts(self) -> int:
@@ -235,14 +267,20 @@ class PromptDataModule(LightningDataModule):
 
     def _prepare(self, name: str, spec: SplitSpec) -> list[dict]:
         dataset = load_split(spec, f"data.{name}")
-        rows, over = tokenize_prompts(
+        rows, over, empty = tokenize_prompts(
             dataset, spec, self.tokenizer, self.max_prompt_length, self.truncate_prompts, f"data.{name}"
         )
         action = "truncated" if self.truncate_prompts else "dropped"
         self.log_fn(
             f"data: {name}: {len(rows)} prompts from {spec.path}; {over} longer than "
-            f"{self.max_prompt_length} tokens {action}"
+            f"{self.max_prompt_length} tokens {action}; {empty} empty dropped"
         )
+        self.counts[name] = {"prompts": len(rows), f"over_length_{action}": over, "empty_dropped": empty}
+        if empty == len(dataset):
+            raise ConfigError(
+                f"data.{name}: every prompt of {spec.path} is empty ({empty} rows of blank "
+                f"{spec.prompt_column!r}): nothing to sample from"
+            )
         if not rows:
             raise ConfigError(
                 f"data.max_prompt_length={self.max_prompt_length} drops every prompt of data.{name} "

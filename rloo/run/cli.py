@@ -271,16 +271,15 @@ def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
     check_run_dir(command)
     resume = command.value("resume")
     check_resume_argument(None if resume is None else str(resume))
-    if train:
-        own_named_run_dir(command)
+    own_named_run_dir(command)
     return argv
 
 
 def own_named_run_dir(command: CommandLine) -> None:
     """A run dir the command line names (hydra.run.dir, paths.output_dir, resume=<run dir>) is taken for this
-    process before Hydra writes into it, at the path Hydra will use: refused while another live process trains
-    there (rloo.utils.ownership). A multirun's jobs, and the ranks after the first, take or join theirs in the run
-    itself."""
+    process before Hydra writes into it, at the path Hydra will use, by every entry point that writes one: refused
+    while another live process works there, from the moment it took the dir (rloo.utils.ownership). A multirun's
+    jobs, and the ranks after the first, take or join theirs in the run itself."""
     from rloo.utils import ownership
     from rloo.utils.resume import run_dir_of
 

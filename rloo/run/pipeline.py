@@ -383,6 +383,7 @@ class RunRecord:
             "rollouts": module.state.rollouts,
             "optimizer_steps": pieces.trainer.global_step,
             "episodes": module.state.episodes,
+            "no_signal_rollouts": module.state.no_signal_rollouts,  # no prompt's completions differed in score
             "train_seconds": round(module.state.train_seconds, 2),  # in training steps only: no evaluation
             "algorithm": plan.cfg.algorithm,
             "wall_seconds": round(time.time() - plan.started, 2),
@@ -394,6 +395,7 @@ class RunRecord:
             "output_dir": str(out),
             "policy_dir": str(out / "policy") if (out / "policy").exists() else None,
             "bootstrap": pieces.bootstrap_report,
+            "data": pieces.datamodule.counts,  # prompts kept, and dropped for their length or as empty, per split
             "fast_paths": {name: {"ran": chosen, "why": why} for name, (chosen, why) in pieces.paths.items()},
         }
 

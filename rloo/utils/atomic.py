@@ -76,7 +76,8 @@ def save_pretrained(model, tokenizer, directory: Path, what: str) -> None:
 
 
 def save_torch(obj, path: Path) -> None:
-    """torch.save to `path`, whole or not at all. OSError (a full disk) propagates: the caller names the run."""
+    """torch.save to `path`, whole or not at all. OSError (a full disk) propagates, naming `path` as its filename:
+    the caller names the run."""
     import torch
 
     path = Path(path)
@@ -90,7 +91,11 @@ def save_torch(obj, path: Path) -> None:
         _fsync_dir(path.parent)
     except RuntimeError as error:  # torch's zip writer reports a failed write as its own error: raise the OSError
         cause = error.__cause__ or error.__context__
-        raise cause if isinstance(cause, OSError) else error
+        if not isinstance(cause, OSError):
+            raise
+        raise OSError(cause.errno, cause.strerror, str(path)) from None
+    except OSError as error:  # the file it could not write is the checkpoint, not the staging name
+        raise OSError(error.errno, error.strerror, str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)
 

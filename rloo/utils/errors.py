@@ -42,6 +42,10 @@ class NonFiniteError(RuntimeError):
     """Training stopped by the guard: too many rollouts in a row with non-finite scores, loss or gradients."""
 
 
+class NoLearningSignal(RuntimeError):
+    """Training stopped: too many rollouts in a row in which no prompt's completions differed in score."""
+
+
 class JudgeFailed(RuntimeError):
     """The final evaluation's judge failed for most pairs: no win rate to report."""
 

@@ -72,6 +72,17 @@ def take(run_dir: Path, log) -> None:
     _held[str(run_dir)] = lock
 
 
+def own_output_dir(cfg) -> Path:
+    """An entry point's run dir (paths.output_dir, the dir Hydra made) taken for this process, its lines to stderr:
+    rloo.evaluate, rloo.sft and rloo.reward own theirs as rloo.train does (a no-op where the command line named it
+    and preflight took it already)."""
+    import sys
+
+    out = Path(str(cfg.paths.output_dir))
+    take(out, log=lambda line: print(line, file=sys.stderr))
+    return out
+
+
 def release_all() -> None:
     for run_dir in list(_held):
         release(Path(run_dir))

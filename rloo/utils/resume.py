@@ -52,6 +52,11 @@ def check_resume_argument(spec: str | None) -> None:
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "checkpoints").is_dir():
+            if (path / "config.yaml").is_file() or (path / "summary.json").is_file():  # a run dir all the same
+                raise ConfigError(
+                    f"resume={spec!r}: that run stopped before its first checkpoint, so there is nothing to continue "
+                    f"from; start it again in its dir: hydra.run.dir={spec} resume=auto"
+                )
             raise ConfigError(f"resume={spec!r} is a dir without checkpoints/: give a run dir, a .ckpt file or auto")
         return
     if not path.is_file():
