@@ -122,3 +122,34 @@ def test_hydras_own_flags_take_their_values(capsys, monkeypatch):
     command = CommandLine.parse(["--info", "searchpath", "-cd", "/tmp", "k=4", "-m"])
     assert command.prints_only and command.multirun and command.lines == ["k=4"]
     assert command.flags.config_dir == "/tmp"
+
+
+def test_a_quoted_run_dir_that_a_live_process_holds_is_refused(tmp_path):
+    """The lock is taken at the path Hydra will use, so a quoted dir with spaces and non-ASCII characters that a
+    live process works in is refused as its plain name is."""
+    import subprocess
+    import sys
+
+    from rloo.run.cli import preflight
+
+    live = tmp_path / "live run ü"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom rloo.utils import ownership\n"
+            "ownership.take(sys.argv[1], log=print)\nprint('held', flush=True)\ntime.sleep(600)",
+            str(live),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"is in use by process {holder.pid} on "):
+            preflight([f"hydra.run.dir='{live}'", "judge=none"])
+        with pytest.raises(ConfigError, match=rf"is in use by process {holder.pid} on "):
+            preflight([f"hydra.run.dir='{live}'"], train=False)  # rloo.evaluate, sft, reward alike
+    finally:
+        holder.kill()
+        holder.wait()

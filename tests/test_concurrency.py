@@ -197,6 +197,45 @@ def test_a_manifest_from_another_source_is_never_trusted(tmp_path):
     assert said == [f"the test entry: {manifest} records source_sha256='old', not 'new': building it again"]
 
 
+READER = """
+import hashlib, sys, time
+from pathlib import Path
+from rloo.utils import cache
+
+root = Path(sys.argv[1])
+def build(staging):
+    for i in range(3):
+        (staging / f"part{i}").write_text("old " * 1000)
+    return {"source": "old"}
+
+cache.entry(root, build, "test entry", expect={"source": "old"})
+print("using", flush=True)
+time.sleep(1.5)  # a rebuild asked for meanwhile must not take the files from under this reader
+print("intact" if all((root / f"part{i}").read_text() == "old " * 1000 for i in range(3)) else "LOST", flush=True)
+"""
+
+
+def test_a_reader_of_a_cache_entry_never_loses_its_files_to_a_rebuild(tmp_path):
+    """One process uses an entry; another asks for the entry from another source (a rebuild). The rebuild waits,
+    saying so, until the reader is done: every file the reader reads is the one it verified."""
+    root = tmp_path / "entry"
+    reader = python(READER, str(root))
+    assert reader.stdout.readline().strip() == "using"
+    said = []
+    started = time.monotonic()
+
+    def build(staging):
+        for i in range(3):
+            (staging / f"part{i}").write_text("new")
+        return {"source": "new"}
+
+    record = cache.entry(root, build, "test entry", log=said.append, expect={"source": "new"})
+    waited = time.monotonic() - started
+    assert reader.wait(timeout=HANG_GUARD_S) == 0 and reader.stdout.read().strip() == "intact"
+    assert said[0] == f"test entry: waiting until no other process uses {root} before building it again"
+    assert waited > 1.0 and record["source"] == "new" and (root / "part0").read_text() == "new"
+
+
 # ---- one run dir, one owner --------------------------------------------------------------------------------------
 HOLD = """
 import sys, time

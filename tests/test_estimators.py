@@ -316,7 +316,7 @@ def test_each_named_algorithm_composes_to_its_published_defaults(algorithm):
         (["algo=grpo", "std_eps=0.1", "advantage=group_mean"], "std_eps=0.1 does nothing with advantage=group_mean"),
         (["algo=grpo", "aggregation_constant=64"], "aggregation_constant=64 does nothing with loss_aggregation"),
         (["algo=dapo", "kl_in=loss"], "kl_in=loss does nothing with kl_coef=0"),
-        (["algo=gspo", "kl_estimator=k3"], "kl_estimator=k3 does nothing with kl_coef=0"),
+        (["algo=gspo", "kl_estimator=k1"], "kl_estimator=k1 does nothing with kl_coef=0"),
         (["algo=grpo", "kl_coef=0", "kl_estimator=k1"], "kl_estimator=k1 does nothing with kl_coef=0"),
         (["algo=grpo", "dynamic_sampling_rounds=5"], "dynamic_sampling_rounds=5 does nothing with dynamic_sampling"),
         (["algo=grpo", "overlong_cache=2"], "overlong_cache=2 does nothing with overlong=none"),

@@ -396,6 +396,35 @@ def test_data_errors_are_one_line_before_any_model_loads(embedded_task, tmp_path
     )
 
 
+def test_undecodable_bytes_and_blank_prompts_are_one_line_before_any_model_loads(embedded_task, tmp_path):
+    base, path = embedded_task, tmp_path / "train.jsonl"
+    settings = (f"data.train.path={path}", "data.train.reference_column=null")
+    path.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
+    error = train_error(tmp_path / "run", base / "cache", *settings)
+    assert error == f"error: data.train.path={str(path)!r} is not UTF-8 text: line 2 has byte 0xe9 at column 16; " + (
+        "save it as UTF-8"
+    )
+    path.write_text('{"prompt": ""}\n{"prompt": "  "}\n{"prompt": null}\n')
+    error = train_error(tmp_path / "run2", base / "cache", *settings)
+    assert error.startswith(f"error: data.train: every prompt of {path} is empty (3 rows of blank 'prompt')")
+
+
+@pytest.mark.slow
+def test_blank_prompts_are_dropped_and_counted_in_the_log_and_summary(finished_run, tmp_path):
+    base, _ = finished_run
+    toy = next((base / "cache").glob("toy-*/data/train.jsonl"))
+    rows = toy.read_text().splitlines()[:32] + ['{"prompt": "", "reference": " x"}', '{"prompt": "  \\n"}'] * 2
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    run = tmp_path / "run"
+    result = train(run, base / "cache", f"data.train.path={path}", "data.train.reference_column=null", "logger=csv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "data: train: 32 prompts from" in result.stderr + result.stdout
+    assert "4 empty dropped" in result.stderr + result.stdout
+    counts = json.loads((run / "summary.json").read_text())["data"]["train"]
+    assert counts["prompts"] == 32 and counts["empty_dropped"] == 4
+
+
 def test_a_causal_lm_given_as_reward_model_is_refused_before_loading(embedded_task):
     base = embedded_task
     policy = next((base / "cache").glob("toy-*/policy"))

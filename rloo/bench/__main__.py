@@ -24,6 +24,8 @@ from pathlib import Path
 
 from rloo.bench.presets import PRESETS, get_preset
 from rloo.run.cli import OneLineParser
+from rloo.utils import ownership
+from rloo.utils.errors import ConfigError
 
 DEFAULT_PRESETS = ("tiny", "small", "pythia-160m")
 
@@ -406,7 +408,11 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     now = datetime.now()
     out_dir = Path(args.out or Path("outputs") / "bench" / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:  # one bench at a time in its dir, as every entry point that writes one (rloo.utils.ownership)
+        ownership.take(out_dir, log=lambda line: print(line, file=sys.stderr))
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     if args.mode == "quality":
         from rloo.bench import quality
 

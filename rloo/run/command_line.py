@@ -154,6 +154,7 @@ class ConfigTree:
         return cfg
 
     def describe(self, group: str) -> str:
+        """Where a group's options are looked for, for a one-line error."""
         return " or ".join(f"rloo's conf/{group}/" if d == CONF_DIR else f"{d / group}/" for d in self.dirs)
 
     def recipe_of(self, model: str) -> str | None:

@@ -10,7 +10,10 @@ embedded task's artifacts, the packaged models' conversions, the arithmetic spli
   and looks again once it holds it: a job that waited finds the entry built and uses it;
 - **private staging**: each writer builds in its own `<entry>.tmp-<random>` dir, hashes it, fsyncs it and renames it
   into place; a killed writer's staging dir is removed by the next writer (it holds the lock, so no live writer owns
-  one). A reader sees the whole entry or none.
+  one). A reader sees the whole entry or none;
+- **readers keep what they use**: a process that uses an entry holds a shared flock on the same lock file for the
+  rest of its life, so a rebuild (a damaged entry, another source) waits, saying so, until no process uses the old
+  one: a reader never loses files under it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import json
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -72,17 +74,23 @@ def damage(root: Path, manifest: str = MANIFEST, expect: dict | None = None) -> 
     return f"{root / extra[0]} was not built with the cache" if extra else None
 
 
-@contextmanager
-def exclusive(lock_path: Path):
-    """Hold an exclusive flock on `lock_path` (made if missing) for the block; the kernel drops it if the process
-    dies, so a killed holder never blocks the next one."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+_in_use: dict[str, object] = {}  # entry -> the lock file this process holds (shared) while it may read the entry
+
+
+def _lock_file(root: Path):
+    """This process's open lock file of the entry at `root` (`<entry>.lock`), shared-locked while it uses the
+    entry; None on a file system without locks."""
+    key = str(root.resolve())
+    if key not in _in_use:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(root.with_name(f"{root.name}.lock"), "a")
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_SH)  # waits while a builder holds it
+        except OSError:  # ENOLCK, EOPNOTSUPP: no locks here; the entry is used unguarded
+            lock.close()
+            lock = None
+        _in_use[key] = lock
+    return _in_use[key]
 
 
 def entry(
@@ -93,33 +101,49 @@ def entry(
     manifest: str = MANIFEST,
     expect: dict | None = None,
 ) -> dict:
-    """The manifest of the cache entry at `root`, built first by `build(staging_dir)` if it is missing or damaged.
+    """The manifest of the cache entry at `root`, built first by `build(staging_dir)` if it is missing or damaged;
+    this process then uses the entry (a shared lock held until it exits).
 
     `build` writes the entry's files into the (existing, empty) staging dir and returns what the manifest records
     beside the file hashes (`expect`'s keys among it). Returns the manifest."""
     root = Path(root)
-    if damage(root, manifest, expect) is None:  # the common case: no lock taken
+    lock = _lock_file(root)
+    if damage(root, manifest, expect) is None:  # the common case: whole, and no other process is rebuilding it
         return read_manifest(root, manifest)
-    with exclusive(root.with_name(f"{root.name}.lock")):
+    if lock is not None:  # the same lock, exclusive: no reader left on the entry, no other builder
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"{what}: waiting until no other process uses {root} before building it again")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
         problem = damage(root, manifest, expect)  # another job may have built it while this one waited
         if problem is None:
             return read_manifest(root, manifest)
         if root.exists():
             log(f"{what}: {problem}: building it again")
-        for stale in root.parent.glob(f"{root.name}.tmp-*"):  # left by killed writers: this one holds the lock
-            shutil.rmtree(stale, ignore_errors=True)
-        staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f"{root.name}.tmp-"))
-        staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
-        try:
-            record = dict(build(staging) or {})
-            record["files"] = file_hashes(staging, manifest)
-            (staging / manifest).write_text(json.dumps(record, indent=2))
-            _fsync_tree(staging)
-            _replace_dir(staging, root)
-        except BaseException:  # a signal's exception too: no staging dir left behind
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return record
+        return _build_entry(root, build, manifest)
+    finally:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_SH)  # back to a reader of the entry it built or found
+
+
+def _build_entry(root: Path, build: Callable[[Path], dict | None], manifest: str) -> dict:
+    """Build into a private staging dir, hash and fsync it, rename it into place (the caller holds the lock)."""
+    for stale in root.parent.glob(f"{root.name}.tmp-*"):  # left by killed writers: this one holds the lock
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f"{root.name}.tmp-"))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+    try:
+        record = dict(build(staging) or {})
+        record["files"] = file_hashes(staging, manifest)
+        (staging / manifest).write_text(json.dumps(record, indent=2))
+        _fsync_tree(staging)
+        _replace_dir(staging, root)
+    except BaseException:  # a signal's exception too: no staging dir left behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return record
 
 
 def _fsync_tree(root: Path) -> None:
