@@ -296,7 +296,7 @@ def test_a_reward_with_no_spread_stops_the_run_after_max_no_signal_steps(finishe
     assert last_line(result).startswith(
         "error: 2 rollouts in a row (max_no_signal_steps=2) had no prompt whose 2 completions differ in score"
     )
-    assert "rollout 1: no prompt's 2 completions differ in score" in result.stderr + result.stdout
+    assert "no learning signal in rollout 1: no prompt's 2 completions differ in score" in result.stderr + result.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["no_signal_rollouts"] == 2
     assert (run / "checkpoints" / "interrupted.ckpt").is_file()

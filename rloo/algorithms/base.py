@@ -296,9 +296,9 @@ class OnlineRLModule(LightningModule):
         self.state.note_signal(bool(spread > 0))
         if spread > 0:
             return
-        log.warning(
-            f"rollout {self.state.rollouts}: no prompt's {cfg.k} completions differ in score: nothing to learn from "
-            f"the reward ({self.state.no_signal_in_a_row} in a row, max_no_signal_steps={cfg.max_no_signal_steps})"
+        log.warning(  # not "rollout N: ...": progress lines start so
+            f"no learning signal in rollout {self.state.rollouts}: no prompt's {cfg.k} completions differ in score "
+            f"({self.state.no_signal_in_a_row} in a row; max_no_signal_steps={cfg.max_no_signal_steps} stop the run)"
         )
         if self.state.no_signal_in_a_row >= cfg.max_no_signal_steps:
             raise NoLearningSignal(

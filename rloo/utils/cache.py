@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -75,6 +76,8 @@ def damage(root: Path, manifest: str = MANIFEST, expect: dict | None = None) -> 
 
 
 _in_use: dict[str, object] = {}  # entry -> the lock file this process holds (shared) while it may read the entry
+_threads: dict[str, threading.Lock] = {}  # entry -> one thread of this process at a time checks or builds it
+_threads_guard = threading.Lock()
 
 
 def _lock_file(root: Path):
@@ -107,6 +110,13 @@ def entry(
     `build` writes the entry's files into the (existing, empty) staging dir and returns what the manifest records
     beside the file hashes (`expect`'s keys among it). Returns the manifest."""
     root = Path(root)
+    with _threads_guard:
+        one_thread = _threads.setdefault(str(root.resolve()), threading.Lock())
+    with one_thread:  # the flock is the process's: its threads take turns at the entry
+        return _checked_or_built(root, build, what, log, manifest, expect)
+
+
+def _checked_or_built(root: Path, build, what: str, log, manifest: str, expect: dict | None) -> dict:
     lock = _lock_file(root)
     if damage(root, manifest, expect) is None:  # the common case: whole, and no other process is rebuilding it
         return read_manifest(root, manifest)
