@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from rloo.toy import arithmetic
 from rloo.utils import cache, ownership
 from rloo.utils.errors import ConfigError
-from tests.e2e import FAST, HANG_GUARD_S, ROOT
+from tests.e2e import FAST, HANG_GUARD_S, ROOT, run_module
 
 SIGTERM_EXIT = 128 + 15
 
@@ -342,15 +342,7 @@ def test_evaluate_into_a_live_runs_dir_is_refused_and_the_run_resumes(embedded_t
     trainer, trainer_log = start(run, store, *settings, "logger=none", env=hang)
     wait_for((tmp_path / "inside").exists, trainer, trainer_log)  # in its first rollout, no checkpoint yet
     before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    environment = {**os.environ, "RLOO_CACHE_DIR": str(store), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    evaluate = subprocess.run(
-        [sys.executable, "-m", "rloo.evaluate", f"hydra.run.dir='{run}'", "bootstrap=fast", "response_length=8"],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    evaluate = run_module("rloo.evaluate", f"hydra.run.dir='{run}'", "bootstrap=fast", "response_length=8", cache=store)
     assert evaluate.returncode == 2, evaluate.stderr[-3000:]
     assert evaluate.stderr.strip().splitlines()[-1].startswith(f"error: {run} is in use by process {trainer.pid}")
     assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
