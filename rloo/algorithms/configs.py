@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from rloo.generation.settings import SamplingConfig
 from rloo.utils.errors import ConfigError
-from rloo.utils.keys import APPLIED, FIXED, derived, key, refuse_inert
+from rloo.utils.keys import APPLIED, FIXED, derived, key, looks_local, refuse_inert
 
 LR_SCHEDULES = ("linear", "constant", "cosine")
 LR_SCHEDULE_PER = ("optimizer_step", "rollout")
@@ -224,8 +224,11 @@ class PPOConfig(PolicyGradientConfig):
                 f"algo={cfg.algorithm} needs a value model: value_model=<sequence classifier dir or hub id>, or a "
                 "model.reward_model to start it from (this run scores with reward functions only)"
             )
-        local = str(cfg.value_model).startswith((".", "/", "~"))
-        if cfg.value_model is not None and local and not Path(str(cfg.value_model)).expanduser().exists():
+        if (
+            cfg.value_model is not None
+            and looks_local(str(cfg.value_model))
+            and not Path(str(cfg.value_model)).exists()
+        ):
             raise ConfigError(
                 f"value_model={cfg.value_model!r} does not exist: a sequence classifier dir, a hub id, or null "
                 "(the reward model)"

@@ -111,7 +111,7 @@ class PolicyGradientModule(OnlineRLModule):
         if self.takes_log_pi_from_the_update():
             rollout_done = clock()
             targets, rollout_policy_logprobs, entropy, stats = self.update_on_policy(rollout)
-            old_logprobs = rollout_policy_logprobs
+            old_logprobs = None  # the update's own forward: every first-epoch ratio is exactly 1
         else:
             with timer("old_logprobs"):
                 rollout_policy_logprobs, entropy = self.rollout_policy_forward(rollout)
@@ -125,11 +125,11 @@ class PolicyGradientModule(OnlineRLModule):
         # measured at the policy that sampled, whatever the epochs and mini-batches did after
         diagnostics = self.rollout_diagnostics(rollout, rollout_policy_logprobs, entropy)
         if cfg.loss == "ppo_clip":  # what the mismatch alone nulls: the clip before any optimiser step
-            with torch.no_grad():
-                _, first = policy_gradient_loss(
-                    targets.advantages, rollout_policy_logprobs, old_logprobs, self.loss_mask(rollout), self.loss_form
-                )
-            diagnostics["first_epoch_clipfrac"] = first["clipfrac"]
+            diagnostics["first_epoch_clipfrac"] = (
+                0.0
+                if old_logprobs is None
+                else self.first_epoch_clipfrac(rollout, targets, rollout_policy_logprobs, old_logprobs)
+            )
         self.log_step(rollout, targets, stats.means() | diagnostics, sampling_stats)
 
     def update_on_policy(self, rollout: Rollout) -> tuple[StepTargets, Tensor, Tensor, StepStats]:
@@ -178,6 +178,16 @@ class PolicyGradientModule(OnlineRLModule):
             self.accumulate_gradients(loss, micro, self.share(mask, micro))
             stats.add({"loss": loss, **loss_stats}, len(index))
         return stats
+
+    @torch.no_grad()
+    def first_epoch_clipfrac(
+        self, rollout: Rollout, targets: StepTargets, rollout_policy_logprobs: Tensor, old_logprobs: Tensor
+    ) -> Tensor:
+        """The clip fraction at the policy that sampled against the old log-probs (old_logprobs=generation: the
+        sampler's), before any optimiser step: what the rollout / training mismatch alone nulls."""
+        mask = self.loss_mask(rollout)
+        _, stats = policy_gradient_loss(targets.advantages, rollout_policy_logprobs, old_logprobs, mask, self.loss_form)
+        return stats["clipfrac"]
 
     def takes_log_pi_from_the_update(self) -> bool:
         """One forward pass serves the KL and the loss: one update per rollout, old log-probs recomputed, and no

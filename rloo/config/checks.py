@@ -18,7 +18,7 @@ from rloo.algorithms.registry import ALGORITHMS
 from rloo.config.schema import check_config, check_keys
 from rloo.generation.settings import SamplingConfig
 from rloo.utils.errors import ConfigError
-from rloo.utils.keys import refuse_inert, settings
+from rloo.utils.keys import looks_local, refuse_inert, settings
 
 
 def _require(cond: bool, key: str, allowed: str, value) -> None:
@@ -227,7 +227,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     )
     for split in ("train", "validation"):  # null without the bootstrap: check_sources_given
         path = OmegaConf.select(cfg, f"data.{split}.path")
-        if path is not None and _looks_local(path) and not Path(path).exists():
+        if path is not None and looks_local(path) and not Path(path).exists():
             raise ConfigError(f"data.{split}.path={path!r} does not exist: give an existing file or dir, or a hub id")
 
 
@@ -371,7 +371,7 @@ def check_model_sources(cfg: DictConfig) -> None:
         if path.exists():
             if not path.is_dir() or not any((path / name).exists() for name in wanted):
                 raise ConfigError(f"{where} is not a save_pretrained dir (it has no {' or '.join(wanted)})")
-        elif _looks_local(spec) or not HUB_ID.match(spec):
+        elif looks_local(spec) or not HUB_ID.match(spec):
             raise ConfigError(f"{where} does not exist: give a save_pretrained dir or a hub id")
         else:
             _check_hub_cache(spec, where, wanted)
@@ -495,10 +495,6 @@ def validate_eval_config(cfg: DictConfig) -> None:
     path = OmegaConf.select(cfg, "data.validation.path")
     if path is None and cfg.get("bootstrap") is None:
         raise ConfigError("data.validation.path=None is not allowed: a hub id, a local file or a dataset dir")
-    if path is not None and _looks_local(path) and not Path(path).exists():
+    if path is not None and looks_local(path) and not Path(path).exists():
         raise ConfigError(f"data.validation.path={path!r} does not exist: give an existing file or dir, or a hub id")
     validate_judge_config(cfg)
-
-
-def _looks_local(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or Path(path).suffix in (".jsonl", ".json", ".parquet", ".csv", ".arrow")

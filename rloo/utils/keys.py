@@ -42,6 +42,11 @@ def group(resume: str):
     return field(metadata={"resume": resume, "open": True})
 
 
+def looks_local(value: str) -> bool:
+    """A config value that names a local path (not a hub id): it starts as a path does, or ends as a data file."""
+    return value.startswith((".", "/", "~")) or Path(value).suffix in (".jsonl", ".json", ".parquet", ".csv", ".arrow")
+
+
 def settings(cls: type, node, **given):
     """The settings dataclass `cls` from a checked config node: the fields in `given` as given, every other read
     from `node` by its own name (a field with a default may be absent there). A runtime setting is thus a key of the
