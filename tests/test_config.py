@@ -254,7 +254,8 @@ def test_model_files_hold_models_and_recipes_hold_the_rest():
         (
             "algo=a2c",
             "algo='a2c'",
-            "dapo, dpo, dr_grpo, grpo, gspo, ppo, raft, reinforce, reinforce_pp, rloo, rloo_k2, vanilla_pg",
+            "dapo, dpo, dr_grpo, grpo, gspo, ppo, raft, reinforce, reinforce_pp, reinforce_pp_baseline, rloo, "
+            "rloo_k2, vanilla_pg",
         ),
         ("algo=raft k=1", "k=1", "integer >= 2 with advantage=best_of_k"),
         ("algo=reinforce baseline_decay=1.5", "baseline_decay=1.5", "number in"),

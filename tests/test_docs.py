@@ -66,7 +66,7 @@ def test_extending_names_only_what_the_code_has():
         "dapo",
     }
     rewards = torch.tensor([1.0, 2.0, 0.0, 4.0])
-    per_completion = [a for a in configs.ADVANTAGES if a != "return_to_go_batch_std"]
+    per_completion = [a for a in configs.ADVANTAGES if a not in configs.PER_TOKEN_ADVANTAGES]
     for advantage in per_completion:  # every per-completion choice is a branch of sequence_advantages
         assert sequence_advantages(rewards, 2, advantage).shape == (4,)
     mask = torch.ones(4, 3)

@@ -9,6 +9,7 @@ import lightning as L
 import pytest
 import torch
 
+from rloo.algorithms.registry import POLICY_GRADIENT_FAMILY
 from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
 from rloo.objectives import (
     LossForm,
@@ -46,9 +47,6 @@ def test_group_advantages_hand_values():
     close(group_advantages(REWARDS, 3, "group_std", std_eps=1.0), [-2 / plus_one, -1 / plus_one, 3 / plus_one, 0, 0, 0])
     # leave-one-out: b_i = (9 - r_i) / 2 = [4, 3.5, 1.5] -> [-3, -1.5, 4.5], k/(k-1) times the centred rewards
     close(group_advantages(REWARDS, 3, "leave_one_out"), [-3, -1.5, 4.5, 0, 0, 0])
-    # REINFORCE++-baseline: [-2, -1, 3, 0, 0, 0] has mean 0 and unbiased var 14 / 5 = 2.8
-    s = math.sqrt(2.8)
-    close(group_advantages(REWARDS, 3, "group_mean_batch_std"), [-2 / s, -1 / s, 3 / s, 0, 0, 0])
 
 
 def test_reinforce_pp_returns_to_go_and_batch_whitening_hand_values():
@@ -58,9 +56,59 @@ def test_reinforce_pp_returns_to_go_and_batch_whitening_hand_values():
     rewards = per_token_rewards(torch.tensor([2.0, -1.0], dtype=D), kl, mask, 1.0)
     returns = returns_to_go(rewards, mask)
     close(returns, [[1.4, 1.5, 1.7, 0], [-1.5, 0, 0, 0]])
-    # the four real returns: mean 0.775, deviations .625 .725 .925 -2.275, unbiased var = 6.6475 / 3
-    std = math.sqrt((0.625**2 + 0.725**2 + 0.925**2 + 2.275**2) / 3)
+    # the four real returns: mean 0.775, deviations .625 .725 .925 -2.275, var over n (OpenRLHF's) = 6.6475 / 4
+    std = math.sqrt((0.625**2 + 0.725**2 + 0.925**2 + 2.275**2) / 4)
     close(batch_whitened_tokens(returns, mask), [[0.625 / std, 0.725 / std, 0.925 / std, 0], [-2.275 / std, 0, 0, 0]])
+
+
+def reinforce_pp_baseline_advantages(scores, mask, k):
+    """REINFORCE++-baseline with the KL as a loss term (none in the reward): group-centred score, returns, whitened."""
+    centred = group_advantages(scores, k, "group_mean")
+    return batch_whitened_tokens(
+        returns_to_go(per_token_rewards(centred, torch.zeros(mask.shape, dtype=D), mask, 0.0), mask), mask
+    )
+
+
+def test_reinforce_pp_baseline_whitens_per_token_as_openrlhf():
+    # scores [1, 0, 1, 0], k = 2, lengths [4, 1, 4, 1]: centred [0.5, -0.5, 0.5, -0.5] on every token of each
+    # completion, so 8 tokens of 0.5 and 2 of -0.5: mean 0.3, var (8 * 0.2^2 + 2 * 0.8^2) / 10 = 0.16, std 0.4;
+    # 0.5 -> (0.5 - 0.3) / 0.4 = 0.5 and -0.5 -> (-0.5 - 0.3) / 0.4 = -2.0 (OpenRLHF; the per-sequence z-score gave
+    # +-0.866, veRL's Bessel-corrected variance 1.6 / 9 gives 0.474 and -1.897)
+    lengths = torch.tensor([4, 1, 4, 1])
+    mask = (torch.arange(4)[None, :] < lengths[:, None]).long()
+    advantages = reinforce_pp_baseline_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=D), mask, 2)
+    close(advantages, [[0.5] * 4, [-2.0, 0, 0, 0], [0.5] * 4, [-2.0, 0, 0, 0]])
+
+
+def test_batch_whitening_over_two_ranks_is_the_global_batch_s():
+    """Two ranks, each whitening its own rows with sums reduced over both (an all-reduce of two threads), give the
+    rows of one whitening of the whole batch; alone, a rank's whitening differs."""
+    import threading
+
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [-1.0, 5.0, 0.0], [2.0, 2.0, 2.0]], dtype=D)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
+    halves, slots, results = (slice(0, 2), slice(2, 4)), [None, None], [None, None]
+    barrier = threading.Barrier(2)
+
+    def all_reduce_sum(rank):
+        def reduce(tensor):
+            slots[rank] = tensor
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()  # both read before either writes the next
+            return total
+
+        return reduce
+
+    def rank(r):
+        results[r] = batch_whitened_tokens(values[halves[r]], mask[halves[r]], all_reduce_sum(r))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    [thread.start() for thread in threads]
+    [thread.join() for thread in threads]
+    whole = batch_whitened_tokens(values, mask)
+    close(torch.cat(results), whole, 1e-12)
+    assert not torch.allclose(batch_whitened_tokens(values[:2], mask[:2]), whole[:2])
 
 
 # ---- loss aggregation ----------------------------------------------------------------------------------------
@@ -156,6 +204,32 @@ def test_a_sequence_term_weighs_completions_by_the_aggregation():
         close(policy_gradient_loss(adv, logprobs, logprobs, mask, form)[0], expected)
 
 
+def test_k1_and_k2_kl_loss_terms_hand_values():
+    # log r = log pi - log pi_ref = log 0.5 - log 0.25 = log 2; k1 = log r (gradient 1), k2 = (log r)^2 / 2 (gradient
+    # log r: REINFORCE++-baseline's recommended loss term, whose gradient is the k1 KL's true gradient)
+    logprobs = torch.tensor([math.log(0.5), math.log(0.3)], dtype=D, requires_grad=True)
+    ref = torch.tensor([math.log(0.25), math.log(0.3)], dtype=D)
+    for estimator, value, gradient in [("k1", math.log(2), 1.0), ("k2", math.log(2) ** 2 / 2, math.log(2))]:
+        kl = kl_per_token(logprobs, ref, estimator)
+        close(kl, [value, 0.0])
+        (grad,) = torch.autograd.grad(kl.sum(), logprobs)
+        close(grad, [gradient, 1.0 if estimator == "k1" else 0.0])
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_the_kl_loss_term_uses_the_configured_estimator(tiny_run_assets, tokenizer, monkeypatch, estimator):
+    """algo=grpo kl_estimator=<e>: the loss term (the call on log-probs that carry a gradient) is e's, as veRL's
+    kl_loss_type; the logged kl_loss is its mean."""
+    import rloo.algorithms.policy_gradient as step
+
+    seen, real = [], step.kl_per_token
+    monkeypatch.setattr(
+        step, "kl_per_token", lambda lp, ref, e="k1": (seen.append((lp.requires_grad, e)), real(lp, ref, e))[1]
+    )
+    fit(tiny_run_assets, tokenizer, algorithm="grpo", kl_estimator=estimator)
+    assert {e for grad, e in seen if grad} == {estimator} and {e for grad, e in seen if not grad} == {estimator}
+
+
 def test_k3_kl_loss_term_hand_values():
     logprobs = torch.tensor([math.log(0.5), math.log(0.3)], dtype=D, requires_grad=True)
     ref = torch.tensor([math.log(0.25), math.log(0.3)], dtype=D)
@@ -170,6 +244,8 @@ def test_k3_kl_loss_term_hand_values():
 def test_overlong_shaping_hand_values():
     # L_max 16, L_cache 4: free up to 12, then (12 - |y|) / 4 down to -1 at 16, -1 beyond
     close(overlong_penalty(torch.tensor([10, 12, 13, 15, 16, 17]), 16, 4), [0, 0, -0.25, -0.75, -1.0, -1.0])
+    # the paper's fifth of L_max = 16: L_cache 3.2, free up to 12.8; 13 -> -0.2 / 3.2 = -0.0625, 14 -> -0.375
+    close(overlong_penalty(torch.tensor([12, 13, 14, 16]), 16, 0.2 * 16), [0, -0.0625, -0.375, -1.0])
 
 
 def test_dynamic_sampling_filter_keeps_groups_with_a_signal():
@@ -222,7 +298,7 @@ def test_token_mean_is_the_same_whatever_the_micro_batches(tiny_run_assets, toke
     sizes = (8, 4) if algorithm == "reinforce_pp" else (16, 4)
     runs = [fit(tiny_run_assets, tokenizer, algorithm=algorithm, micro_batch_size=size)[1] for size in sizes]
     for (name, a), b in zip(runs[0].policy.state_dict().items(), runs[1].policy.state_dict().values()):
-        assert torch.allclose(a, b, atol=1e-5), name
+        assert torch.allclose(a, b, atol=5e-5), name  # float32 sums in another order: ~1e-5 apart
 
 
 class RecordSteps(L.Callback):
@@ -259,6 +335,22 @@ def test_grpo_advantages_are_the_group_standardised_scores(tiny_run_assets, toke
             close(got[rollout.lengths[p * 4 : p * 4 + 4] > 0], expected[rollout.lengths[p * 4 : p * 4 + 4] > 0], 1e-4)
 
 
+def test_reinforce_pp_baseline_gives_each_token_its_group_centred_score_whitened(tiny_run_assets, tokenizer):
+    """algo=reinforce_pp_baseline in a Trainer (KL as a loss term, none in the reward): every token of a completion
+    carries (s_i - mean of its group - mu) / sigma, mu and sigma over the rollout's real tokens (variance over n)."""
+    record = RecordSteps()
+    fit(tiny_run_assets, tokenizer, algorithm="reinforce_pp_baseline", callbacks=[record])
+    for rollout, targets in record.rollouts:
+        mask = rollout.completion_mask.bool()
+        scores = rollout.scores.double() - 1.0 * (~rollout.ended_with_eos.bool()).double()  # missing-EOS penalty 1
+        centred = (scores.reshape(-1, 4) - scores.reshape(-1, 4).mean(1, keepdim=True)).reshape(-1)
+        tokens = centred[:, None].expand(mask.shape)[mask]  # each completion's centred score on each real token
+        expected = (tokens - tokens.mean()) / tokens.var(unbiased=False).clamp(min=1e-8).sqrt()
+        assert targets.advantages.shape == mask.shape
+        close(targets.advantages[mask], expected, 1e-4)
+        assert (targets.advantages[~mask] == 0).all()
+
+
 def test_dynamic_sampling_refills_from_fresh_prompts_and_says_how_many_were_dropped(
     tiny_run_assets, tokenizer, monkeypatch
 ):
@@ -284,30 +376,96 @@ def test_dynamic_sampling_refills_from_fresh_prompts_and_says_how_many_were_drop
 
 
 # ---- the named algorithms and the keys they refuse ------------------------------------------------------------
-PUBLISHED = {  # (advantage, loss_aggregation, ratio_level, clip low, clip high, KL where, beta, estimator)
-    "grpo": ("group_std", "seq_mean_token_mean", "token", 0.2, 0.2, "loss", 0.04, "k3"),
-    "dr_grpo": ("group_mean", "token_sum_norm", "token", 0.2, 0.2, "loss", 0.04, "k3"),
-    "dapo": ("group_std", "token_mean", "token", 0.2, 0.28, None, 0.0, None),
-    "reinforce_pp": ("return_to_go_batch_std", "token_mean", "token", 0.2, 0.2, "reward", 0.05, "k1"),
-    "gspo": ("group_std", "seq_mean_token_mean", "sequence", 3e-4, 4e-4, None, 0.0, None),
+# Each named algorithm as its authors run it; every value with its source. Keys not listed are RLOO's
+# (conf/algo/shared/estimator.yaml): no dynamic sampling, no overlong shaping, a sequence ratio summed over tokens.
+PUBLISHED = {
+    "rloo": dict(  # Ahmadian et al. 2024 (arXiv:2402.14740), sec. 3-4; TRL RLOOConfig
+        advantage="leave_one_out",  # eq. 6: the mean reward of the other k - 1
+        ratio_level="sequence",  # "the whole completion is one action"
+        loss_aggregation="seq_mean_token_sum",  # the loss of a completion is its summed log-prob
+        clip_range=0.2,  # TRL RLOOConfig cliprange 0.2
+        clip_high=0.2,
+        kl_in="reward",  # R = r - beta KL inside the reward, leave-one-out baselined too
+        kl_coef=0.05,  # TRL RLOOConfig kl_coef 0.05
+        kl_estimator="k1",  # sum_t log pi / pi_ref
+    ),
+    "grpo": dict(  # Shao et al. 2024 (DeepSeekMath, arXiv:2402.03300), sec. 4.1, eq. 3 and 21
+        advantage="group_std",  # (r - mean) / std
+        ratio_level="token",
+        loss_aggregation="seq_mean_token_mean",  # 1/G sum_i 1/|o_i| sum_t
+        clip_range=0.2,  # eps 0.2 (TRL GRPOConfig epsilon)
+        clip_high=0.2,
+        kl_in="loss",  # beta D_KL as a loss term
+        kl_coef=0.04,  # sec. 4.1: "the coefficient of KL is 0.04"
+        kl_estimator="k3",  # eq. 4: pi_ref / pi - log(pi_ref / pi) - 1
+    ),
+    "dr_grpo": dict(  # Liu et al. 2025 (arXiv:2503.20783), sec. 3.1; scripts of sail-sg/understand-r1-zero
+        advantage="group_mean",  # no std division
+        ratio_level="token",
+        loss_aggregation="token_sum_norm",  # no 1/|o_i|: token sums over a constant
+        clip_range=0.2,
+        clip_high=0.2,
+        kl_in=None,
+        kl_coef=0.0,  # the authors' scripts train with beta 0
+    ),
+    "dapo": dict(  # Yu et al. 2025 (arXiv:2503.14476), sec. 3, eq. 8-13, table of hyper-parameters
+        advantage="group_std",
+        ratio_level="token",
+        loss_aggregation="token_mean",  # token-level policy gradient loss, sec. 3.3
+        clip_range=0.2,  # eps_low 0.2
+        clip_high=0.28,  # clip-higher: eps_high 0.28, sec. 3.1
+        kl_in=None,
+        kl_coef=0.0,  # "we exclude the KL term", sec. 2.3
+        dynamic_sampling=True,  # sec. 3.2
+        overlong="shape",  # soft overlong punishment, eq. 13
+        overlong_buffer=0.2,  # L_cache 4,096 of L_max 20,480, sec. 4.1
+        missing_eos_penalty=None,
+    ),
+    "reinforce_pp": dict(  # Hu 2025 (arXiv:2501.03262), sec. 3; OpenRLHF advantage_estimator=reinforce
+        advantage="return_to_go_batch_std",  # per-token KL in the reward, returns-to-go, global batch whitening
+        ratio_level="token",
+        loss_aggregation="token_mean",  # OpenRLHF PolicyLoss: the masked mean over the batch's tokens
+        clip_range=0.2,  # OpenRLHF eps_clip 0.2
+        clip_high=0.2,
+        kl_in="reward",
+        kl_coef=0.05,  # RLOO's beta (no figure in the paper); k1 as OpenRLHF's default kl_estimator
+        kl_estimator="k1",
+    ),
+    "reinforce_pp_baseline": dict(  # Hu 2025; OpenRLHF examples/scripts/train_reinforce_baseline_*.sh
+        advantage="group_mean_batch_std",  # advantage_estimator=reinforce_baseline: group mean, token whitening
+        ratio_level="token",
+        loss_aggregation="token_mean",
+        clip_range=0.2,
+        clip_high=0.2,
+        kl_in="loss",  # --use_kl_loss
+        kl_coef=1e-3,  # --init_kl_coef 1e-3
+        kl_estimator="k2",  # --kl_estimator k2
+    ),
+    "gspo": dict(  # Zheng et al. 2025 (arXiv:2507.18071), sec. 4, eq. 5-7 and sec. 5.1
+        advantage="group_std",
+        ratio_level="sequence",
+        sequence_ratio="mean",  # s_i = (pi / pi_old)^(1/|y_i|), length-normalised
+        loss_aggregation="seq_mean_token_mean",
+        clip_range=3e-4,  # "left and right clipping ranges ... 3e-4 and 4e-4", sec. 5.1
+        clip_high=4e-4,
+        kl_in=None,
+        kl_coef=0.0,  # no KL term
+    ),
 }
+RLOO_REST = dict(sequence_ratio="sum", dynamic_sampling=False, overlong="none", missing_eos_penalty=1.0, k=4)
 
 
 @pytest.mark.parametrize("algorithm", sorted(PUBLISHED))
-def test_each_named_algorithm_composes_to_its_published_defaults(algorithm):
+def test_each_named_algorithm_composes_to_its_authors_choices(algorithm):
     from tests.builders import train_config
 
-    config = train_config(algorithm, 10)
-    advantage, aggregation, level, low, high, kl_in, beta, estimator = PUBLISHED[algorithm]
-    assert (config.advantage, config.loss_aggregation, config.ratio_level) == (advantage, aggregation, level)
-    assert (config.clip_range, config.clip_high, config.kl_coef) == (low, high, beta)
+    config, expected = train_config(algorithm, 10), RLOO_REST | PUBLISHED[algorithm]
+    kl_in = expected.pop("kl_in")
     assert config.kl_in_loss == (kl_in == "loss") and config.kl_in_reward == (kl_in == "reward")
-    if estimator is not None:
-        assert config.kl_estimator == estimator
-    dapo = algorithm == "dapo"
-    assert (config.dynamic_sampling, config.overlong == "shape", config.missing_eos_penalty is None) == (dapo,) * 3
-    assert type(config).__name__ == "EstimatorConfig" and config.k == 4
-    assert config.sequence_ratio == ("mean" if algorithm == "gspo" else "sum")
+    got = {name: getattr(config, name) for name in expected}
+    assert got == expected and type(config).__name__ == "EstimatorConfig"
+    if algorithm == "dapo":  # the run's L_cache: a fifth of its response_length
+        assert config.overlong_cache_tokens == 0.2 * config.sampling.max_new_tokens
 
 
 @pytest.mark.parametrize(
@@ -319,7 +477,10 @@ def test_each_named_algorithm_composes_to_its_published_defaults(algorithm):
         (["algo=gspo", "kl_estimator=k1"], "kl_estimator=k1 does nothing with kl_coef=0"),
         (["algo=grpo", "kl_coef=0", "kl_estimator=k1"], "kl_estimator=k1 does nothing with kl_coef=0"),
         (["algo=grpo", "dynamic_sampling_rounds=5"], "dynamic_sampling_rounds=5 does nothing with dynamic_sampling"),
-        (["algo=grpo", "overlong_cache=2"], "overlong_cache=2 does nothing with overlong=none"),
+        (["algo=grpo", "overlong_buffer=0.5"], "overlong_buffer=0.5 does nothing with overlong=none"),
+        (["algo=dapo", "overlong_cache=4"], "overlong_cache is not a config key of python -m rloo.train: it is now"),
+        (["algo=dapo", "overlong_buffer=2"], "overlong_buffer=2 is not allowed"),
+        (["algo=reinforce_pp_baseline", "ratio_level=sequence"], "advantage=group_mean_batch_std gives one per"),
         (["algo=reinforce_pp", "ratio_level=sequence"], "ratio_level=sequence needs one advantage per completion"),
         (["algo=rloo", "baseline_decay=0.5"], "baseline_decay=0.5 does nothing with advantage=leave_one_out"),
         (["algo=reinforce", "raft_rank_by=score"], "raft_rank_by=score does nothing with advantage=moving_average"),
@@ -358,7 +519,7 @@ def test_dynamic_sampling_is_refused_on_several_devices():
 
 
 # ---- guards: the same for every estimator of the one step --------------------------------------------------------
-FAMILY = ("rloo", "raft", "reinforce", "vanilla_pg", "grpo", "dr_grpo", "dapo", "reinforce_pp", "gspo")
+FAMILY = POLICY_GRADIENT_FAMILY
 
 
 @pytest.mark.parametrize("algorithm", FAMILY)

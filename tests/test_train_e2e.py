@@ -148,6 +148,28 @@ def test_ddp_on_two_cpu_processes_splits_the_episodes(finished_run):
 
 
 @pytest.mark.slow
+def test_reinforce_pp_baseline_whitens_over_both_ranks_under_ddp(finished_run):
+    """The batch whitening's sums are reduced over the ranks (the math: tests/test_estimators.py, two threads as
+    two ranks); here the collective runs in a real DDP run alongside Lightning's, and the run finishes."""
+    base, _ = finished_run
+    result = train(
+        base / "ddp_reinforce_pp_baseline",
+        base / "cache",
+        "algo=reinforce_pp_baseline",
+        "trainer.strategy=ddp",
+        "trainer.devices=2",
+        "trainer.num_threads=1",
+        "total_episodes=32",
+        "logger=csv",
+        "num_mini_batches=2",
+        "eval.before=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((base / "ddp_reinforce_pp_baseline" / "summary.json").read_text())
+    assert (summary["status"], summary["rollouts"], summary["optimizer_steps"]) == ("finished", 2, 4)
+
+
+@pytest.mark.slow
 def test_fsdp2_on_two_cpu_processes_trains_the_policy_ddp_trains_and_resumes_bit_identical(finished_run):
     """trainer.strategy=fsdp2: the policy sharded block by block over 2 gloo processes, sampled with HF generate
     (ranks stepping together), scored through its own forward. Against DDP with the same settings and draws: the

@@ -82,6 +82,7 @@ class PolicyGradientConfig(OnlineRLConfig):
 
 # ---- the one policy-gradient step (rloo.algorithms.policy_gradient) ----------------------------------------------
 GROUP_ADVANTAGES = ("leave_one_out", "group_mean", "group_std", "group_mean_batch_std")
+PER_TOKEN_ADVANTAGES = ("return_to_go_batch_std", "group_mean_batch_std")  # REINFORCE++, REINFORCE++-baseline
 ADVANTAGES = (*GROUP_ADVANTAGES, "return_to_go_batch_std", "moving_average", "none", "best_of_k")
 LOSSES = ("ppo_clip", "reinforce")
 RATIO_LEVELS = ("token", "sequence")
@@ -112,7 +113,7 @@ class EstimatorConfig(PolicyGradientConfig):
     dynamic_sampling: bool = key(FIXED)
     dynamic_sampling_rounds: int = key(APPLIED, low=0)
     overlong: str = key(FIXED, choices=OVERLONG)
-    overlong_cache: int = key(FIXED, low=1)
+    overlong_buffer: float = key(FIXED, low=0, high=1, low_open=True)
 
     @property
     def clip_high(self) -> float:
@@ -128,12 +129,17 @@ class EstimatorConfig(PolicyGradientConfig):
 
     @property
     def per_token_advantage(self) -> bool:
-        return self.advantage == "return_to_go_batch_std"
+        return self.advantage in PER_TOKEN_ADVANTAGES
 
     @property
     def batch_wide_advantage(self) -> bool:
         """A row's advantage depends on rows outside its group (a whitening over the batch)."""
         return self.advantage.endswith("batch_std") or self.normalize_advantages
+
+    @property
+    def overlong_cache_tokens(self) -> float:
+        """DAPO's L_cache in tokens: overlong_buffer of the generation budget (the paper: 4,096 of 20,480)."""
+        return self.overlong_buffer * self.sampling.max_new_tokens
 
     @property
     def aggregation_denominator(self) -> float:
@@ -152,10 +158,10 @@ class EstimatorConfig(PolicyGradientConfig):
                 f"k={cfg.k} is not allowed: an integer >= 2 with advantage={cfg.advantage} (it compares each "
                 "completion with the others of its prompt)"
             )
-        if cfg.advantage == "return_to_go_batch_std" and cfg.ratio_level == "sequence":
+        if cfg.advantage in PER_TOKEN_ADVANTAGES and cfg.ratio_level == "sequence":
             raise ConfigError(
-                "ratio_level=sequence needs one advantage per completion, but advantage=return_to_go_batch_std gives "
-                "one per token; use ratio_level=token or another advantage"
+                f"ratio_level=sequence needs one advantage per completion, but advantage={cfg.advantage} gives one "
+                "per token; use ratio_level=token or another advantage"
             )
         if cfg.loss == "reinforce" and cfg.num_ppo_epochs * cfg.num_mini_batches > 1:
             raise ConfigError(
@@ -199,7 +205,12 @@ ESTIMATOR_INERT = (  # (key, when it does nothing, the setting that says so, wha
         "dynamic_sampling=false",
         "it caps dynamic sampling's extra rounds",
     ),
-    ("overlong_cache", lambda c: c.overlong != "shape", "overlong={overlong}", "it is overlong=shape's L_cache"),
+    (
+        "overlong_buffer",
+        lambda c: c.overlong != "shape",
+        "overlong={overlong}",
+        "it is overlong=shape's L_cache, a fraction of response_length",
+    ),
 )
 
 

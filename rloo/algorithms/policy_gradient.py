@@ -235,28 +235,40 @@ class PolicyGradientModule(OnlineRLModule):
         scores = self.shaped_scores(rollout)
         beta = cfg.kl_coef if cfg.kl_in == "reward" else 0.0
         rewards = sequence_rewards(scores, kl_tokens, mask, beta)  # R_i = s_i - beta * sum_t KL_t
-        if cfg.per_token_advantage:  # REINFORCE++: r_t = -beta KL_t (+ score at the last token), G_t, batch z-score
-            token_rewards = per_token_rewards(torch.nan_to_num(scores), kl_tokens, mask, beta)
-            advantages = batch_whitened_tokens(returns_to_go(token_rewards, mask), mask)  # [N, T]
+        if cfg.per_token_advantage:  # REINFORCE++(-baseline): r_t = -beta KL_t (+ score at the end), G_t, whitened
+            advantages = self.per_token_advantages(scores, kl_tokens, mask, beta)  # [N, T]
         else:
             advantages = self.advantages(rewards, scores)  # [N]
             if cfg.normalize_advantages:
                 advantages = normalize_advantages(advantages)
         return StepTargets(kl_tokens.sum(1), rewards, advantages)
 
-    def advantages(self, rewards: Tensor, scores: Tensor) -> Tensor:
-        """A_i of the chosen form; with reward_errors=mask an unscored completion gets A = 0 and leaves its group's
-        baseline."""
+    def advantages(self, rewards: Tensor, scores: Tensor, form: str | None = None) -> Tensor:
+        """A_i of the chosen form (or `form`); with reward_errors=mask an unscored completion gets A = 0 and leaves
+        its group's baseline."""
         cfg = self.config
         valid = torch.isfinite(scores) if self.masks_bad_scores() and not torch.isfinite(scores).all() else None
         ranking = rewards if cfg.raft_rank_by == "reward" else scores  # best_of_k; unscored: nan in both
-        return sequence_advantages(rewards, cfg.k, cfg.advantage, valid, cfg.std_eps, self.moving_baseline, ranking)
+        form = form or cfg.advantage
+        return sequence_advantages(rewards, cfg.k, form, valid, cfg.std_eps, self.moving_baseline, ranking)
+
+    def per_token_advantages(self, scores: Tensor, kl_tokens: Tensor, mask: Tensor, beta: float) -> Tensor:
+        """REINFORCE++ (return_to_go_batch_std) and REINFORCE++-baseline (group_mean_batch_std: the score less its
+        group's mean first, as OpenRLHF's `reinforce_baseline`): per-token rewards r_t = -beta KL_t plus the score at
+        the last token, returns-to-go (gamma 1), whitened over every token of the global batch. [N, T]."""
+        cfg = self.config
+        if cfg.advantage == "group_mean_batch_std":
+            scores = self.advantages(scores, scores, form="group_mean")  # s_i - mean of its group's
+        token_rewards = per_token_rewards(torch.nan_to_num(scores), kl_tokens, mask, beta)
+        across_ranks = self.trainer.strategy.reduce if self.trainer.world_size > 1 else None
+        sum_over_ranks = None if across_ranks is None else (lambda tensor: across_ranks(tensor, reduce_op="sum"))
+        return batch_whitened_tokens(returns_to_go(token_rewards, mask), mask, sum_over_ranks)
 
     def shaped_scores(self, rollout: Rollout) -> Tensor:
         """The scores after the missing-EOS rule and DAPO's overlong shaping (overlong=shape), [N]."""
         cfg, scores = self.config, self.penalised_scores(rollout)
         if cfg.overlong == "shape":
-            scores = scores + overlong_penalty(rollout.lengths, cfg.sampling.max_new_tokens, cfg.overlong_cache)
+            scores = scores + overlong_penalty(rollout.lengths, cfg.sampling.max_new_tokens, cfg.overlong_cache_tokens)
         return scores
 
     # ---- 4. the loss -------------------------------------------------------------------------------------------------

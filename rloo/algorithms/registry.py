@@ -39,13 +39,23 @@ class Algorithm:
 
 STEP = ("rloo.algorithms.policy_gradient", "PolicyGradientModule", "EstimatorConfig")  # the one policy-gradient step
 
+POLICY_GRADIENT_FAMILY = (  # conf/algo/<name>.yaml: values of the one step's keys
+    "rloo",
+    "raft",
+    "reinforce",
+    "vanilla_pg",
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "gspo",
+)
+
 ALGORITHMS: dict[str, Algorithm] = {
     spec.name: spec
     for spec in (
-        *(
-            Algorithm(name, *STEP)
-            for name in ("rloo", "raft", "reinforce", "vanilla_pg", "grpo", "dr_grpo", "dapo", "reinforce_pp", "gspo")
-        ),
+        *(Algorithm(name, *STEP) for name in POLICY_GRADIENT_FAMILY),
         Algorithm("ppo", "rloo.algorithms.ppo", "PPOModule", "PPOConfig", value_model=True),
         Algorithm("dpo", "rloo.algorithms.dpo", "DPOModule", "DPOConfig"),
     )

@@ -203,12 +203,19 @@ def _dataclass_of(annotation) -> type | None:
     return annotation if is_dataclass(annotation) else None
 
 
+RENAMED_KEYS = {  # old key -> what replaced it
+    "overlong_cache": "overlong_buffer, a fraction of response_length (DAPO's 4,096 of 20,480 is 0.2)",
+}
+
+
 def unknown_key_error(path: str, algorithm: str) -> ConfigError:
     """A key `algorithm` does not read: one that another algorithm reads, or one that no config has (with the
     closest name at its level, for a typo)."""
     readers = [a for a in sorted(ALGORITHMS) if a != algorithm and resume_policy(path, a) is not None]
     if readers:
         return ConfigError(f"{path} does nothing with algo={algorithm}: only {', '.join(readers)} read it; remove it")
+    if path in RENAMED_KEYS:
+        return ConfigError(f"{path} is not a config key of python -m rloo.train: it is now {RENAMED_KEYS[path]}")
     parent, _, name = path.rpartition(".")
     schema = field_at(parent, schema_of(algorithm))[0] if parent else schema_of(algorithm)
     close = difflib.get_close_matches(name, list(fields_of(schema)), n=1) if is_dataclass(schema) else []

@@ -7,12 +7,14 @@ Shapes: N = prompts * k completions, laid out prompt-major (rows p*k .. p*k+k-1 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-from rloo.objectives.statistics import _upcast, masked_mean, masked_sum
+from rloo.objectives.statistics import _upcast, masked_sum
 
-GROUP_FORMS = ("leave_one_out", "group_mean", "group_std", "group_mean_batch_std")
+GROUP_FORMS = ("leave_one_out", "group_mean", "group_std")
 
 
 def _groups(rewards: Tensor, k: int, min_k: int) -> Tensor:
@@ -56,7 +58,8 @@ def group_advantages(rewards: Tensor, k: int, form: str, std_eps: float = 1e-4) 
     leave_one_out          A_i = R_i - mean_{j != i} R_j                      (RLOO; Kool et al. 2019)
     group_mean             A_i = R_i - mean_j R_j                             (Dr. GRPO, Liu et al. 2025)
     group_std              A_i = (R_i - mean_j R_j) / (std_j R_j + eps)       (GRPO, Shao et al. 2024; unbiased std)
-    group_mean_batch_std   A_i = z-score over the batch of (R_i - mean_j R_j) (REINFORCE++-baseline, Hu 2025)
+
+    REINFORCE++-baseline's group mean is the start of a per-token advantage: `batch_whitened_tokens`.
     """
     if form == "leave_one_out":
         return leave_one_out_advantages(rewards, k)
@@ -66,9 +69,6 @@ def group_advantages(rewards: Tensor, k: int, form: str, std_eps: float = 1e-4) 
         return centred.reshape(-1)
     if form == "group_std":
         return (centred / (groups.std(dim=1, keepdim=True) + std_eps)).reshape(-1)
-    if form == "group_mean_batch_std":
-        flat = centred.reshape(-1)
-        return (flat - flat.mean()) / (flat.std() + 1e-8)
     raise ValueError(f"a group advantage is one of {', '.join(GROUP_FORMS)}, got {form!r}")
 
 
@@ -83,7 +83,7 @@ def sequence_advantages(
 ) -> Tensor:
     """One advantage per completion for the policy-gradient step's `advantage` choice, [N] -> [N]:
 
-    leave_one_out, group_mean, group_std, group_mean_batch_std   from its group of k (`group_advantages`)
+    leave_one_out, group_mean, group_std   from its group of k (`group_advantages`)
     moving_average   A_i = R_i - b, b from earlier rollouts       (REINFORCE with a baseline; `baseline`)
     none             A_i = R_i                                    (vanilla policy gradient)
     best_of_k        A_i = k on the best of its group by `ranking`, else 0   (RAFT, Dong et al. 2023)
@@ -163,14 +163,22 @@ def returns_to_go(token_rewards: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), rewards.flip(1).cumsum(1).flip(1), torch.zeros_like(rewards))
 
 
-def batch_whitened_tokens(values: Tensor, mask: Tensor) -> Tensor:
-    """(v - mean) / (std + 1e-8) over every real token of the batch (REINFORCE++'s global normalisation), 0 on
-    padding; unbiased std. [N, T] -> [N, T]."""
+def batch_whitened_tokens(
+    values: Tensor, mask: Tensor, all_reduce_sum: Callable[[Tensor], Tensor] | None = None
+) -> Tensor:
+    """(v - mean) / sqrt(var) over every real token of the batch, 0 on padding, [N, T] -> [N, T]: REINFORCE++'s and
+    REINFORCE++-baseline's normalisation as their authors' code runs it (OpenRLHF's experience maker): the variance
+    divides by the token count n (no Bessel correction; veRL's `masked_whiten` divides by n - 1) and is clamped at
+    1e-8 before the inverse square root. Under data parallelism `all_reduce_sum` sums a tensor over the ranks, so the
+    mean and variance are the global batch's (TRL and veRL whiten over the global batch too):
+        n = sum_ranks sum_t m_t,  mean = sum_ranks sum_t m_t v_t / n,  var = sum_ranks sum_t m_t (v_t - mean)^2 / n
+    """
     values, real = _upcast(values), mask.bool()
-    n = real.sum().clamp(min=2)
-    mean = masked_mean(values, mask)
-    var = masked_sum((values - mean) ** 2, mask) / (n - 1)
-    return torch.where(real, (values - mean) / (var.sqrt() + 1e-8), torch.zeros_like(values))
+    reduce = all_reduce_sum or (lambda tensor: tensor)
+    count_and_sum = reduce(torch.stack([real.sum().to(values.dtype), masked_sum(values, mask)]))
+    mean = count_and_sum[1] / count_and_sum[0].clamp(min=1)
+    var = reduce(masked_sum((values - mean) ** 2, mask)) / count_and_sum[0].clamp(min=1)
+    return torch.where(real, (values - mean) * var.clamp(min=1e-8).rsqrt(), torch.zeros_like(values))
 
 
 def gae_advantages(

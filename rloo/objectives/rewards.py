@@ -71,9 +71,10 @@ def apply_missing_eos_penalty(
     return scores - penalty * truncated.to(scores.dtype)
 
 
-def overlong_penalty(lengths: Tensor, max_length: int, cache: int) -> Tensor:
+def overlong_penalty(lengths: Tensor, max_length: int, cache: float) -> Tensor:
     """DAPO's soft overlong punishment, added to the reward (Yu et al. 2025, eq. 13), [N] -> [N]:
-    0 if |y| <= L_max - L_cache;  ((L_max - L_cache) - |y|) / L_cache up to L_max;  -1 beyond."""
+    0 if |y| <= L_max - L_cache;  ((L_max - L_cache) - |y|) / L_cache up to L_max;  -1 beyond.
+    L_cache (`cache`) may be a fraction of a token: the paper's is a fifth of L_max (4,096 of 20,480)."""
     lengths = lengths.to(torch.float32)
     start = float(max_length - cache)
     ramp = (start - lengths) / cache
