@@ -153,3 +153,26 @@ def test_a_quoted_run_dir_that_a_live_process_holds_is_refused(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_nested_group_of_a_config_dir_is_checked_and_composed():
+    """sweeps/rloo_to_grpo/<change>/ (a --config-dir's nested groups): a choice is composed as a group, not refused
+    as an unknown key, and a choice that is not there is one line naming those that are."""
+    from rloo.run.cli import check_group_choices, check_override_keys
+    from rloo.run.command_line import CommandLine
+
+    argv = ["-cd", "sweeps", "-cn", "rloo_to_grpo", "rloo_to_grpo/std=group_std", "rloo_to_grpo/kl=loss_k3", "k=4"]
+    command = CommandLine.parse(argv)
+    check_group_choices(command)
+    check_override_keys(command)
+    composed = command.configs.compose(["rloo_to_grpo/std=group_std", "rloo_to_grpo/kl=loss_k3"], "rloo_to_grpo")
+    assert (composed.advantage, composed.kl_in, composed.kl_estimator, composed.kl_coef) == (
+        "group_std",
+        "loss",
+        "k3",
+        0.04,
+    )
+    with pytest.raises(
+        ConfigError, match="rloo_to_grpo/std='z' is not a config in .*: choose one of group_std, leave_one_out"
+    ):
+        check_group_choices(CommandLine.parse(["-cd", "sweeps", "rloo_to_grpo/std=z"]))

@@ -344,7 +344,7 @@ def test_total_episodes_counts_every_device():
         validate_train_config(cfg, world_size=2)
 
 
-def compose_sweep(name: str):
+def compose_sweep(name: str, overrides: tuple[str, ...] = ()):
     """A sweep file as `python -m rloo.train -m -cd sweeps -cn NAME` composes it: the job config and its params."""
     from hydra import compose, initialize_config_dir
 
@@ -352,25 +352,34 @@ def compose_sweep(name: str):
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "sweeps"), version_base="1.3"):
-        cfg = compose(name, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]"], return_hydra_config=True)
+        cfg = compose(name, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *overrides], return_hydra_config=True)
     return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), cfg.hydra.sweeper.params
+
+
+def swept_values(key: str, values) -> list[str] | None:
+    """The values a sweeper param takes, as Hydra parses `key=values` (a choice sweep); None for a distribution that
+    Optuna samples (interval(0.01, 0.2))."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    override = OverridesParser.create().parse_override(f"{key}={values}")
+    if not override.is_sweep_override():
+        return [override.get_value_element_as_str()]
+    return list(override.sweep_string_iterator()) if isinstance(override.value(), ChoiceSweep) else None
 
 
 @pytest.mark.parametrize("sweep", sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml")))
 def test_every_sweep_composes_with_its_parameters(sweep):
+    """Each value of each swept key or group (conf/'s, or the sweep dir's own, such as rloo_to_grpo/std) composes on
+    the sweep's config and validates."""
     job, params = compose_sweep(sweep)
     assert params, "a sweep must list hydra.sweeper.params"
     validate_train_config(job)
     for key, values in params.items():
-        if (ROOT / "conf" / key).is_dir():  # a config group (algo=rloo,ppo): each option composes and validates
-            for value in str(values).split(","):
-                validate_train_config(composed(f"{key}={value}"))
-            continue
-        assert OmegaConf.select(job, key) is not None, f"{sweep}: swept key {key} is not a config key"
-        if "(" in str(values):  # an Optuna distribution such as interval(0.01, 0.2): the job config is checked above
-            continue
-        for value in str(values).split(","):
-            validate_train_config(OmegaConf.merge(job, OmegaConf.from_dotlist([f"{key}={value}"])))
+        group = (ROOT / "conf" / key).is_dir() or (ROOT / "sweeps" / key).is_dir()
+        assert group or OmegaConf.select(job, key) is not None, f"{sweep}: swept key {key} is not a config key"
+        for value in swept_values(key, values) or []:
+            validate_train_config(compose_sweep(sweep, (f"{key}={value}",))[0])
 
 
 def test_the_design_card_sweep_over_k_and_clip_range_composes_on_the_command_line():

@@ -375,6 +375,21 @@ def test_dynamic_sampling_refills_from_fresh_prompts_and_says_how_many_were_drop
         assert groups[: int(kept)].all() and len(rollout) == 16
 
 
+def test_a_sampled_budget_stops_dapo_once_its_generated_completions_reach_it(tiny_run_assets, tokenizer, monkeypatch):
+    """budget=sampled: total_episodes counts every completion generated. With every group dropped every round, the
+    first rollout generates 64 completions (16 trained on): a budget of 4 rollouts x 16 is spent after one rollout;
+    a sampled budget without dropped groups is the trained one."""
+    from rloo.rewards.scoring import Reward, parse_reward
+
+    constant = Reward(parse_reward("tests.reward_functions:constant"), "raise")
+    record = RecordSteps(monkeypatch, constant)
+    sampled = dict(budget="sampled", lr_schedule="constant", callbacks=[record], num_rollouts=4)
+    _, module = fit(tiny_run_assets, tokenizer, algorithm="dapo", **sampled)
+    assert (module.state.rollouts, module.state.episodes, module.state.sampled) == (1, 16, 64)
+    _, module = fit(tiny_run_assets, tokenizer, algorithm="grpo", **sampled | {"callbacks": []})
+    assert (module.state.rollouts, module.state.episodes, module.state.sampled) == (4, 64, 64)
+
+
 # ---- the named algorithms and the keys they refuse ------------------------------------------------------------
 # Each named algorithm as its authors run it; every value with its source. Keys not listed are RLOO's
 # (conf/algo/shared/estimator.yaml): no dynamic sampling, no overlong shaping, a sequence ratio summed over tokens.
@@ -477,6 +492,7 @@ def test_each_named_algorithm_composes_to_its_authors_choices(algorithm):
         (["algo=gspo", "kl_estimator=k1"], "kl_estimator=k1 does nothing with kl_coef=0"),
         (["algo=grpo", "kl_coef=0", "kl_estimator=k1"], "kl_estimator=k1 does nothing with kl_coef=0"),
         (["algo=grpo", "dynamic_sampling_rounds=5"], "dynamic_sampling_rounds=5 does nothing with dynamic_sampling"),
+        (["algo=dapo", "budget=sampled"], "budget=sampled stops a dynamic_sampling run at a rollout no one knows"),
         (["algo=grpo", "overlong_buffer=0.5"], "overlong_buffer=0.5 does nothing with overlong=none"),
         (["algo=dapo", "overlong_cache=4"], "overlong_cache is not a config key of python -m rloo.train: it is now"),
         (["algo=dapo", "overlong_buffer=2"], "overlong_buffer=2 is not allowed"),

@@ -58,6 +58,7 @@ class OnlineRLModule(LightningModule):
         self.strategy = StrategyAdapter(self)  # what differs by strategy in accumulation and optimiser steps
         self.last_rollout: Rollout | None = None
         self.last_targets = None  # what the algorithm derived from it (StepTargets, PPOTargets)
+        self.sampled_in_rollout: int | None = None  # completions generated for this rollout, where more than it holds
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
         self.last_mismatch: dict[str, Tensor] = {}  # per-token delta logp, sequence log-ratio (log_histograms)
         self.last_grad_norm: Tensor | None = None  # of the last optimiser step, before clipping
@@ -230,7 +231,11 @@ class OnlineRLModule(LightningModule):
         self.last_timings = dict(
             timer.seconds, rollout=rollout_done - started, update=now - rollout_done, step=now - started
         )
-        self.state.finish_rollout(len(rollout) * self.trainer.world_size, now - started)
+        sampled, self.sampled_in_rollout = self.sampled_in_rollout or len(rollout), None
+        world = self.trainer.world_size
+        self.state.finish_rollout(len(rollout) * world, now - started, sampled * world)
+        if self.config.budget == "sampled" and self.state.sampled >= self.config.total_rollouts * len(rollout) * world:
+            self.trainer.should_stop = True  # the budget counts generated completions: spent
         if self.config.lr_schedule_per == "rollout":  # TRL's RLOO: once per rollout, after all its optimiser steps
             self.lr_schedulers().step()
         if targets is not None:  # a rollout the guard skipped has its own count

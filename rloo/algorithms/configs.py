@@ -20,6 +20,7 @@ LR_SCHEDULES = ("linear", "constant", "cosine")
 LR_SCHEDULE_PER = ("optimizer_step", "rollout")
 OLD_LOGPROBS = ("recompute", "generation")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+BUDGETS = ("trained", "sampled")
 IS_CORRECTIONS = ("none", "tis_token", "tis_sequence", "mask_token", "mask_sequence", "geometric")
 
 
@@ -43,6 +44,7 @@ class OnlineRLConfig:
     lr_schedule: str = key(APPLIED, choices=LR_SCHEDULES)
     lr_schedule_per: str = key(FIXED, choices=LR_SCHEDULE_PER)  # optimizer_step | rollout
     max_grad_norm: float | None = key(APPLIED, low=0, low_open=True)
+    budget: str = key(FIXED, choices=BUDGETS)  # what total_episodes counts
     log_every: int = key(APPLIED, low=1)
     max_bad_steps: int = key(APPLIED, low=1)
     max_no_signal_steps: int = key(APPLIED, low=1)
@@ -167,6 +169,12 @@ class EstimatorConfig(PolicyGradientConfig):
             raise ConfigError(
                 f"loss='reinforce' is exactly on-policy: it needs num_ppo_epochs=1 and num_mini_batches=1, "
                 f"got {cfg.num_ppo_epochs} and {cfg.num_mini_batches}; use loss=ppo_clip to reuse a rollout"
+            )
+        if cfg.budget == "sampled" and cfg.dynamic_sampling and cfg.lr_schedule != "constant":
+            raise ConfigError(
+                f"budget=sampled stops a dynamic_sampling run at a rollout no one knows in advance, so "
+                f"lr_schedule={cfg.lr_schedule} would not reach its end; use lr_schedule=constant (for every method "
+                "it is compared with)"
             )
         if cfg.dynamic_sampling and world_size > 1:
             raise ConfigError(

@@ -219,6 +219,7 @@ class PolicyGradientModule(OnlineRLModule):
             extra = self.trainer.datamodule.extra_prompts(prompts, self.state.rollouts, rounds)
             candidate = self.collect({key: _to(value, self.device) for key, value in extra.items()}, timer)
         full = concatenate(kept + dropped, self.tokenizer.pad_token_id).select(slice(0, prompts * k))
+        self.sampled_in_rollout = sampled_groups * k
         return full, {
             "dynamic_sampling/dropped_groups": float(sampled_groups - have),
             "dynamic_sampling/rounds": float(rounds),

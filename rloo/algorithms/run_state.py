@@ -12,6 +12,7 @@ from rloo.utils.resume import restore_rng_states, rng_states
 class RunState:
     rollouts: int = 0  # rollouts trained on (Lightning's global_step counts optimiser steps)
     episodes: int = 0  # completions trained on, summed over devices
+    sampled: int = 0  # completions generated, summed over devices (more than episodes where groups were dropped)
     train_seconds: float = 0.0  # seconds in training steps (rollout and update; no evaluation, no checkpoint)
     skipped_updates: int = 0  # guard: optimiser steps taken without gradients (non-finite)
     bad_in_a_row: int = 0  # guard: rollouts in a row with a skipped update
@@ -27,9 +28,10 @@ class RunState:
     def begin_rollout(self) -> None:
         self.rng_before_rollout, self.rollout_finished, self.rollout_was_bad = rng_states(), False, False
 
-    def finish_rollout(self, completions: int, seconds: float) -> None:
+    def finish_rollout(self, completions: int, seconds: float, sampled: int) -> None:
         self.rollouts += 1
         self.episodes += completions
+        self.sampled += sampled
         self.train_seconds += seconds
         self.rollout_finished = True
         self.bad_in_a_row = self.bad_in_a_row + 1 if self.rollout_was_bad else 0
@@ -45,6 +47,7 @@ class RunState:
 
     def save(self, checkpoint: dict, rng_by_rank: list | None) -> None:
         checkpoint["rloo_episodes"] = self.episodes
+        checkpoint["rloo_sampled"] = self.sampled
         checkpoint["rloo_train_seconds"] = self.train_seconds
         checkpoint["rloo_rollouts"] = self.rollouts
         checkpoint["rloo_guard"] = {
@@ -59,6 +62,7 @@ class RunState:
 
     def load(self, checkpoint: dict, world_size: int, rank: int) -> None:
         self.episodes = checkpoint.get("rloo_episodes", 0)
+        self.sampled = checkpoint.get("rloo_sampled", self.episodes)  # a checkpoint from before it was counted
         self.train_seconds = checkpoint.get("rloo_train_seconds", 0.0)
         self.rollouts = checkpoint.get("rloo_rollouts", 0)
         guard = checkpoint.get("rloo_guard", {})

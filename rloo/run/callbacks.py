@@ -109,6 +109,7 @@ class HeldOutEval(Callback):
             {
                 "step": step,
                 "episodes": module.state.episodes,
+                "sampled": module.state.sampled,
                 "train_seconds": round(module.state.train_seconds, 2),
                 **summary,
             }

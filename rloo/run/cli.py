@@ -144,7 +144,8 @@ def check_override_keys(command: CommandLine) -> None:
     for combination in itertools.product(*([(o, c) for c in command.choices(o)] for o in chosen)):
         lines = [_choice_line(o, c) for o, c in combination if o.key_or_group != "hydra.searchpath"]
         try:
-            algorithm = tree.compose(lines).get("algorithm")  # lines of the expanded command line: no recipe again
+            # lines of the expanded command line (no recipe again), on the primary config (-cn) they override
+            algorithm = tree.compose(lines, command.flags.config_name or "train").get("algorithm")
         except Exception as error:  # Hydra's composition error, several lines long: its first
             raise ConfigError(str(error).strip().splitlines()[0]) from None
         for key in keys:

@@ -124,8 +124,17 @@ class ConfigTree:
         return sorted(self.loader.get_group_options(group, config_name="train", overrides=self.searchpath))
 
     def groups(self) -> list[str]:
-        """The top-level config groups a command line chooses an option of (algo, model, experiment ...)."""
-        return [g for g in self.loader.list_groups("") if g not in NOT_CHOICES]
+        """The config groups a command line chooses an option of (algo, model, experiment ..., and nested ones of a
+        --config-dir such as rloo_to_grpo/std)."""
+        found, parents = [], [""]
+        while parents:
+            parent = parents.pop()
+            for name in self.loader.list_groups(parent):
+                path = f"{parent}/{name}" if parent else name
+                if path not in NOT_CHOICES:
+                    found.append(path)
+                    parents.append(path)
+        return found
 
     @cached_property
     def dirs(self) -> list[Path]:

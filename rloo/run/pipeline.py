@@ -383,6 +383,7 @@ class RunRecord:
             "rollouts": module.state.rollouts,
             "optimizer_steps": pieces.trainer.global_step,
             "episodes": module.state.episodes,
+            "sampled": module.state.sampled,  # completions generated: more than episodes where groups were dropped
             "no_signal_rollouts": module.state.no_signal_rollouts,  # no prompt's completions differed in score
             "train_seconds": round(module.state.train_seconds, 2),  # in training steps only: no evaluation
             "algorithm": plan.cfg.algorithm,
