@@ -28,6 +28,9 @@ from pathlib import Path
 
 import yaml
 
+from rloo.evaluation.intervals import difference_interval, seed_interval, t_975  # noqa: F401 (rloo.report API)
+from rloo.utils.host import describe
+
 COLUMNS = [
     "job",
     "overrides",
@@ -50,22 +53,6 @@ COLUMNS = [
     "peak_rss_mb",
     "peak_gpu_mb",
 ]
-# two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1); beyond the table, the normal's
-T_975 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    15: 2.131,
-    20: 2.086,
-    30: 2.042,
-}
 TAIL_STEPS = 10  # train metrics are averaged over the last steps: one step is noisy
 OUTCOMES = ("accuracy", "majority_vote")  # and pass@<k>, reward/<name>: what a held-out evaluation scored per row
 
@@ -88,6 +75,21 @@ def job_dirs(multirun_dir: Path) -> list[Path]:
     return sorted(
         dirs, key=lambda d: (int(d.name.split("_")[0]) if d.name.split("_")[0].isdigit() else 1 << 30, d.name)
     )
+
+
+# what a reused rollout's updates did, averaged over every step of a run (updates.md)
+UPDATE_METRICS = {
+    "clipfrac_run": "policy/clipfrac_avg",
+    "token_clipfrac_run": "policy/token_clipfrac_avg",
+    "approxkl_run": "policy/approxkl_avg",
+    "ratio_min_run": "policy/ratio_min",
+    "ratio_max_run": "policy/ratio_max",
+}
+
+
+def run_mean(rows: list[dict], key: str) -> float | None:
+    values = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+    return statistics.fmean(values) if values else None
 
 
 def tail_mean(rows: list[dict], key: str) -> float | None:
@@ -130,6 +132,9 @@ def job_row(job: Path) -> dict:
         "reward": tail_mean(rows, "objective/rlhf_reward"),
         "kl": tail_mean(rows, "objective/kl"),
         "clipfrac": tail_mean(rows, "policy/clipfrac_avg"),
+        **{name: run_mean(rows, key) for name, key in UPDATE_METRICS.items()},
+        "sampled_per_trained": summary["sampled"] / summary["episodes"] if summary.get("sampled") else None,
+        "host": describe(summary["host"]) if summary.get("host") else "not recorded",
         "wall_seconds": summary.get("wall_seconds"),
         "peak_rss_mb": summary.get("peak_rss_mb"),
         "peak_gpu_mb": summary.get("peak_gpu_mb"),
@@ -146,8 +151,18 @@ def _cell(value) -> str:
     return str(value)
 
 
+def hosts_line(rows: list[dict]) -> str:
+    """Which CPUs ran the jobs: figures depend on the instruction set (rloo.utils.host)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            counts[r["host"]] = counts.get(r["host"], 0) + 1
+    return "Hosts: " + "; ".join(f"{host} ({n} jobs)" for host, n in counts.items()) + "\n"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = [
+        hosts_line(rows),
         "| job | status | win rate [95% CI] | reward | KL | clip frac | wall s | peak RSS MB |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -163,34 +178,6 @@ def markdown(rows: list[dict]) -> str:
             f"| {_cell(r.get('peak_rss_mb'))} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def t_975(df: float) -> float:
-    """Student's t two-sided 95% quantile at the largest tabled degrees of freedom <= df (conservative between
-    entries); the normal's 1.96 beyond the table."""
-    return T_975[max(d for d in T_975 if d <= df)] if df <= max(T_975) else 1.96
-
-
-def seed_interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% interval over seeds (Student's t on their standard error); one seed: no interval."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, mean, mean
-    half = t_975(len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
-    return mean, mean - half, mean + half
-
-
-def difference_interval(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    """mean(a) - mean(b) and its 95% interval (Welch: unequal variances and seed counts, Welch-Satterthwaite
-    degrees of freedom). Whether two methods differ is read here: two 95% intervals that touch can still come from
-    means whose difference excludes 0. Needs two seeds on each side."""
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    difference = statistics.fmean(a) - statistics.fmean(b)
-    if va + vb == 0:
-        return difference, difference, difference
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = t_975(max(df, 1)) * (va + vb) ** 0.5
-    return difference, difference - half, difference + half
 
 
 def finished_by_setting(rows: list[dict], metric: str = "win_rate") -> dict[str, list[dict]]:
@@ -407,7 +394,8 @@ def name_settings(rows: list[dict]) -> None:
     """Each job's setting as text: its overrides other than seed, less those every job shares (logger=csv, say)."""
     shared = set.intersection(*(set(r["setting"]) for r in rows)) if rows else set()
     for r in rows:
-        r["setting"] = " ".join(o for o in r["setting"] if o not in shared) or "(defaults)"
+        r["varying"] = [o for o in r["setting"] if o not in shared]
+        r["setting"] = " ".join(r["varying"]) or "(defaults)"
 
 
 def report(multirun_dir: Path) -> list[dict]:
@@ -422,6 +410,9 @@ def report(multirun_dir: Path) -> list[dict]:
     plot_against_k(rows, "kl", f"KL (mean of last {TAIL_STEPS} steps)", multirun_dir / "kl_vs_k.png")
     (multirun_dir / "settings.md").write_text(settings_markdown(by_setting(rows)))
     (multirun_dir / "differences.md").write_text(all_differences_markdown(rows))
+    (multirun_dir / "updates.md").write_text(updates_markdown(rows))
+    if factorial := factorial_markdown(rows):
+        (multirun_dir / "factorial.md").write_text(factorial)
     if verifiable_metrics(rows):
         (multirun_dir / "verifiable.md").write_text(verifiable_markdown(rows))
         plot_outcomes(rows, multirun_dir / "verifiable.png")
@@ -431,6 +422,78 @@ def report(multirun_dir: Path) -> list[dict]:
         name = metric.replace("/", "_").replace("@", "_at_")
         plot_curves(rows, "episodes", "episodes", multirun_dir / f"{name}_vs_episodes.png", f"eval/{metric}", metric)
     return rows
+
+
+def _interval_cell(values: list[float], digits: int = 3) -> str:
+    if not values:
+        return "-"
+    mean, low, high = seed_interval(values)
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def updates_markdown(rows: list[dict]) -> str:
+    """One row per setting, means over its seeds with 95% intervals: what the updates of a reused rollout did (the
+    clip fraction, of sequences and of tokens, the approximate KL between the policy before and after, the extreme
+    ratios; each the mean over every step), the KL to the reference (last steps) and the completions sampled per
+    completion trained on (above 1 where dynamic sampling dropped groups)."""
+    columns = [
+        ("clip fraction", "clipfrac_run"),
+        ("token clip fraction", "token_clipfrac_run"),
+        ("approx KL (old, new)", "approxkl_run"),
+        ("ratio min", "ratio_min_run"),
+        ("ratio max", "ratio_max_run"),
+        ("KL to reference", "kl"),
+        ("sampled per trained", "sampled_per_trained"),
+    ]
+    lines = ["| setting | seeds | " + " | ".join(c for c, _ in columns) + " |", "|---" * (len(columns) + 2) + "|"]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            groups.setdefault(r["setting"], []).append(r)
+    for setting, jobs in groups.items():
+        cells = [_interval_cell([j[key] for j in jobs if j.get(key) is not None], 4) for _, key in columns]
+        lines.append(f"| {setting} | {len(jobs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def factorial_markdown(rows: list[dict]) -> str:
+    """Where the settings form a full 2^m factorial (rloo.evaluation.factorial): each change alone and all of them
+    against the first cell (Welch), then every main effect and interaction, for the win rate and each verifiable
+    outcome; "" otherwise."""
+    from rloo.evaluation.factorial import factorial_of
+
+    varying = {r["setting"]: r["varying"] for r in rows if r["status"] == "ok"}
+    design = factorial_of(varying)
+    if design is None:
+        return ""
+    metrics = [m for m in ("win_rate", *verifiable_metrics(rows)) if finished_by_setting(rows, m)]
+    values = {
+        m: {s: [metric_of(j, m) for j in jobs] for s, jobs in finished_by_setting(rows, m).items()} for m in metrics
+    }
+    header = "| | " + " | ".join(metrics) + " |\n" + "|---" * (len(metrics) + 1) + "|\n"
+    base = design.first_cell()
+    lines = [f"Against `{base}` (Welch 95% intervals):\n", header.rstrip("\n")]
+    changed = [
+        (design.factors[i][0] + "=" + design.factors[i][2], design.one_change(i)) for i in range(len(design.factors))
+    ]
+    for name, cell in [*changed, ("all changes", design.all_changes())]:
+        cells = [_signed(difference_interval(values[m][cell], values[m][base])) for m in metrics]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Main effects and interactions (each second level against the first; 95% intervals):\n",
+        header.rstrip("\n"),
+    ]
+    effects = {m: design.effects(values[m]) for m in metrics}
+    for i, (name, _) in enumerate(effects[metrics[0]]):
+        lines.append(f"| {name} | " + " | ".join(_signed(effects[m][i][1]) for m in metrics) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _signed(interval: tuple[float, float, float]) -> str:
+    estimate, low, high = interval
+    mark = " *" if low > 0 or high < 0 else ""
+    return f"{estimate:+.3f} [{low:+.3f}, {high:+.3f}]{mark}"
 
 
 def latest_sweep(root: Path) -> str:
@@ -473,11 +536,14 @@ def main(argv: list[str] | None = None) -> None:
     rows = report(multirun_dir)
     print(markdown(rows))
     print(settings_markdown(by_setting(rows)))
+    print(updates_markdown(rows))
     print(all_differences_markdown(rows))
     print(verifiable_markdown(rows))
     print(
         f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished; wrote report.md, "
-        f"report.csv, settings.md, differences.md{', verifiable.md/.png' if verifiable_metrics(rows) else ''}, "
+        f"report.csv, settings.md, differences.md, updates.md"
+        f"{', factorial.md' if (multirun_dir / 'factorial.md').exists() else ''}"
+        f"{', verifiable.md/.png' if verifiable_metrics(rows) else ''}, "
         f"win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, win_rate_vs_seconds.png in {multirun_dir}"
     )
 

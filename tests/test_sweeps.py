@@ -267,3 +267,50 @@ def test_each_job_of_a_sweep_is_its_own_wandb_run_and_report_takes_the_latest_sw
     assert reported.returncode == 0, reported.stderr
     assert f"the latest sweep, {sweep.relative_to(tmp_path)}" in reported.stderr
     assert len(list(csv.DictReader((sweep / "report.csv").open()))) == 4
+
+
+def test_a_contrast_of_several_settings_has_welch_satterthwaites_interval():
+    from rloo.evaluation.intervals import contrast_interval
+
+    # [1, 2, 3] - [2, 4, 6]: variances 1 and 4 over 3 seeds, v = 1/3 + 4/3 = 5/3; df = (5/3)^2 / ((1/3)^2 / 2 +
+    # (4/3)^2 / 2) = 50/17 = 2.94, which the table takes as 2 (t = 4.303)
+    estimate, low, high = contrast_interval([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]], [1.0, -1.0])
+    assert estimate == pytest.approx(-2.0) and high - estimate == pytest.approx(4.303 * (5 / 3) ** 0.5)
+
+
+FACTORIAL = {  # a 2 x 2 sweep: cell means 1.1 (first, first), 3.1 (std on), 2.1 (kl on), 6.1 (both)
+    "s/std=loo s/kl=reward": [1.0, 1.2],
+    "s/std=group_std s/kl=reward": [3.0, 3.2],
+    "s/std=loo s/kl=loss": [2.0, 2.2],
+    "s/std=group_std s/kl=loss": [6.0, 6.2],
+}
+
+
+def test_a_factorial_sweep_gives_main_effects_and_interactions_by_hand():
+    from rloo.evaluation.factorial import factorial_of
+
+    design = factorial_of({name: name.split() for name in FACTORIAL})
+    assert design.factors == (("s/std", "loo", "group_std"), ("s/kl", "reward", "loss"))
+    effects = dict(design.effects(FACTORIAL))
+    # std: ((3.1 - 1.1) + (6.1 - 2.1)) / 2 = 3; kl: ((2.1 - 1.1) + (6.1 - 3.1)) / 2 = 2; std x kl: (6.1 - 2.1) -
+    # (3.1 - 1.1) = 2. Each cell's variance 0.02 over 2 seeds: a main effect's v = 4 * (1/2)^2 * 0.01 = 0.01, df 4
+    # (t = 2.776); the interaction's v = 4 * 0.01 = 0.04, df 4
+    for name, estimate, half in [("std", 3.0, 2.776 * 0.1), ("kl", 2.0, 2.776 * 0.1), ("std x kl", 2.0, 2.776 * 0.2)]:
+        value, low, high = effects[name]
+        assert value == pytest.approx(estimate) and high - value == pytest.approx(half), name
+    assert factorial_of({name: name.split() for name in list(FACTORIAL)[:3]}) is None  # a cell missing
+
+
+def test_the_report_writes_a_factorial_table_where_the_settings_form_one():
+    from rloo.report import difference_interval, factorial_markdown
+
+    rows = [
+        {"status": "ok", "setting": name, "varying": name.split(), "win_rate": None, "outcomes": {"accuracy": v}}
+        for name, values in FACTORIAL.items()
+        for v in values
+    ]
+    table = factorial_markdown(rows)
+    alone = difference_interval(FACTORIAL["s/std=group_std s/kl=reward"], FACTORIAL["s/std=loo s/kl=reward"])
+    assert "| s/std=group_std | {:+.3f} [{:+.3f}, {:+.3f}] *".format(*alone) in table
+    assert "| std x kl | +2.000 [" in table
+    assert factorial_markdown(rows[:6]) == ""

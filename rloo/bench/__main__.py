@@ -340,16 +340,13 @@ def label(result: dict) -> str:
 def machine() -> dict:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from rloo.utils.host import cpu_identity
+
+    identity = cpu_identity()
     return {
-        "cpu": cpu,
+        "cpu": identity["cpu"],
+        "cpu_family_model": f"{identity['family']}/{identity['model']}",
+        "cpu_capability": identity["capability"],
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -28,6 +28,7 @@ from rloo.utils.errors import (  # noqa: E402
     WriteError,
     collective_failure,
 )
+from rloo.utils.host import cpu_identity  # noqa: E402
 
 
 def measured_peak(baseline_rss_mb: float) -> dict:
@@ -394,6 +395,7 @@ class RunRecord:
             "memory": pieces.memory | measured_peak(pieces.memory["baseline_rss_mb"]),
             "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
             "output_dir": str(out),
+            "host": cpu_identity(),  # the figures depend on the CPU's instruction set (rloo.utils.host)
             "policy_dir": str(out / "policy") if (out / "policy").exists() else None,
             "bootstrap": pieces.bootstrap_report,
             "data": pieces.datamodule.counts,  # prompts kept, and dropped for their length or as empty, per split

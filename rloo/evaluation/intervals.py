@@ -1,0 +1,59 @@
+"""95% intervals over seeds: a mean (Student's t), the difference of two means (Welch), and any linear contrast of
+several settings' means (Welch-Satterthwaite), such as the main effects and interactions of a factorial sweep."""
+
+from __future__ import annotations
+
+import statistics
+
+# two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1); beyond the table, the normal's
+T_975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
+
+
+def t_975(df: float) -> float:
+    """Student's t two-sided 95% quantile at the largest tabled degrees of freedom <= df (conservative between
+    entries); the normal's 1.96 beyond the table. A df that float sums leave a hair below an integer counts as it."""
+    df += 1e-9
+    return T_975[max(d for d in T_975 if d <= df)] if df <= max(T_975) else 1.96
+
+
+def seed_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% interval over seeds (Student's t on their standard error); one seed: no interval."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    half = t_975(len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def difference_interval(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its 95% interval (Welch: unequal variances and seed counts, Welch-Satterthwaite
+    degrees of freedom). Whether two methods differ is read here: two 95% intervals that touch can still come from
+    means whose difference excludes 0. Needs two seeds on each side."""
+    return contrast_interval([a, b], [1.0, -1.0])
+
+
+def contrast_interval(groups: list[list[float]], coefficients: list[float]) -> tuple[float, float, float]:
+    """sum_g c_g * mean(group g) and its 95% interval: variance sum_g c_g^2 s_g^2 / n_g, degrees of freedom by
+    Welch-Satterthwaite, (sum_g v_g)^2 / sum_g v_g^2 / (n_g - 1). Every group needs two values or more."""
+    estimate = sum(c * statistics.fmean(g) for c, g in zip(coefficients, groups))
+    parts = [(c * c * statistics.variance(g) / len(g), len(g)) for c, g in zip(coefficients, groups) if c != 0]
+    variance = sum(v for v, _ in parts)
+    if variance == 0:
+        return estimate, estimate, estimate
+    df = variance**2 / sum(v * v / (n - 1) for v, n in parts if v > 0)
+    half = t_975(max(df, 1)) * variance**0.5
+    return estimate, estimate - half, estimate + half
