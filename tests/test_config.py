@@ -1,5 +1,6 @@
 """Hydra composition of every config, the published recipe, and one-line errors before any model loads."""
 
+import math
 import itertools
 import subprocess
 import sys
@@ -528,3 +529,10 @@ def test_an_old_module_path_is_refused_in_one_line_naming_the_new_one():
         "rloo.loggers.AppendingCSVLogger: rloo.loggers moved to rloo.run.loggers; write "
         "rloo.run.loggers.AppendingCSVLogger"
     )
+
+
+def test_the_rloo_to_grpo_sweep_is_its_eight_cells_of_rloo_over_five_seeds():
+    """It builds on sweeps/rlvr.yaml, whose list of methods it must not inherit: 2 x 2 x 2 cells of algo=rloo."""
+    _, params = compose_sweep("rloo_to_grpo")
+    counts = {key: len(swept_values(key, values)) for key, values in params.items()}
+    assert swept_values("algo", params["algo"]) == ["rloo"] and math.prod(counts.values()) == 8 * 5

@@ -18,7 +18,9 @@ from rloo.objectives.statistics import _upcast, masked_mean, masked_sum, masked_
 # ---- the clip --------------------------------------------------------------------------------------------------
 def clipped_terms(advantages: Tensor, ratio: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Tensor]:
     """max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) elementwise and where the clipped term is active (its
-    gradient nulled). Ties go to the unclipped term (strict >), so r == 1 gives the REINFORCE gradient exactly."""
+    gradient nulled). Ties go to the unclipped term (strict >), so r == 1 gives the REINFORCE gradient exactly.
+    No dual clip: veRL's default token loss also caps -A r at -A * clip_ratio_c (3) where A < 0; the papers of the
+    GRPO family and TRL do not, and neither does this."""
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     active = clipped > unclipped
@@ -34,6 +36,9 @@ def aggregate(objective: Tensor, mask: Tensor, mode: str, constant: float | None
     seq_mean_token_sum    mean_i sum_t L_{i,t}                      the sequence's log-prob summed (RLOO, the paper)
     token_sum_norm        sum_{i,t} L / (N * constant)              a constant, not the length (Dr. GRPO: the
                                                                     generation budget)
+
+    An empty completion (no real token) counts as a 0 in the seq_mean_* means, as in TRL's GRPOTrainer; veRL's
+    seq-mean modes leave it out of the count instead.
     """
     if mode == "token_mean":
         return masked_mean(objective, mask)
