@@ -1,7 +1,7 @@
 """Hydra composition of every config, the published recipe, and one-line errors before any model loads."""
 
-import math
 import itertools
+import math
 import subprocess
 import sys
 from pathlib import Path
