@@ -457,15 +457,18 @@ def updates_markdown(rows: list[dict]) -> str:
 
 
 def factorial_markdown(rows: list[dict]) -> str:
-    """Where the settings form a full 2^m factorial (rloo.evaluation.factorial): each change alone and all of them
-    against the first cell (Welch), then every main effect and interaction, for the win rate and each verifiable
-    outcome; "" otherwise."""
+    """Where the settings form a full 2^m factorial of two factors or more, each cell run with two seeds or more
+    (rloo.evaluation.factorial): each change alone and all of them against the first cell (Welch), then every main
+    effect and interaction, for the win rate and each verifiable outcome; "" otherwise."""
     from rloo.evaluation.factorial import factorial_of
 
     varying = {r["setting"]: r["varying"] for r in rows if r["status"] == "ok"}
     design = factorial_of(varying)
-    if design is None:
-        return ""
+    seeds = {r["setting"]: 0 for r in rows}
+    for r in rows:
+        seeds[r["setting"]] += r["status"] == "ok"
+    if design is None or len(design.factors) < 2 or min(seeds[s] for s in design.cells.values()) < 2:
+        return ""  # no design, one factor (differences.md has the pair), or a cell with no spread over seeds
     metrics = [m for m in ("win_rate", *verifiable_metrics(rows)) if finished_by_setting(rows, m)]
     values = {
         m: {s: [metric_of(j, m) for j in jobs] for s, jobs in finished_by_setting(rows, m).items()} for m in metrics

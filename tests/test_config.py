@@ -310,7 +310,7 @@ def test_a_bad_value_exits_2_with_one_line_and_loads_nothing(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [
         "error: kl_coef does nothing with algo=dpo: only dapo, dr_grpo, grpo, gspo, ppo, raft, reinforce, "
-        "reinforce_pp, rloo, vanilla_pg read it; remove it"
+        "reinforce_pp, reinforce_pp_baseline, rloo, vanilla_pg read it; remove it"
     ], result.stderr
     assert not (tmp_path / "run" / "policy").exists()
 

@@ -313,4 +313,7 @@ def test_the_report_writes_a_factorial_table_where_the_settings_form_one():
     alone = difference_interval(FACTORIAL["s/std=group_std s/kl=reward"], FACTORIAL["s/std=loo s/kl=reward"])
     assert "| s/std=group_std | {:+.3f} [{:+.3f}, {:+.3f}] *".format(*alone) in table
     assert "| std x kl | +2.000 [" in table
-    assert factorial_markdown(rows[:6]) == ""
+    assert factorial_markdown(rows[:6]) == ""  # a cell missing
+    assert factorial_markdown(rows[::2]) == ""  # one seed a cell: no interval
+    two = [dict(r, varying=r["varying"][:1], setting=r["varying"][0]) for r in rows[:4]]
+    assert factorial_markdown(two) == ""  # one factor: differences.md has the pair
