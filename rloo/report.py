@@ -87,14 +87,10 @@ UPDATE_METRICS = {
 }
 
 
-def run_mean(rows: list[dict], key: str) -> float | None:
+def tail_mean(rows: list[dict], key: str, steps: int | None = TAIL_STEPS) -> float | None:
+    """The mean of `key` over the last `steps` logged rows that have it (None: over every one)."""
     values = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
-    return statistics.fmean(values) if values else None
-
-
-def tail_mean(rows: list[dict], key: str) -> float | None:
-    values = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
-    return statistics.fmean(values[-TAIL_STEPS:]) if values else None
+    return statistics.fmean(values[-steps:] if steps else values) if values else None
 
 
 def job_row(job: Path) -> dict:
@@ -132,7 +128,7 @@ def job_row(job: Path) -> dict:
         "reward": tail_mean(rows, "objective/rlhf_reward"),
         "kl": tail_mean(rows, "objective/kl"),
         "clipfrac": tail_mean(rows, "policy/clipfrac_avg"),
-        **{name: run_mean(rows, key) for name, key in UPDATE_METRICS.items()},
+        **{name: tail_mean(rows, key, steps=None) for name, key in UPDATE_METRICS.items()},
         "sampled_per_trained": summary["sampled"] / summary["episodes"] if summary.get("sampled") else None,
         "host": describe(summary["host"]) if summary.get("host") else "not recorded",
         "wall_seconds": summary.get("wall_seconds"),
@@ -464,10 +460,8 @@ def factorial_markdown(rows: list[dict]) -> str:
 
     varying = {r["setting"]: r["varying"] for r in rows if r["status"] == "ok"}
     design = factorial_of(varying)
-    seeds = {r["setting"]: 0 for r in rows}
-    for r in rows:
-        seeds[r["setting"]] += r["status"] == "ok"
-    if design is None or len(design.factors) < 2 or min(seeds[s] for s in design.cells.values()) < 2:
+    seeds = {setting: len(jobs) for setting, jobs in finished_by_setting(rows, headline_metric(rows)).items()}
+    if design is None or len(design.factors) < 2 or min(seeds.get(s, 0) for s in design.cells.values()) < 2:
         return ""  # no design, one factor (differences.md has the pair), or a cell with no spread over seeds
     metrics = [m for m in ("win_rate", *verifiable_metrics(rows)) if finished_by_setting(rows, m)]
     values = {
