@@ -33,6 +33,8 @@ def test_bench_smoke_run_writes_every_field(tmp_path):
         "1",
         "--ppo-epochs",
         "1,2",
+        "--grpo",
+        "dapo",
         "--peers",
         "none",
         "--out",
@@ -43,7 +45,7 @@ def test_bench_smoke_run_writes_every_field(tmp_path):
     assert {"date", "machine", "args", "results", "ratios"} <= set(report)
     assert report["machine"]["cores"] >= 1 and report["machine"]["torch"] == torch.__version__
     runs = {(r["algorithm"], r.get("ppo_epochs")): r for r in report["results"]}
-    assert set(runs) == {("rloo", None), ("ppo", 1), ("ppo", 2)}
+    assert set(runs) == {("rloo", None), ("dapo", None), ("ppo", 1), ("ppo", 2)}
     for r in runs.values():
         assert "error" not in r, r
         assert r["steps"] == 2 and len(r["step_seconds"]) == 2 and r["warmup"] == 1
@@ -53,6 +55,18 @@ def test_bench_smoke_run_writes_every_field(tmp_path):
         assert r["peak_rss_mb"] >= r["baseline_rss_mb"] > 0 and r["peak_gpu_mb"] is None
         assert r["tokens_per_second"] > 0 and 0 < r["tokens_per_step"] <= 64 * 16
         assert r["settings"]["completions_per_step"] == 64  # equal completions per update for every algorithm
+        assert r["sum_gb_per_s"] > 0 and r["generate_read_gb_per_s"] > 0  # the host's read rate beside every row
+        assert r["generate_read_fraction"] == pytest.approx(r["generate_read_gb_per_s"] / r["sum_gb_per_s"])
+    # DAPO's loss as conf/algo/dapo.yaml sets it, in the keys GRPOTrainer's settings are compared in
+    assert runs[("dapo", None)]["algorithm_settings"] == {
+        "loss_aggregation": "token_mean",
+        "advantage": "group_std",
+        "kl_coef": 0.0,
+        "clip_range": 0.2,
+        "clip_range_high": 0.28,
+        "ratio_level": "token",
+    }
+    assert runs[("rloo", None)]["algorithm_settings"] is None
     assert runs[("rloo", None)]["settings"]["completions_per_prompt"] == 4
     assert runs[("ppo", 1)]["settings"]["completions_per_prompt"] == 1
     assert (
@@ -108,6 +122,39 @@ def test_the_speed_table_shows_the_gpu_peak_where_the_runs_had_a_gpu():
     assert "peak GPU MB" not in cpu_table
 
 
+def test_a_grpo_pair_is_compared_only_where_its_loss_settings_agree():
+    """Our GRPO family against TRL's GRPOTrainer of the same loss type: a ratio where both sides ran the same loss
+    settings, none (and the first difference named) where they did not; never across loss types."""
+    from rloo.bench.__main__ import markdown, ratios
+
+    dapo = {"loss_aggregation": "token_mean", "advantage": "group_std", "kl_coef": 0.0, "clip_range": 0.2}
+
+    def result(implementation, algorithm, seconds, settings):
+        return {
+            "preset": "tiny",
+            "implementation": implementation,
+            "algorithm": algorithm,
+            "step_seconds_median": seconds,
+            "tokens_per_second": 1.0,
+            "peak_rss_mb": 500.0,
+            "peak_rss_above_baseline_mb": 100.0,
+            "model_state_mb": {"total": 20.0},
+            "sum_gb_per_s": 30.0,
+            "algorithm_settings": settings,
+        }
+
+    fair = [result("rloo", "dapo", 1.0, dapo), result("trl-1.16.0", "dapo", 4.0, dapo)]
+    other_loss = result("trl-1.16.0", "grpo", 2.0, dapo | {"loss_aggregation": "seq_mean_token_mean"})
+    rows = ratios([*fair, other_loss])
+    assert [(row["rloo"], row["vs"], row["time_ratio"]) for row in rows] == [("rloo DAPO", "trl-1.16.0 DAPO", 0.25)]
+    assert rows[0]["sum_rate_ratio"] == 1.0
+    (row,) = ratios([fair[0], result("trl-1.16.0", "dapo", 4.0, dapo | {"kl_coef": 0.04})])
+    assert row["time_ratio"] is None and row["unfair"] == "kl_coef: rloo 0.0, trl-1.16.0 0.04"
+    report = {"machine": {"cpu": "x", "cores": 2, "gpu": None, "torch": "2"}, "date": "d", "results": fair}
+    args = {"threads": 2, "precision": "32-true", "steps": 2, "warmup": 1, "rloo_schedule": "1x1", "trl_lm_head": "x"}
+    assert "not compared: kl_coef" in markdown(report | {"args": args, "ratios": [row]})
+
+
 def bench_in_process(capsys, *args: str) -> tuple[int, str]:
     from rloo.bench.__main__ import main
 
@@ -144,6 +191,17 @@ def test_the_shape_flags_run_every_preset_at_every_shape_given(tmp_path, capsys)
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1, err
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    "mode, preset", [("speed", "tiny,small,pythia-160m"), ("decode", "long-160m"), ("stability", "pythia-160m")]
+)
+def test_each_mode_runs_its_own_default_preset(mode, preset):
+    """`python -m rloo.bench decode` as documented times long-160m (it once timed the speed mode's `tiny`)."""
+    from rloo.bench.__main__ import parse_args
+
+    assert parse_args([mode]).presets == preset
+    assert parse_args([mode, "--presets", "small"]).presets == "small"
 
 
 def test_gpu_presets_need_cuda(tmp_path, capsys):

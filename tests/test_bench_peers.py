@@ -66,13 +66,13 @@ def _has(module: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["rloo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["rloo", "ppo", "dapo"])
 def test_peer_worker_writes_every_field(tmp_path, algorithm):
     trl = pytest.importorskip("trl")
     if algorithm == "ppo" and not _has("trl.experimental.ppo"):
         pytest.skip(f"TRL {trl.__version__} has no PPOTrainer (the last release with it is 1.12)")
-    if algorithm == "rloo" and tuple(int(p) for p in trl.__version__.split(".")[:2]) < (1, 16):
-        pytest.skip(f"the RLOO peer is TRL 1.16's RLOOTrainer; this is TRL {trl.__version__}")
+    if algorithm != "ppo" and tuple(int(p) for p in trl.__version__.split(".")[:2]) < (1, 16):
+        pytest.skip(f"the RLOO and GRPO peers are TRL 1.16's trainers; this is TRL {trl.__version__}")
     out = tmp_path / "result.json"
     epochs = 2
     command = [
@@ -114,7 +114,7 @@ def test_peer_worker_writes_every_field(tmp_path, algorithm):
     assert r["rollouts"] == 3 and r["optimizer_steps"] == 3 * (epochs if algorithm == "ppo" else 1)
     settings = r["settings"]
     assert settings["completions_per_step"] == 64 and settings["response_length"] == 16
-    assert settings["completions_per_prompt"] == (4 if algorithm == "rloo" else 1)
+    assert settings["completions_per_prompt"] == (1 if algorithm == "ppo" else 4)
     assert settings["num_ppo_epochs"] == (epochs if algorithm == "ppo" else 1)
     assert settings["activation_checkpointing"] is False and settings["precision"] == "fp32"
     # the sampling settings generate really used, and completions of full length (random weights rarely say EOS)
@@ -123,14 +123,24 @@ def test_peer_worker_writes_every_field(tmp_path, algorithm):
     assert generation["resolved_config"]["temperature"] == pytest.approx(0.7, abs=1e-4)
     assert generation["new_tokens_min"] == 16 and generation["distinct_completions_min"] == 1.0
     assert 0.9 * 64 * 16 <= r["tokens_per_step"] <= r["tokens_per_step_nominal"] == 64 * 16
-    assert r["tokens_per_second"] > 0
+    assert r["tokens_per_second"] > 0 and r["sum_gb_per_s"] > 0
+    if algorithm == "dapo":  # GRPOTrainer's loss_type="dapo" in our keys: what the bench compares with algo=dapo
+        assert r["algorithm_settings"] == {
+            "loss_aggregation": "token_mean",
+            "advantage": "group_std",
+            "kl_coef": 0.0,
+            "clip_range": 0.2,
+            "clip_range_high": 0.28,
+            "ratio_level": "token",
+        }
     assert r["peak_rss_mb"] >= r["baseline_rss_mb"] > 0
     assert r["peak_rss_above_baseline_mb"] == pytest.approx(r["peak_rss_mb"] - r["baseline_rss_mb"])
     state = r["model_state_mb"]
     # policy, reference, reward (+ value for PPO) held; the policy (+ value) trained, with Adam's two moments
     trained = 2 if algorithm == "ppo" else 1
+    frozen = 1 if algorithm == "dapo" else 2  # GRPOTrainer loads no reference at beta 0
     assert state["parameters"] > 0
-    assert state["gradients"] == pytest.approx(state["parameters"] * trained / (trained + 2), rel=0.1)
+    assert state["gradients"] == pytest.approx(state["parameters"] * trained / (trained + frozen), rel=0.1)
     assert state["optimizer"] == pytest.approx(2 * state["gradients"], rel=1e-3)
     assert set(r["versions"]) >= {"torch", "transformers", "trl"} and r["versions"]["trl"] == trl.__version__
     assert r["python"] == ".".join(map(str, sys.version_info[:3]))

@@ -22,12 +22,13 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from rloo.bench.presets import PRESETS, get_preset
+from rloo.bench.presets import GRPO_FAMILY, PRESETS, get_preset
 from rloo.run.cli import OneLineParser
 from rloo.utils import ownership
 from rloo.utils.errors import ConfigError
 
 DEFAULT_PRESETS = ("tiny", "small", "pythia-160m")
+MODE_PRESETS = {"stability": "pythia-160m", "strategies": "pythia-160m", "decode": "long-160m"}  # their own defaults
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--presets",
         default=None,
         help=f"comma-separated, from: {', '.join(PRESETS)} (default: {','.join(DEFAULT_PRESETS)}; "
-        f"stability: pythia-160m besides the embedded task)",
+        + "; ".join(f"{mode}: {preset}" for mode, preset in MODE_PRESETS.items())
+        + ")",
     )
     parser.add_argument(
         "--precisions", default="fp32,bf16", help="stability: comma-separated, from fp32, bf16, bf16-true"
@@ -63,6 +65,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument(
         "--ppo-epochs", default="4", help="comma-separated PPO epochs to run (TRL's default: 4), or none"
+    )
+    parser.add_argument(
+        "--grpo",
+        default="none",
+        help="comma-separated from grpo, dr_grpo, dapo, or none: also time rloo's algo=<name> against TRL's "
+        "GRPOTrainer at loss_type=<name> (the same models, prompts, k = num_generations, lengths), where TRL is found",
     )
     parser.add_argument(
         "--rloo-schedule",
@@ -110,7 +118,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         )
     args = parser.parse_intermixed_args(argv)
     if args.presets is None:
-        args.presets = "pythia-160m" if args.mode in ("stability", "strategies") else ",".join(DEFAULT_PRESETS)
+        args.presets = MODE_PRESETS.get(args.mode, ",".join(DEFAULT_PRESETS))
     for precision in args.precisions.split(","):
         if precision not in ("fp32", "bf16", "bf16-true"):
             parser.error(f"--precisions: {precision!r} is not one of fp32, bf16, bf16-true")
@@ -122,6 +130,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--presets: {error}")
         if preset.needs_gpu and args.device != "cuda":
             parser.error(f"--presets: {name!r} is sized for a GPU; add --device cuda or choose a CPU preset")
+    args.grpo = [] if args.grpo == "none" else args.grpo.split(",")
+    if unknown := [name for name in args.grpo if name not in GRPO_FAMILY]:
+        parser.error(f"--grpo: {unknown[0]!r} is not one of {', '.join(GRPO_FAMILY)}, or none")
     try:
         args.ppo_epochs = [] if args.ppo_epochs == "none" else [int(e) for e in args.ppo_epochs.split(",")]
     except ValueError:
@@ -202,6 +213,10 @@ def configurations(args) -> list[dict]:
                 command=[*ours, "--algorithm", "rloo", *schedule],
             )
         )
+        for name in args.grpo:
+            runs.append(
+                dict(preset=preset, implementation="rloo", algorithm=name, command=[*ours, "--algorithm", name])
+            )
         for epochs in args.ppo_epochs:
             runs.append(
                 dict(
@@ -233,6 +248,11 @@ def configurations(args) -> list[dict]:
                     ],
                 )
             )
+        if "rloo" in peers:  # GRPOTrainer ships with RLOOTrainer (TRL 1.16)
+            python, version = peers["rloo"]
+            for name in args.grpo:
+                command = [python, *theirs, "--algorithm", name, "--lm-head", args.trl_lm_head]
+                runs.append(dict(preset=preset, implementation=f"trl-{version}", algorithm=name, command=command))
         if "ppo" in peers:
             python, version = peers["ppo"]
             for epochs in args.ppo_epochs:
@@ -297,33 +317,51 @@ def memory_mb(result: dict) -> float | None:
 
 
 def ratios(results: list[dict]) -> list[dict]:
-    """Per preset: our RLOO over our PPO (each epoch count) and over TRL's RLOO, time and memory."""
+    """Per preset: our RLOO over our PPO (each epoch count) and over TRL's RLOO, and each of our GRPO family over
+    TRL's GRPOTrainer at the same loss type, time and memory. A GRPO pair whose loss settings differ (`unfair`)
+    gets no ratio: the row names the first setting that differs."""
     rows = []
     ok = [r for r in results if "error" not in r]
     for preset in dict.fromkeys(r["preset"] for r in ok):
-        ours = next(
-            (r for r in ok if r["preset"] == preset and r["implementation"] == "rloo" and r["algorithm"] == "rloo"),
-            None,
-        )
-        if ours is None:
-            continue
-        for other in ok:
-            if other["preset"] != preset or other is ours:
-                continue
-            if other["implementation"] != "rloo" and other["algorithm"] != "rloo":
-                continue  # our RLOO vs the peer's RLOO; vs PPO only our own (same rollout code)
-            rows.append(
-                {
-                    "preset": preset,
-                    "rloo": "rloo RLOO",
-                    "vs": label(other),
-                    "time_ratio": ours["step_seconds_median"] / other["step_seconds_median"],
-                    "memory_ratio": _ratio(memory_mb(ours), memory_mb(other)),
-                    "peak_rss_ratio": _ratio(ours.get("peak_rss_mb"), other.get("peak_rss_mb")),
-                    "model_state_ratio": _ratio(ours["model_state_mb"]["total"], other["model_state_mb"]["total"]),
-                }
-            )
+        for ours in [
+            r for r in ok if r["preset"] == preset and r["implementation"] == "rloo" and r["algorithm"] != "ppo"
+        ]:
+            for other in ok:
+                if other["preset"] != preset or other is ours or not comparable(ours, other):
+                    continue
+                rows.append(ratio_row(preset, ours, other))
     return rows
+
+
+def comparable(ours: dict, other: dict) -> bool:
+    """Our RLOO against our PPO (the same rollout code) and TRL's RLOO; our GRPO family against TRL's same loss."""
+    if other["implementation"] == "rloo":
+        return ours["algorithm"] == "rloo" and other["algorithm"] == "ppo"
+    return other["algorithm"] == ours["algorithm"]
+
+
+def unfair(ours: dict, other: dict) -> str | None:
+    """Where two GRPO runs' loss settings differ, the first difference; None where they agree (or carry none)."""
+    mine, theirs = ours.get("algorithm_settings"), other.get("algorithm_settings")
+    if mine is None or theirs is None:
+        return None if mine is theirs else "one side did not report its loss settings"
+    for key in mine:
+        if theirs.get(key) != mine[key]:
+            return f"{key}: rloo {mine[key]!r}, {other['implementation']} {theirs.get(key)!r}"
+    return None
+
+
+def ratio_row(preset: str, ours: dict, other: dict) -> dict:
+    row = {"preset": preset, "rloo": label(ours), "vs": label(other)}
+    if why := unfair(ours, other):
+        return row | {"unfair": why, "time_ratio": None, "memory_ratio": None, "peak_rss_ratio": None}
+    return row | {
+        "time_ratio": ours["step_seconds_median"] / other["step_seconds_median"],
+        "memory_ratio": _ratio(memory_mb(ours), memory_mb(other)),
+        "peak_rss_ratio": _ratio(ours.get("peak_rss_mb"), other.get("peak_rss_mb")),
+        "model_state_ratio": _ratio(ours["model_state_mb"]["total"], other["model_state_mb"]["total"]),
+        "sum_rate_ratio": _ratio(ours.get("sum_gb_per_s"), other.get("sum_gb_per_s")),
+    }
 
 
 def _ratio(a, b):
@@ -373,31 +411,43 @@ def markdown(report: dict) -> str:
     lines += [
         "",
         "| preset | trainer | s/step | rollout s | update s | tokens/s |" + gpu_head + " peak RSS MB "
-        "| above baseline MB | model state MB |",
-        "|---|---|---|---|---|---|" + gpu_rule + "---|---|---|",
+        "| above baseline MB | model state MB | torch.sum GB/s | decode / torch.sum |",
+        "|---|---|---|---|---|---|" + gpu_rule + "---|---|---|---|---|",
     ]
     for r in report["results"]:
         if "error" in r:
-            lines.append(f"| {r['preset']} | {label(r)} | failed: {r['error']} |" + " |" * (6 + on_gpu))
+            lines.append(f"| {r['preset']} | {label(r)} | failed: {r['error']} |" + " |" * (8 + on_gpu))
             continue
         gpu_cell = f" {_fmt(r.get('peak_gpu_mb'), 0)} |" if on_gpu else ""
         lines.append(
             f"| {r['preset']} | {label(r)} | {_fmt(r['step_seconds_median'])} "
             f"| {_fmt(r.get('rollout_seconds_median'))} | {_fmt(r.get('update_seconds_median'))} "
             f"| {_fmt(r['tokens_per_second'], 0)} |{gpu_cell} {_fmt(r['peak_rss_mb'], 0)} "
-            f"| {_fmt(r['peak_rss_above_baseline_mb'], 0)} | {_fmt(r['model_state_mb']['total'], 0)} |"
+            f"| {_fmt(r['peak_rss_above_baseline_mb'], 0)} | {_fmt(r['model_state_mb']['total'], 0)} "
+            f"| {_fmt(r.get('sum_gb_per_s'), 1)} | {_fmt(r.get('generate_read_fraction'), 2)} |"
         )
     lines += [
         "",
-        "| preset | rloo RLOO vs | time ratio | memory ratio | peak RSS ratio | model state ratio |",
-        "|---|---|---|---|---|---|",
+        "| preset | rloo | vs | time ratio | memory ratio | peak RSS ratio | model state ratio | torch.sum ratio |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in report["ratios"]:
+        if "unfair" in row:
+            lines.append(f"| {row['preset']} | {row['rloo']} | {row['vs']} | not compared: {row['unfair']} | | | | |")
+            continue
         lines.append(
-            f"| {row['preset']} | {row['vs']} | {_fmt(row['time_ratio'], 2)} | {_fmt(row['memory_ratio'], 2)} "
-            f"| {_fmt(row['peak_rss_ratio'], 2)} | {_fmt(row['model_state_ratio'], 2)} |"
+            f"| {row['preset']} | {row['rloo']} | {row['vs']} | {_fmt(row['time_ratio'], 2)} "
+            f"| {_fmt(row['memory_ratio'], 2)} | {_fmt(row['peak_rss_ratio'], 2)} "
+            f"| {_fmt(row['model_state_ratio'], 2)} "
+            f"| {_fmt(row.get('sum_rate_ratio'), 2)} |"
         )
-    lines += ["", "Memory ratio: GPU peak allocated on GPU; on CPU the peak RSS above the process's RSS after imports."]
+    lines += [
+        "",
+        "Memory ratio: GPU peak allocated on GPU; on CPU the peak RSS above the process's RSS after imports. "
+        "torch.sum GB/s: the host's read rate, measured in each row's own process after its steps; "
+        "decode / torch.sum: the bytes rloo's decode steps read over its generate phase's time "
+        "(prefill and draws included: a lower bound).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -428,14 +478,14 @@ def main(argv=None) -> None:
     if args.mode == "strategies":
         from rloo.bench import strategies
 
-        preset = args.presets.split(",")[0] if args.presets else "pythia-160m"
+        preset = args.presets.split(",")[0]
         strategies.run(out_dir.resolve(), preset, overrides=args.overrides)
         print(f"bench: wrote {out_dir / 'strategies.json'} and {out_dir / 'strategies.md'}")
         return
     if args.mode == "decode":
         from rloo.bench import decode
 
-        preset = args.presets.split(",")[0] if args.presets else "long-160m"
+        preset = args.presets.split(",")[0]
         result = decode.measure(preset, args.device, args.threads)
         result |= {"date": now.isoformat(timespec="seconds"), "machine": machine()}
         (out_dir / "decode.json").write_text(json.dumps(result, indent=2))

@@ -30,29 +30,9 @@ from contextlib import contextmanager
 
 import torch
 
-SUM_BYTES = 256 * 2**20  # torch.sum reads at least this much: memory, not a cache
+from rloo.bench.measure import SUM_BYTES, seconds, sum_read_rate
+
 LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _seconds(fn, device: torch.device) -> float:
-    _sync(device)
-    started = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - started
-
-
-def sum_read_rate(nbytes: int, device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
-    """Bytes per second `torch.sum` reads from a buffer of `nbytes` (median of `repeats`, after one warm-up)."""
-    buffer = torch.ones(nbytes // torch.finfo(dtype).bits * 8, dtype=dtype, device=device)
-    buffer.sum()
-    times = [_seconds(buffer.sum, device) for _ in range(repeats)]
-    return buffer.numel() * buffer.element_size() / statistics.median(times)
 
 
 def step_bytes(model, num_prompts: int, rows: int, prompt_length: int, new_tokens: int) -> dict[str, float]:
@@ -161,8 +141,8 @@ def measure(
     full, first, sums = [], [], []
     for _ in range(repeats):  # each decode between two sums: the pair's ratio, as the machine's speed drifts
         sums.append(sum_read_rate(max(int(nbytes["weights"]), SUM_BYTES), where, dtype))
-        first.append(_seconds(decode(1), where))
-        full.append(_seconds(decode(new_tokens), where))
+        first.append(seconds(decode(1), where))
+        full.append(seconds(decode(new_tokens), where))
     sums.append(sum_read_rate(max(int(nbytes["weights"]), SUM_BYTES), where, dtype))
     per_token = (statistics.median(full) - statistics.median(first)) / (new_tokens - 1)
     sum_rate = statistics.median(sums)
@@ -192,8 +172,8 @@ def measure(
         result["graph"] = {"used": False, "why_not": why}
     else:
         decode(new_tokens, graph=True)()
-        graph_full = statistics.median(_seconds(decode(new_tokens, graph=True), where) for _ in range(repeats))
-        graph_first = statistics.median(_seconds(decode(1, graph=True), where) for _ in range(repeats))
+        graph_full = statistics.median(seconds(decode(new_tokens, graph=True), where) for _ in range(repeats))
+        graph_first = statistics.median(seconds(decode(1, graph=True), where) for _ in range(repeats))
         result["graph"] = {"used": True, "ms_per_token": (graph_full - graph_first) / (new_tokens - 1) * 1e3}
     if profile and where.type == "cpu":
         result["profile"] = op_profile(decode(new_tokens), new_tokens - 1)

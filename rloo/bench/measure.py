@@ -1,8 +1,10 @@
-"""What the benchmark measures, shared by our worker and the peer workers: memory, medians, model-state bytes."""
+"""What the benchmark measures, shared by our worker and the peer workers: memory, medians, model-state bytes, and
+the host's memory read rate (`torch.sum` over a buffer beyond any cache), measured in the process it sits beside."""
 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -40,3 +42,27 @@ def model_state_mb(models: list[torch.nn.Module], optimizer: torch.optim.Optimiz
     }
     out["total"] = sum(out.values())
     return out
+
+
+SUM_BYTES = 256 * 2**20  # torch.sum reads at least this much: memory, not a cache
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def seconds(fn, device: torch.device) -> float:
+    _sync(device)
+    started = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - started
+
+
+def sum_read_rate(nbytes: int, device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
+    """Bytes per second `torch.sum` reads from a buffer of `nbytes` (median of `repeats`, after one warm-up)."""
+    buffer = torch.ones(nbytes // torch.finfo(dtype).bits * 8, dtype=dtype, device=device)
+    buffer.sum()
+    times = [seconds(buffer.sum, device) for _ in range(repeats)]
+    return buffer.numel() * buffer.element_size() / statistics.median(times)

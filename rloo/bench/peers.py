@@ -26,8 +26,15 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import torch  # noqa: E402
 
-from rloo.bench.measure import current_rss_mb, median, model_state_mb, peak_rss_mb  # noqa: E402
-from rloo.bench.presets import build_models, build_tokenizer, get_preset, random_prompts  # noqa: E402
+from rloo.bench.measure import (  # noqa: E402
+    SUM_BYTES,
+    current_rss_mb,
+    median,
+    model_state_mb,
+    peak_rss_mb,
+    sum_read_rate,
+)
+from rloo.bench.presets import GRPO_FAMILY, build_models, build_tokenizer, get_preset, random_prompts  # noqa: E402
 from rloo.generation.rollout import clock  # noqa: E402  (waits for queued CUDA work before reading the clock)
 
 TEMPERATURE, LEARNING_RATE, MISSING_EOS_PENALTY = 0.7, 1e-6, 1.0
@@ -35,7 +42,7 @@ TEMPERATURE, LEARNING_RATE, MISSING_EOS_PENALTY = 0.7, 1e-6, 1.0
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m rloo.bench.peers", description=__doc__.splitlines()[0])
-    parser.add_argument("--algorithm", choices=("rloo", "ppo"), required=True)
+    parser.add_argument("--algorithm", choices=("rloo", "ppo", *GRPO_FAMILY), required=True)
     parser.add_argument("--preset", required=True)
     parser.add_argument("--steps", type=int, default=5, help="timed steps after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
@@ -104,6 +111,7 @@ class Recorder:
         self.distinct_fractions: list[float] = []  # distinct completions / completions, per generate call
         self._started = self._rollout = None
         self._tokens = 0
+        self.algorithm_settings: dict | None = None  # GRPOTrainer: its loss settings in our keys
 
     def start(self):
         self._started, self._rollout, self._tokens = clock(), None, 0
@@ -262,10 +270,44 @@ def use_compact_lm_head():
     trl_utils._use_triton = lambda device: True
 
 
-def build_rloo(args, preset, tokenizer, policy, reward_model, workdir: str, recorder: Recorder):
-    from datasets import Dataset
-    from trl import RLOOConfig, RLOOTrainer
+# the GRPO family as TRL's GRPOTrainer runs it, in our names: the loss's aggregation, the advantage's scale, the KL
+# coefficient and the clip range, each as conf/algo/<name>.yaml sets it (rloo.bench.__main__ compares the two sides)
+GRPO_LOSS_TYPES = {
+    "grpo": dict(loss_type="grpo", scale_rewards="group", beta=0.04, epsilon=0.2, epsilon_high=None),
+    "dr_grpo": dict(loss_type="dr_grpo", scale_rewards="none", beta=0.0, epsilon=0.2, epsilon_high=None),
+    "dapo": dict(loss_type="dapo", scale_rewards="group", beta=0.0, epsilon=0.2, epsilon_high=0.28),
+}
+LOSS_AGGREGATION = {"grpo": "seq_mean_token_mean", "dr_grpo": "token_sum_norm", "dapo": "token_mean"}
+ADVANTAGE = {"group": "group_std", "none": "group_mean"}
 
+
+def grpo_settings(config) -> dict:
+    """What a GRPOConfig sets, in the keys of our algorithm configs (the fairness check compares these)."""
+    return {
+        "loss_aggregation": LOSS_AGGREGATION.get(config.loss_type, config.loss_type),
+        "advantage": ADVANTAGE.get(str(config.scale_rewards), str(config.scale_rewards)),
+        "kl_coef": float(config.beta),
+        "clip_range": float(config.epsilon),
+        "clip_range_high": float(config.epsilon_high if config.epsilon_high is not None else config.epsilon),
+        "ratio_level": config.importance_sampling_level,
+    }
+
+
+def build_group(args, preset, tokenizer, policy, reward_model, workdir: str, recorder: Recorder):
+    """TRL's RLOOTrainer (`--algorithm rloo`) or GRPOTrainer (`grpo`, `dr_grpo`, `dapo`: its loss_type), which share
+    their loop: k completions per prompt, generated and scored in `_generate_and_score_completions`."""
+    from datasets import Dataset
+
+    if args.algorithm == "rloo":
+        from trl import RLOOConfig as Config
+        from trl import RLOOTrainer as Trainer
+
+        extra = dict(beta=preset.kl_coef)
+    else:
+        from trl import GRPOConfig as Config
+        from trl import GRPOTrainer as Trainer
+
+        extra = GRPO_LOSS_TYPES[args.algorithm]
     # TRL builds its reference by loading the policy's checkpoint path, so the initial policy goes to disk first:
     # the reference is then an exact, frozen copy of it.
     if args.lm_head == "compact":
@@ -277,7 +319,7 @@ def build_rloo(args, preset, tokenizer, policy, reward_model, workdir: str, reco
     completions = preset.completions_per_step
     epochs, minis = schedule(args)
     # one generation of `completions` serves minis optimiser steps of completions/minis each, num_iterations times
-    config = RLOOConfig(
+    config = Config(
         **common_args(args, workdir),
         max_steps=(args.warmup + args.steps) * epochs * minis,
         per_device_train_batch_size=completions // minis,
@@ -286,12 +328,12 @@ def build_rloo(args, preset, tokenizer, policy, reward_model, workdir: str, reco
         num_generations=preset.k,
         max_completion_length=preset.response_length,
         temperature=TEMPERATURE,
-        beta=preset.kl_coef,
         logging_strategy="no",
         log_completions=False,
+        **extra,
     )
     prompts = prompt_texts(preset, preset.prompts_per_step * (args.warmup + args.steps), args.seed, tokenizer)
-    trainer = RLOOTrainer(
+    trainer = Trainer(
         model=policy,
         reward_funcs=reward_model,
         args=config,
@@ -301,12 +343,13 @@ def build_rloo(args, preset, tokenizer, policy, reward_model, workdir: str, reco
         callbacks=[clock_callback(recorder, "on_step_begin")],
     )
     silence(trainer)
-    trainer.ref_model.requires_grad_(False)  # it only runs under no_grad; frozen, it counts no gradient bytes
+    if trainer.ref_model is not None:  # GRPOTrainer loads none at beta 0
+        trainer.ref_model.requires_grad_(False)  # it only runs under no_grad; frozen, it counts no gradient bytes
 
     # In TRL 1.16 on transformers 5.24, Trainer._run_epoch calls on_step_begin before training_step, whose
-    # _prepare_inputs generates and scores the rollout (RLOOTrainer._generate_and_score_completions), and
-    # on_step_end after optimizer.step: begin -> end is the whole step (what falls outside, the next batch of prompt
-    # strings and the skipped logging, measured under 1 ms). The rollout is timed around that method.
+    # _prepare_inputs generates and scores the rollout (`_generate_and_score_completions`), and on_step_end after
+    # optimizer.step: begin -> end is the whole step (what falls outside, the next batch of prompt strings and the
+    # skipped logging, measured under 1 ms). The rollout is timed around that method.
     generate_and_score = trainer._generate_and_score_completions
 
     def timed_generate_and_score(*a, **kw):
@@ -317,7 +360,10 @@ def build_rloo(args, preset, tokenizer, policy, reward_model, workdir: str, reco
 
     trainer._generate_and_score_completions = timed_generate_and_score
     watch_generation(trainer.model, recorder)
-    return trainer, lambda: [trainer.model, trainer.ref_model, *trainer.reward_funcs], preset.k
+    if args.algorithm != "rloo":
+        recorder.algorithm_settings = grpo_settings(config)
+    models = [trainer.model, *([trainer.ref_model] if trainer.ref_model is not None else []), *trainer.reward_funcs]
+    return trainer, lambda: models, preset.k
 
 
 def build_ppo(args, preset, tokenizer, policy, reward_model, workdir: str, recorder: Recorder):
@@ -402,8 +448,10 @@ def run(args) -> dict:
 
     if args.algorithm == "rloo":
         from trl import RLOOTrainer  # noqa: F401
-    else:
+    elif args.algorithm == "ppo":
         from trl.experimental.ppo import PPOTrainer  # noqa: F401
+    else:
+        from trl import GRPOTrainer  # noqa: F401
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     baseline_rss = current_rss_mb()  # after the imports, before any model: the framework's own cost, not the step's
@@ -413,12 +461,13 @@ def run(args) -> dict:
     if args.precision == "bf16-true":  # saved in bfloat16, so TRL's reference (loaded from the policy's path) is too
         policy, reward_model = policy.bfloat16(), reward_model.bfloat16()
     recorder = Recorder(tokenizer.eos_token_id)
-    build = build_rloo if args.algorithm == "rloo" else build_ppo
+    build = build_ppo if args.algorithm == "ppo" else build_group
     with tempfile.TemporaryDirectory(prefix="rloo-bench-peer-") as workdir:
         trainer, models, k = build(args, preset, tokenizer, policy, reward_model, workdir, recorder)
         trainer.train()
-    peak_rss = peak_rss_mb()
+    peak_rss = peak_rss_mb()  # before torch.sum's buffer
     check_run(args, preset, recorder)
+    sum_rate = sum_read_rate(SUM_BYTES, torch.device(args.device), torch.float32)  # this process's read rate
 
     epochs, minis = schedule(args)
     # PPOTrainer's step is a whole rollout with its epochs; RLOOTrainer's is one optimiser step
@@ -440,9 +489,10 @@ def run(args) -> dict:
             "temperature": TEMPERATURE,
             "learning_rate": LEARNING_RATE,
             "activation_checkpointing": activation_checkpointing(policy),
-            **({"lm_head": args.lm_head} if args.algorithm == "rloo" else {}),
+            **({"lm_head": args.lm_head} if args.algorithm != "ppo" else {}),
             **({"missing_eos_penalty": MISSING_EOS_PENALTY} if args.algorithm == "ppo" else {}),
         },
+        "algorithm_settings": recorder.algorithm_settings,
         "device": args.device,
         "threads": torch.get_num_threads(),
         "steps": len(timed),
@@ -463,6 +513,7 @@ def run(args) -> dict:
             "new_tokens_min": min(recorder.generated_widths),
             "distinct_completions_min": min(recorder.distinct_fractions),
         },
+        "sum_gb_per_s": sum_rate / 1e9,
         "baseline_rss_mb": baseline_rss,
         "peak_rss_mb": peak_rss,
         "peak_rss_above_baseline_mb": peak_rss - baseline_rss,

@@ -21,6 +21,7 @@ from transformers import (
 )
 
 PAD_TOKEN, EOS_TOKEN = "[PAD]", "<|endoftext|>"
+GRPO_FAMILY = ("grpo", "dr_grpo", "dapo")  # rloo's algorithms timed against TRL's GRPOTrainer at that loss_type
 
 
 @dataclass(frozen=True)

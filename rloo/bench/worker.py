@@ -21,15 +21,24 @@ import torch  # noqa: E402
 
 import rloo.algorithms.policy_gradient  # noqa: E402,F401
 import rloo.algorithms.ppo  # noqa: E402,F401  (imported before the baseline is read: imports are not the step's memory)
-from rloo.bench.measure import current_rss_mb, median, model_state_mb, peak_rss_mb  # noqa: E402
-from rloo.bench.presets import build_models, build_tokenizer, get_preset, random_prompts  # noqa: E402
+from rloo.bench.measure import (  # noqa: E402
+    SUM_BYTES,
+    current_rss_mb,
+    median,
+    model_state_mb,
+    peak_rss_mb,
+    sum_read_rate,
+)
+from rloo.bench.presets import GRPO_FAMILY, build_models, build_tokenizer, get_preset, random_prompts  # noqa: E402
 
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed")
+# compared with GRPOTrainer's settings (rloo.bench.peers.grpo_settings) before a ratio is reported
+COMPARED_SETTINGS = ("loss_aggregation", "advantage", "kl_coef", "clip_range", "clip_range_high", "ratio_level")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m rloo.bench.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--algorithm", choices=("rloo", "ppo"), required=True)
+    parser.add_argument("--algorithm", choices=("rloo", "ppo", *GRPO_FAMILY), required=True)
     parser.add_argument("--preset", required=True)
     parser.add_argument("--steps", type=int, default=5, help="timed steps after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
@@ -104,6 +113,9 @@ def build_module(args, preset, tokenizer, policy, reward_model):
     }
     if args.algorithm == "ppo":
         shape |= {"k": 1, "num_ppo_epochs": args.ppo_epochs}
+    if args.algorithm in GRPO_FAMILY:  # the algorithm's own KL coefficient; no resampling (GRPOTrainer has none)
+        del shape["kl_coef"]
+        shape |= {"dynamic_sampling": False} if args.algorithm == "dapo" else {}
     overrides = [f"algo={args.algorithm}", "judge=none", "logger=none"]
     overrides += [f"{key}={value}" for key, value in shape.items()] + list(args.settings)
     try:
@@ -168,8 +180,9 @@ def run(args) -> dict:
         for m in (module.policy, module.reference, module.reward_model, getattr(module, "value_model", None))
         if m is not None
     ]
-    peak_rss = peak_rss_mb()
+    peak_rss = peak_rss_mb()  # before torch.sum's buffer
     step_median = median([s["wall"] for s in timed])
+    read_rate = read_rates(args, preset, module.policy, median([s["generate"] for s in timed]))
     result = {
         "implementation": "rloo",
         "algorithm": args.algorithm,
@@ -183,6 +196,7 @@ def run(args) -> dict:
             "precision": args.precision,
             "overrides": args.settings,
         },
+        "algorithm_settings": algorithm_settings(config) if args.algorithm in GRPO_FAMILY else None,
         "device": args.device,
         "threads": torch.get_num_threads(),
         "steps": len(timed),
@@ -196,6 +210,7 @@ def run(args) -> dict:
         "phase_seconds_median": {phase: median([s.get(phase, 0.0) for s in timed]) for phase in phases},
         "tokens_per_step": median([s["tokens"] for s in timed]),
         "tokens_per_second": median([s["tokens"] / s["wall"] for s in timed]),
+        **read_rate,
         "baseline_rss_mb": baseline_rss,
         "peak_rss_mb": peak_rss,
         "peak_rss_above_baseline_mb": peak_rss - baseline_rss,
@@ -210,6 +225,35 @@ def run(args) -> dict:
         "versions": {"torch": torch.__version__, "lightning": L.__version__, "transformers": _version("transformers")},
     }
     return result
+
+
+def read_rates(args, preset, policy, generate_seconds: float) -> dict[str, float]:
+    """`torch.sum`'s read rate in this process, after the steps, and the rollout's decode against it: the bytes the
+    decode's steps read (rloo.bench.decode.step_bytes, every row to its last token) over the generate phase's time,
+    which also holds the prefill and the draws, so the fraction is a lower bound on the decode's own."""
+    from rloo.bench.decode import step_bytes
+
+    sum_rate = sum_read_rate(SUM_BYTES, torch.device(args.device), torch.float32)
+    rows, steps = preset.completions_per_step, preset.response_length - 1
+    decode_bytes = step_bytes(policy, rows // preset.k, rows, preset.prompt_length, preset.response_length)["total"]
+    generate_rate = decode_bytes * steps / generate_seconds
+    return {
+        "sum_gb_per_s": sum_rate / 1e9,
+        "generate_read_gb_per_s": generate_rate / 1e9,
+        "generate_read_fraction": generate_rate / sum_rate,
+    }
+
+
+def algorithm_settings(config) -> dict:
+    """The estimator's settings that GRPOTrainer's loss types fix, as the run resolved them (an upper clip of None
+    is the symmetric clip)."""
+    values = {name: getattr(config, name) for name in COMPARED_SETTINGS}
+    values["clip_range_high"] = (
+        values["clip_range_high"] if values["clip_range_high"] is not None else config.clip_range
+    )
+    return {
+        name: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for name, v in values.items()
+    }
 
 
 def _version(package: str) -> str | None:
