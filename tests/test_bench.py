@@ -224,6 +224,25 @@ def test_model_state_counts_each_tensor_once_and_adam_state():
     assert state["optimizer"] == pytest.approx((2 * 110 * 4 + 2 * 4) / mib)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma2"])
+def test_every_family_has_a_tiny_and_a_100m_preset_the_fast_paths_serve(family):
+    """`<family>-tiny` and `<family>-100m` build that family's model (rloo/families/ names it), which the lean decode
+    and the shared-prefix forward serve at the preset's rows, at about 1M and 100M parameters."""
+    from transformers import AutoModelForCausalLM
+
+    from rloo import families
+    from rloo.bench.presets import model_config
+    from rloo.generation.decode import why_not_lean_decode
+
+    for size, (low, high) in {"tiny": (0.5e6, 2e6), "100m": (90e6, 130e6)}.items():
+        preset = PRESETS[f"{family}-{size}"]
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_config(preset))
+        assert families.family_of(model).name == family and model.config.num_key_value_heads < preset.num_heads
+        assert low < sum(p.numel() for p in model.parameters()) < high
+        assert why_not_lean_decode(model, preset.prompt_length + preset.response_length) is None
+
+
 def test_presets_build_the_architecture_they_name():
     policy, reward_model = build_models(PRESETS["pythia-160m"])
     parameters = sum(p.numel() for p in policy.parameters())

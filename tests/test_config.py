@@ -536,3 +536,29 @@ def test_the_rloo_to_grpo_sweep_is_its_eight_cells_of_rloo_over_five_seeds():
     _, params = compose_sweep("rloo_to_grpo")
     counts = {key: len(swept_values(key, values)) for key, values in params.items()}
     assert swept_values("algo", params["algo"]) == ["rloo"] and math.prod(counts.values()) == 8 * 5
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["rollout_precision=bf16", "precision=bf16"], "rollout_precision=bf16 needs precision=fp32"),
+        (["rollout_precision=bf16", "lean_decode=false"], "rollout_precision=bf16 needs lean_decode=true"),
+        (["rollout_precision=fp16"], "rollout_precision"),
+    ],
+)
+def test_a_bf16_rollout_is_refused_where_it_would_change_nothing(overrides, message):
+    assert first_error(*overrides).startswith(message)
+
+
+def test_a_bf16_rollout_says_how_it_samples_and_evaluation_stays_float32():
+    from rloo.config.checks import eval_sampling, rollout_sampling, verifiable_eval
+    from rloo.generation.fast_paths import fast_paths
+    from tests.tiny_models import tiny_model
+
+    cfg = composed("rollout_precision=bf16", "reward=tests.reward_functions:length", "eval.samples_per_prompt=4")
+    validate_train_config(cfg)
+    assert rollout_sampling(cfg).rollout_precision == "bf16"
+    assert eval_sampling(cfg).rollout_precision == verifiable_eval(cfg).sampling.rollout_precision == "same"
+    sampler, why = fast_paths(cfg, tiny_model("llama"), None)["sampler"]
+    assert sampler == "lean_decode" and "from bfloat16 copies of the weights" in why
+    assert "held-out evaluation in float32" in why

@@ -2,6 +2,8 @@
 training forward's log-probs, HF's logits warpers, the model's own softmax (statistically), and itself without
 dropping finished rows."""
 
+import copy
+
 import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -387,11 +389,80 @@ def test_a_pass_of_several_chunks_prepares_the_weights_once(monkeypatch):
     config = sampling_config(max_new_tokens=6, greedy=True, stop_at_eos=False)
     made = []
     prepare = rloo.generation.decode.prepared_weights
-    monkeypatch.setattr(rloo.generation.decode, "prepared_weights", lambda *a: made.append(a[1:]) or prepare(*a))
+    monkeypatch.setattr(rloo.generation.decode, "prepared_weights", lambda *a: made.append(a[1]) or prepare(*a))
     completions, logprobs = generate_with_logprobs(model, ids, mask, config, EOS, PAD, batch_size=4)
-    assert made == [(4,)]
+    assert made == [4]
     for start in (0, 4, 8):  # chunks of 4, 4 and 2 rows
         alone, alone_logprobs = lean_generate(model, ids[start : start + 4], mask[start : start + 4], config, EOS, PAD)
         assert torch.equal(completions[start : start + 4], alone)
         torch.testing.assert_close(logprobs[start : start + 4], alone_logprobs, atol=1e-6, rtol=0)
     assert len(made) == 4  # each call alone prepares its own
+
+
+def bf16_products(model):
+    """The model with every linear layer's input, weight and output rounded to bfloat16 (a bias-free family, so the
+    rounding of a product with its bias never arises): the arithmetic rollout_precision=bf16 samples with, written
+    as hooks on the training forward."""
+    model = copy.deepcopy(model)
+    if model.lm_head.weight is model.get_input_embeddings().weight:  # untied: the embedding stays float32
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                assert module.bias is None
+                module.weight.copy_(module.weight.bfloat16().float())
+                module.register_forward_pre_hook(lambda m, args: (args[0].bfloat16().float(),))
+                module.register_forward_hook(lambda m, args, out: out.bfloat16().float())
+    return model
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+def test_a_bf16_rollout_samples_from_bfloat16_products(architecture):
+    """rollout_precision=bf16 (prepared_weights(..., bf16=True)): bfloat16 copies of every linear weight and the head,
+    float32 everywhere else. Its log-probs are the training forward's with bfloat16-rounded products (to float32
+    accumulation order), and differ from the float32 forward's by the bf16 mismatch, which is what the run measures."""
+    from rloo.generation.decode import prepared_weights
+
+    model = tiny_model(architecture, vocab_size=64)
+    ids, mask = left_padded_prompts(8, 5, 64)
+    weights = prepared_weights(model, len(ids), bf16=True)
+    assert weights.body.layers and weights.cache_dtype == torch.float32
+    sampling = sampling_config(max_new_tokens=12, temperature=0.7, stop_at_eos=False)
+    torch.manual_seed(0)
+    completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD, weights=weights)
+    completion_mask = torch.ones_like(completions)
+    rounded = training_logprobs(bf16_products(model), ids, mask, completions, completion_mask, 0.7)
+    exact = training_logprobs(model, ids, mask, completions, completion_mask, 0.7)
+    torch.testing.assert_close(logprobs, rounded, atol=2e-4, rtol=0)
+    bf16_error, rounding_error = (logprobs - exact).abs().max(), (logprobs - rounded).abs().max()
+    assert bf16_error > 1e-2 > 50 * rounding_error  # a mismatch of bf16's size, not float32's
+
+
+def test_the_eager_float32_loop_attends_through_the_fused_kernel_where_it_has_no_soft_cap(monkeypatch):
+    """The eager loop's float32 steps on CPU call the fused kernel (two calls a layer: prompt and own cache), and
+    sample what the matmul form samples; Gemma 2's capped scores and bfloat16 keep the matmul form."""
+    import rloo.generation.decode as decode
+
+    if decode._FUSED_CPU is None:
+        pytest.skip("this torch has no fused CPU attention kernel")
+    calls = []
+    fused = decode._FUSED_CPU
+    monkeypatch.setattr(decode, "_FUSED_CPU", lambda *a, **kw: calls.append(a[0].shape) or fused(*a, **kw))
+    model = tiny_model("llama", vocab_size=64)
+    ids, mask = left_padded_prompts(8, 5, 64)
+    sampling = sampling_config(max_new_tokens=6, temperature=0.7, stop_at_eos=False)
+    torch.manual_seed(0)
+    completions, logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
+    assert len(calls) == 2 * model.config.num_hidden_layers * 5  # 5 decode steps after the prefill's draw
+    monkeypatch.setattr(decode, "_FUSED_CPU", None)  # the matmul form, as before the kernel
+    torch.manual_seed(0)
+    matmul_completions, matmul_logprobs = lean_generate(model, ids, mask, sampling, EOS, PAD)
+    assert torch.equal(completions, matmul_completions)
+    torch.testing.assert_close(logprobs, matmul_logprobs, atol=1e-5, rtol=0)
+    q = torch.zeros(2, 4, 1, 16)
+    groups = decode._Groups(torch.zeros(2, dtype=torch.long), torch.arange(2), 2, None, 3, True)
+    monkeypatch.setattr(decode, "_FUSED_CPU", fused)
+    assert decode.fused_attention_applies(q, groups, None)
+    assert not decode.fused_attention_applies(q, groups, 50.0)  # Gemma 2's soft cap
+    assert not decode.fused_attention_applies(q.bfloat16(), groups, None)
+    assert not decode.fused_attention_applies(q, groups._replace(own_bias=torch.zeros(4)), None)  # static steps

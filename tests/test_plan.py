@@ -231,14 +231,17 @@ def test_the_rollout_counts_the_decodes_reordered_weights_where_the_run_reorders
     preset = PRESETS["pythia-160m"]
     arch = architecture(preset)
     shape = bench_shape(preset)
-    plain, copied = estimate(arch, shape), estimate(arch, replace(shape, decode_weight_copy=True))
+    plain, copied = estimate(arch, shape), estimate(arch, replace(shape, decode_weight_copy=4))
     linear, _ = arch.body_params()
     assert "decode weights" not in plain
     assert copied["decode weights"] * 2**20 == 4 * (linear + arch.vocab_size * arch.hidden_size)
     update = copied["gradients"] + copied["activations"] + copied["logit chunks"]
     rollout = copied["KV cache"] + copied["decode weights"]
     assert copied["peak"] - plain["peak"] == pytest.approx(max(update, rollout) - max(update, copied["KV cache"]))
-    assert shape_from_config(compose_train_config([]), arch).decode_weight_copy
+    assert shape_from_config(compose_train_config([]), arch).decode_weight_copy == 4
+    assert shape_from_config(compose_train_config(["rollout_precision=bf16"]), arch).decode_weight_copy == 2
+    halved = estimate(arch, replace(shape, decode_weight_copy=2))["decode weights"]
+    assert halved == copied["decode weights"] / 2  # the bfloat16 copies of rollout_precision=bf16
     assert not shape_from_config(compose_train_config(["precision=bf16"]), arch).decode_weight_copy
     assert not shape_from_config(compose_train_config(["lean_decode=false"]), arch).decode_weight_copy
 

@@ -15,9 +15,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    Gemma2Config,
     GPTNeoXConfig,
     LlamaConfig,
+    MistralConfig,
     PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
 )
 
 PAD_TOKEN, EOS_TOKEN = "[PAD]", "<|endoftext|>"
@@ -39,8 +43,8 @@ class Preset:
     response_length: int  # new tokens per completion
     kl_coef: float = 0.05
     needs_gpu: bool = False
-    family: str = "gpt_neox"  # gpt_neox | llama (grouped-query attention, SwiGLU, RMSNorm, tied head)
-    num_kv_heads: int = 0  # llama: key/value heads (0: one per head)
+    family: str = "gpt_neox"  # a family of rloo/families/ (`model_config` builds its config)
+    num_kv_heads: int = 0  # the Llama-style families: key/value heads (0: one per head)
 
     @property
     def completions_per_step(self) -> int:
@@ -207,6 +211,47 @@ PRESETS = {
     )
 }
 
+# every family of rloo/families/ at two shapes, grouped-query attention (a half or a third of the heads as
+# key/value heads): `<family>-tiny` (the embedded task's size and batch) and `<family>-100m` (about 100M parameters at
+# pythia-160m's batch), so each family's decode and step are timed against TRL alike
+FAMILY_SHAPES = {
+    "tiny": dict(
+        hidden_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=512,
+        vocab_size=512,
+        prompts_per_step=16,
+        k=4,
+        prompt_length=24,
+        response_length=16,
+    ),
+    "100m": dict(
+        hidden_size=768,
+        num_layers=12,
+        num_heads=12,
+        num_kv_heads=4,
+        intermediate_size=2048,
+        vocab_size=32768,
+        prompts_per_step=4,
+        k=4,
+        prompt_length=32,
+        response_length=16,
+    ),
+}
+ABOUT = {
+    "llama": "Llama 3's layout (SwiGLU, RMSNorm, full rotary, tied head)",
+    "qwen2": "Qwen2's layout (Llama's, with q/k/v biases)",
+    "qwen3": "Qwen3's layout (Llama's, with per-head q/k RMSNorm)",
+    "mistral": "Mistral's layout (Llama's; its sliding window wider than any preset's rows)",
+    "gemma2": "Gemma 2's layout (scaled embeddings, sandwich norms, GeGLU, soft-capped scores and logits, untied head)",
+}
+for _family, _about in ABOUT.items():
+    for _size, _shape in FAMILY_SHAPES.items():
+        _name = f"{_family}-{_size}"
+        PRESETS[_name] = Preset(_name, f"{_about} at {_size} size, CPU", family=_family, **_shape)
+
 
 SHAPE_KEYS = {"P": "prompt_length", "T": "response_length", "k": "k", "prompts": "prompts_per_step"}
 
@@ -283,8 +328,30 @@ def llama_config(preset: Preset, **overrides) -> LlamaConfig:
     return LlamaConfig(**(values | overrides))
 
 
+WINDOW = 2048  # Mistral's and Gemma 2's sliding window: the whole of every preset's rows
+
+
+def gated_config(preset: Preset, **overrides):
+    """The Llama-style families (rloo/families/): Llama's values and each family's own detail."""
+    if preset.family == "llama":
+        return llama_config(preset, **overrides)
+    heads = preset.num_kv_heads or preset.num_heads
+    head_dim = preset.hidden_size // preset.num_heads
+    values = _sizes(preset) | dict(num_key_value_heads=heads, head_dim=head_dim, tie_word_embeddings=True)
+    if preset.family == "qwen2":
+        return Qwen2Config(**(values | overrides))
+    if preset.family == "qwen3":
+        return Qwen3Config(**(values | overrides))
+    if preset.family == "mistral":
+        return MistralConfig(**(values | {"sliding_window": WINDOW} | overrides))
+    if preset.family == "gemma2":  # untied: through a tied head a random model's scaled embedding echoes its input
+        gemma = dict(query_pre_attn_scalar=head_dim, sliding_window=WINDOW, tie_word_embeddings=False)
+        return Gemma2Config(**(values | gemma | overrides))
+    raise ValueError(f"preset {preset.name!r}: no config for family {preset.family!r}")
+
+
 def model_config(preset: Preset, **overrides):
-    return (llama_config if preset.family == "llama" else neox_config)(preset, **overrides)
+    return (neox_config if preset.family == "gpt_neox" else gated_config)(preset, **overrides)
 
 
 def build_models(preset: Preset, seed: int = 0):

@@ -9,6 +9,7 @@ the YAML (conf/); the dataclasses built here have none. Every error is one line 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -92,6 +93,7 @@ def eval_sampling(cfg: DictConfig) -> SamplingConfig:
         max_new_tokens=cfg.eval.max_new_tokens,
         greedy=cfg.eval.greedy,
         stop_at_eos=cfg.stop_token == "eos",
+        rollout_precision="same",  # evaluation samples at the training precision, whatever the rollout's
     )
 
 
@@ -104,9 +106,8 @@ def verifiable_eval(cfg: DictConfig):
     from rloo.rewards.scoring import load_function
 
     answer = load_function(cfg.eval.answer, key="eval.answer") if cfg.eval.answer is not None else None
-    return settings(
-        VerifiableEval, cfg.eval, pass_k=tuple(cfg.eval.pass_k), sampling=rollout_sampling(cfg), answer=answer
-    )
+    sampling = dataclasses.replace(rollout_sampling(cfg), rollout_precision="same")  # as eval_sampling
+    return settings(VerifiableEval, cfg.eval, pass_k=tuple(cfg.eval.pass_k), sampling=sampling, answer=answer)
 
 
 def algorithm_config(cfg: DictConfig, total_rollouts: int):
@@ -175,6 +176,23 @@ def validate_lora(cfg: DictConfig) -> None:
         raise ConfigError("model.lora=true needs peft, which is not installed: pip install -e '.[lora]'")
 
 
+def validate_rollout_precision(cfg: DictConfig) -> None:
+    """rollout_precision=bf16 samples an fp32 run from bfloat16 copies of its weights, in the lean decode: under a
+    bf16 or fp16 precision the rollout's products are already half precision, and HF generate has no such copies."""
+    if cfg.rollout_precision == "same":
+        return
+    if cfg.precision.trainer != "32-true":
+        raise ConfigError(
+            f"rollout_precision={cfg.rollout_precision} needs precision=fp32: under precision.trainer="
+            f"{cfg.precision.trainer} the rollout's products are half precision already; remove it"
+        )
+    if not cfg.lean_decode:
+        raise ConfigError(
+            f"rollout_precision={cfg.rollout_precision} needs lean_decode=true: the bfloat16 copies of the weights "
+            "are the lean decode's (HF generate samples from the model's own)"
+        )
+
+
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Check every key `rloo.train` reads; raises ConfigError with a one-line message. Types, ranges and the keys
     an algorithm reads are the schema's (rloo.config.schema); what spans keys or groups is checked here."""
@@ -193,6 +211,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     validate_verifiable_eval(cfg)
     validate_lora(cfg)
     validate_strategy(cfg)
+    validate_rollout_precision(cfg)
     from rloo.utils.resume import check_resume_argument
 
     check_resume_argument(cfg.get("resume"))

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rloo.algorithms.registry import ALGORITHMS
 from rloo.data.settings import SplitSpec
-from rloo.generation.settings import SAMPLERS
+from rloo.generation.settings import ROLLOUT_PRECISIONS, SAMPLERS
 from rloo.utils.errors import ConfigError
 from rloo.utils.keys import APPLIED, FIXED, group, key
 
@@ -112,6 +112,7 @@ class RunKeys(SamplingKeys):
     reward_errors: str = key(APPLIED, choices=REWARD_ERRORS)
     reward_timeout_s: float = key(APPLIED, low=0)
     fp32_lm_head: bool = key(FIXED)
+    rollout_precision: str = key(APPLIED, choices=ROLLOUT_PRECISIONS)
     mlp_recompute: bool = key(APPLIED)
     activation_checkpointing: bool = key(APPLIED)
     total_episodes: int = key(APPLIED, low=1)

@@ -20,6 +20,23 @@ def decode_reorders_weights(cfg: DictConfig) -> bool:
     return float32_on_cpu and onednn_applies(torch.empty(0))
 
 
+def rollout_bf16_products(cfg: DictConfig) -> str:
+    """How rollout_precision=bf16 runs the rollout's products, with why (the held-out evaluation stays float32)."""
+    import torch
+
+    from rloo.generation.decode import onednn_bf16_applies
+
+    where = "linear layers and LM head from bfloat16 copies of the weights, made once per rollout"
+    if cfg.trainer.accelerator != "cpu":
+        return f"{where}, through F.linear; held-out evaluation in float32"
+    if onednn_bf16_applies(torch.empty(0)):
+        return f"{where} and reordered for oneDNN; held-out evaluation in float32"
+    return (
+        f"{where}, through F.linear (oneDNN has no bfloat16 kernels for this CPU: no AVX-512 BF16 or AMX); "
+        "held-out evaluation in float32"
+    )
+
+
 def decode_replays_graphs(cfg: DictConfig) -> bool:
     """Whether the lean decode's steps run at static shapes, replayed as CUDA graphs (rloo.generation.static_decode)."""
     return bool(cfg.cuda_graph) and cfg.trainer.accelerator == "gpu"
@@ -49,7 +66,9 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
     elif reason := why_not_lean_decode(policy, cfg.data.max_prompt_length + cfg.response_length):
         sampler = ("hf_generate", f"lean_decode=true, but the lean decode cannot serve this policy: {reason}")
     else:
-        if decode_reorders_weights(cfg):
+        if cfg.get("rollout_precision") == "bf16":
+            products = rollout_bf16_products(cfg)
+        elif decode_reorders_weights(cfg):
             products = "float32 linear layers through oneDNN, from weights reordered once per rollout"
         else:
             products = (

@@ -141,8 +141,10 @@ def generate_with_logprobs(
     """
     chunks = []
     lean = sampling.lean_decode and decode.supports_lean_decode(policy, prompt_ids.shape[1] + sampling.max_new_tokens)
-    # the weights as the lean decode reads them (on CPU in float32, reordered copies): once for every chunk
-    weights = decode.prepared_weights(policy, min(batch_size, prompt_ids.shape[0])) if lean else None
+    # the weights as the lean decode reads them (on CPU in float32, reordered copies; rollout_precision=bf16:
+    # bfloat16 copies): once for every chunk
+    rows, bf16 = min(batch_size, prompt_ids.shape[0]), sampling.rollout_precision == "bf16"
+    weights = decode.prepared_weights(policy, rows, bf16) if lean else None
     # on a GPU the same steps at static shapes, replayed as CUDA graphs (rloo.generation.fast_paths says which ran)
     graphs = lean and sampling.cuda_graph and static_decode.why_not_graph(policy) is None
     lean_sample = static_decode.static_generate if graphs else decode.lean_generate

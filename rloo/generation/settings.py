@@ -22,6 +22,7 @@ class SamplingConfig:
     cuda_graph: bool = (
         True  # the lean decode on a GPU: static-shape steps as CUDA graphs (rloo.generation.static_decode)
     )
+    rollout_precision: str = "same"  # bf16: the lean decode's linear products from bfloat16 copies of the weights
 
     @classmethod
     def greedy_decoding(cls, max_new_tokens: int, stop_at_eos: bool, lean_decode: bool) -> "SamplingConfig":
@@ -39,3 +40,4 @@ class SamplingConfig:
 
 
 SAMPLERS = ("inverse_cdf", "multinomial")
+ROLLOUT_PRECISIONS = ("same", "bf16")  # the rollout's linear products: the training precision's, or bfloat16

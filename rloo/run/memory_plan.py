@@ -152,7 +152,9 @@ class Shape:
     activation_checkpointing: bool = False
     mlp_recompute: bool = False  # the MLPs' activations are recomputed in the backward (rloo.models.mlp_recompute)
     sampler: str = "lean_decode"  # lean_decode | hf_generate (which keeps every step's logits, [B, T, V])
-    decode_weight_copy: bool = False  # the lean decode's reordered copy of the linear weights (float32 on CPU)
+    # bytes per element of the lean decode's copy of the linear weights: 4 (float32, reordered for oneDNN on CPU),
+    # 2 (rollout_precision=bf16), 0 (none: it reads the model's own)
+    decode_weight_copy: int = 0
     decode_graph: bool = False  # the lean decode's steps as CUDA graphs (rloo.generation.static_decode), on GPUs
 
 
@@ -224,8 +226,8 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     if shape.sampler == "hf_generate":
         cache += 4 * batch * response * arch.vocab_size * 4
     items["KV cache"] = cache
-    if shape.decode_weight_copy:  # rloo.generation.decode._linear: every linear weight and the head, fp32, sampling
-        items["decode weights"] = (linear + arch.vocab_size * arch.hidden_size) * 4
+    if shape.decode_weight_copy:  # rloo.generation.decode._linear: every linear weight and the head, while sampling
+        items["decode weights"] = (linear + arch.vocab_size * arch.hidden_size) * shape.decode_weight_copy
     if shape.decode_graph:  # the graphs' memory pool: one step's buffers at the largest bucket, kept between replays
         step_values = arch.vocab_size + 8 * arch.hidden_size + 2 * arch.intermediate_size + arch.kv_width
         scores = 3 * arch.heads * (prompt + response) * 4  # float32 scores, probabilities and their copy, per row
@@ -285,7 +287,7 @@ def planned_fast_paths(cfg, arch: Architecture) -> dict[str, tuple[str, str]]:
 
 
 def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]] | None = None) -> Shape:
-    from rloo.generation.fast_paths import decode_reorders_weights, decode_replays_graphs
+    from rloo.generation.fast_paths import decode_replays_graphs
     from rloo.rewards.scoring import MODEL, parse_reward
     from rloo.utils.keys import settings
 
@@ -307,9 +309,18 @@ def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]]
         shared_prefix=paths["policy_forward"][0] == "shared_prefix",
         mlp_recompute=paths.get("policy_activations", ("kept", ""))[0] == "mlp_recompute",
         sampler=paths["sampler"][0],
-        decode_weight_copy=paths["sampler"][0] == "lean_decode" and decode_reorders_weights(cfg),
+        decode_weight_copy=decode_copy_bytes(cfg) if paths["sampler"][0] == "lean_decode" else 0,
         decode_graph=paths["sampler"][0] == "lean_decode" and decode_replays_graphs(cfg),
     )
+
+
+def decode_copy_bytes(cfg) -> int:
+    """Bytes per element of the lean decode's weight copy under `cfg` (Shape.decode_weight_copy)."""
+    from rloo.generation.fast_paths import decode_reorders_weights
+
+    if cfg.get("rollout_precision") == "bf16":
+        return 2
+    return 4 if decode_reorders_weights(cfg) else 0
 
 
 def plan_config(cfg, policy: str | None = None) -> tuple[Architecture, Shape, dict[str, float], dict]:
