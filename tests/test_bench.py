@@ -402,3 +402,31 @@ def test_the_decode_bench_times_reads_and_profiles_the_decode():
     assert min(list(profile["parts_ms_per_step"].values())[:3]) > 0  # products, attention and sampling all seen
     assert result["graph"] == {"used": False, "why_not": "the policy is on cpu; CUDA graphs need a GPU"}
     assert "| linear products |" in markdown(result)
+
+
+def test_the_decode_bench_counts_bfloat16_copies_at_two_bytes():
+    """rollout_precision=bf16 reads every linear layer's weight matrix (the untied head's too) at 2 bytes, the
+    norms and biases as they are: hand-counted for `tiny` as in the float32 count above."""
+    from rloo.bench.decode import step_bytes
+
+    policy, _ = build_models(PRESETS["tiny"])
+    d, inner, vocab, layers = 128, 512, 512, 4
+    matrices = layers * (d * 3 * d + d * d + d * inner + inner * d) + vocab * d
+    others = layers * (3 * d + d + inner + d + 2 * 2 * d) + 2 * d
+    kv = 4 * layers * 2 * d * (4 * 24 + 16 * 8)
+    counted = step_bytes(policy, 4, 16, 24, 16, bf16_weights=True)
+    assert counted == {"weights": 2 * matrices + 4 * others, "kv_cache": kv, "total": 2 * matrices + 4 * others + kv}
+
+
+def test_the_rollout_precision_reaches_every_rloo_worker_and_no_other_mode(tmp_path, capsys):
+    from rloo.bench.__main__ import configurations, parse_args
+
+    args = parse_args(["--presets", "tiny", "--grpo", "grpo", "--rollout-precision", "bf16", "--peers", "none"])
+    runs = configurations(args)
+    assert {run["algorithm"] for run in runs} == {"rloo", "grpo", "ppo"}
+    for run in runs:  # every one of ours: the key as the worker's --set
+        at = run["command"].index("rollout_precision=bf16")
+        assert run["command"][at - 1] == "--set"
+    for argv in (["stability", "--rollout-precision", "bf16"], ["decode", "kl_coef=0.1"]):
+        code, err = bench_in_process(capsys, *argv, "--out", str(tmp_path / "b"))
+        assert code == 2 and len(err.strip().splitlines()) == 1, err

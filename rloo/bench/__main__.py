@@ -49,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "overrides",
         nargs="*",
-        help="quality, stability, gpu: extra `python -m rloo.train` overrides for every run on the embedded task",
+        help="quality, stability, gpu, strategies: extra `python -m rloo.train` overrides for every run on the "
+        "embedded task; speed: train.yaml keys for every rloo worker (as its --set)",
     )
     parser.add_argument(
         "--presets",
@@ -78,6 +79,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="RLOO epochs x mini-batches per rollout, for rloo and TRL alike (the published recipe: 2x2)",
     )
     parser.add_argument("--precision", default="32-true", help="Lightning precision of our runs (TRL runs fp32 on CPU)")
+    parser.add_argument(
+        "--rollout-precision",
+        choices=("same", "bf16"),
+        default="same",
+        help="speed and decode: rloo's rollout at the training precision, or from bfloat16 copies of the weights "
+        "(rollout_precision=bf16; TRL's rows are unchanged)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads in every configuration")
     parser.add_argument(
@@ -130,6 +138,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--presets: {error}")
         if preset.needs_gpu and args.device != "cuda":
             parser.error(f"--presets: {name!r} is sized for a GPU; add --device cuda or choose a CPU preset")
+    if args.overrides and args.mode in ("decode", "logprobs"):
+        parser.error(f"overrides {' '.join(args.overrides)!r}: the {args.mode} mode runs no training and reads none")
+    if args.rollout_precision != "same" and args.mode not in ("speed", "decode"):
+        parser.error(f"--rollout-precision: the {args.mode} mode does not read it (speed and decode do)")
     args.grpo = [] if args.grpo == "none" else args.grpo.split(",")
     if unknown := [name for name in args.grpo if name not in GRPO_FAMILY]:
         parser.error(f"--grpo: {unknown[0]!r} is not one of {', '.join(GRPO_FAMILY)}, or none")
@@ -189,6 +201,7 @@ def configurations(args) -> list[dict]:
             args.precision,
             "--device",
             args.device,
+            *[flag for key in worker_settings(args) for flag in ("--set", key)],
         ]
         epochs, _, minis = args.rloo_schedule.partition("x")
         micro = get_preset(preset).completions_per_step // int(minis)
@@ -266,6 +279,13 @@ def configurations(args) -> list[dict]:
                     )
                 )
     return runs
+
+
+def worker_settings(args) -> list[str]:
+    """The train.yaml keys every rloo worker of a speed run sets: the positional overrides and the rollout's
+    precision."""
+    precision = [f"rollout_precision={args.rollout_precision}"] if args.rollout_precision != "same" else []
+    return [*args.overrides, *precision]
 
 
 def run_one(run: dict, out_dir: Path, timeout: int) -> dict:
@@ -486,7 +506,7 @@ def main(argv=None) -> None:
         from rloo.bench import decode
 
         preset = args.presets.split(",")[0]
-        result = decode.measure(preset, args.device, args.threads)
+        result = decode.measure(preset, args.device, args.threads, bf16_weights=args.rollout_precision == "bf16")
         result |= {"date": now.isoformat(timespec="seconds"), "machine": machine()}
         (out_dir / "decode.json").write_text(json.dumps(result, indent=2))
         table = f"{result['machine']['cpu']}, torch {result['machine']['torch']}\n\n" + decode.markdown(result)

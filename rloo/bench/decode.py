@@ -35,13 +35,17 @@ from rloo.bench.measure import SUM_BYTES, seconds, sum_read_rate
 LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear")
 
 
-def step_bytes(model, num_prompts: int, rows: int, prompt_length: int, new_tokens: int) -> dict[str, float]:
-    """Bytes one decode step reads, on average over a decode of `new_tokens`: weights and KV cache."""
+def step_bytes(
+    model, num_prompts: int, rows: int, prompt_length: int, new_tokens: int, bf16_weights: bool = False
+) -> dict[str, float]:
+    """Bytes one decode step reads, on average over a decode of `new_tokens`: weights and KV cache. bf16_weights:
+    every linear layer's weight matrix (the LM head's too) read from a bfloat16 copy, 2 bytes an element."""
     from rloo.families import architecture_from_config
 
     embedding = model.get_input_embeddings().weight
     params = {id(p): p for p in model.parameters()}  # a tied head counts once
-    weights = sum(p.numel() * p.element_size() for p in params.values())
+    halved = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)} if bf16_weights else set()
+    weights = sum(p.numel() * (2 if id(p) in halved else p.element_size()) for p in params.values())
     if not any(p is embedding for p in (model.get_output_embeddings().weight,)):
         weights -= embedding.numel() * embedding.element_size()  # the untied embedding: a row per token only
     arch = architecture_from_config(model.config.to_dict())
@@ -107,8 +111,10 @@ def measure(
     threads: int = 2,
     repeats: int = 3,
     profile: bool = True,
+    bf16_weights: bool = False,
 ) -> dict:
-    """The decode's ms per token, bytes per step, read rate against torch.sum's, and (CPU) the op profile."""
+    """The decode's ms per token, bytes per step, read rate against torch.sum's, and (CPU) the op profile.
+    bf16_weights: the linear products from bfloat16 copies (rollout_precision=bf16), their bytes counted as such."""
     from transformers import AutoModelForCausalLM
 
     from rloo.bench.presets import get_preset, model_config, random_prompts
@@ -130,13 +136,13 @@ def measure(
     def sampling(tokens: int, graph: bool = False) -> SamplingConfig:  # every row runs to its last token
         return SamplingConfig(tokens, 1.0, 0, 1.0, False, False, True, "inverse_cdf", graph)
 
-    weights = prepared_weights(model, rows)
+    weights = prepared_weights(model, rows, bf16=bf16_weights)
 
     def decode(tokens: int, graph: bool = False):  # graph=False: the eager loop, wherever it runs
         sample = static_generate if graph else lean_generate
         return lambda: sample(model, prompts, mask, sampling(tokens, graph), 0, 1, weights=weights)
 
-    nbytes = step_bytes(model, preset.prompts_per_step, rows, preset.prompt_length, new_tokens)
+    nbytes = step_bytes(model, preset.prompts_per_step, rows, preset.prompt_length, new_tokens, bf16_weights)
     decode(new_tokens)()  # warm-up: first-call allocations, oneDNN's kernels
     full, first, sums = [], [], []
     for _ in range(repeats):  # each decode between two sums: the pair's ratio, as the machine's speed drifts
@@ -154,6 +160,7 @@ def measure(
         "preset": preset_name,
         "device": device,
         "dtype": str(dtype).removeprefix("torch."),
+        "linear_weights": "bfloat16 copies" if bf16_weights else str(dtype).removeprefix("torch."),
         "rows": rows,
         "prompts": preset.prompts_per_step,
         "prompt_length": preset.prompt_length,
