@@ -182,7 +182,8 @@ def run(args) -> dict:
     ]
     peak_rss = peak_rss_mb()  # before torch.sum's buffer
     step_median = median([s["wall"] for s in timed])
-    read_rate = read_rates(args, preset, module.policy, median([s["generate"] for s in timed]))
+    bf16 = config.sampling.rollout_precision == "bf16"  # the decode reads bfloat16 copies: 2 bytes a weight
+    read_rate = read_rates(args, preset, module.policy, median([s["generate"] for s in timed]), bf16)
     result = {
         "implementation": "rloo",
         "algorithm": args.algorithm,
@@ -227,7 +228,7 @@ def run(args) -> dict:
     return result
 
 
-def read_rates(args, preset, policy, generate_seconds: float) -> dict[str, float]:
+def read_rates(args, preset, policy, generate_seconds: float, bf16_weights: bool) -> dict[str, float]:
     """`torch.sum`'s read rate in this process, after the steps, and the rollout's decode against it: the bytes the
     decode's steps read (rloo.bench.decode.step_bytes, every row to its last token) over the generate phase's time,
     which also holds the prefill and the draws, so the fraction is a lower bound on the decode's own."""
@@ -235,7 +236,8 @@ def read_rates(args, preset, policy, generate_seconds: float) -> dict[str, float
 
     sum_rate = sum_read_rate(SUM_BYTES, torch.device(args.device), torch.float32)
     rows, steps = preset.completions_per_step, preset.response_length - 1
-    decode_bytes = step_bytes(policy, rows // preset.k, rows, preset.prompt_length, preset.response_length)["total"]
+    shape = (rows // preset.k, rows, preset.prompt_length, preset.response_length)
+    decode_bytes = step_bytes(policy, *shape, bf16_weights)["total"]
     generate_rate = decode_bytes * steps / generate_seconds
     return {
         "sum_gb_per_s": sum_rate / 1e9,
