@@ -7,8 +7,10 @@ Llama, Qwen2, Qwen3, Mistral, Gemma 2): prefill each distinct left-padded prompt
 step, dropping rows from the batch once they end. Per layer the cache is in two parts, each holding a head's keys
 and then its values (so reading the keys reads no value bytes): the prompt's (`[U, kv_heads, 2, P, head_dim]`, one
 per distinct prompt, read once per step by all k rows of the prompt) and each row's own completion
-(`[B, kv_heads, 2, max_new, head_dim]`); one softmax spans both. On CPU, float32 linear layers run through oneDNN,
-their weights reordered into its blocked layout once per rollout or evaluation pass (`prepared_weights`).
+(`[B, kv_heads, 2, max_new, head_dim]`); one softmax spans both (in float32 on CPU through the fused attention kernel,
+the two parts merged by their log-sum-exps). On CPU, float32 linear layers run through oneDNN, their weights
+reordered into its blocked layout once per rollout or evaluation pass (`prepared_weights`); `rollout_precision=bf16`
+reads bfloat16 copies instead.
 The draws themselves (rloo.generation.sampling.sample_tokens) follow HF's order. On a GPU (`sampling.cuda_graph`) the
 rollout runs the same step at static shapes, replayed as a CUDA graph (rloo.generation.static_decode).
 Plain torch + transformers; no Lightning or Hydra.
