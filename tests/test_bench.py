@@ -430,3 +430,17 @@ def test_the_rollout_precision_reaches_every_rloo_worker_and_no_other_mode(tmp_p
     for argv in (["stability", "--rollout-precision", "bf16"], ["decode", "kl_coef=0.1"]):
         code, err = bench_in_process(capsys, *argv, "--out", str(tmp_path / "b"))
         assert code == 2 and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_worker_stores_the_frozen_models_as_a_run_does():
+    """`--set model.frozen_dtype=bfloat16` stores the reference and the reward model in bfloat16, as rloo.train loads
+    them; the policy trains in float32."""
+    from rloo.bench.worker import build_module, parse_args
+
+    preset = PRESETS["tiny"]
+    args = parse_args(["--algorithm", "rloo", "--preset", "tiny", "--out", "x", "--set", "model.frozen_dtype=bfloat16"])
+    policy, reward_model = build_models(preset)
+    module, _ = build_module(args, preset, build_tokenizer(preset.vocab_size), policy, reward_model)
+    assert next(module.reward_model.parameters()).dtype == torch.bfloat16
+    assert next(module.reference.parameters()).dtype == torch.bfloat16
+    assert next(module.policy.parameters()).dtype == torch.float32

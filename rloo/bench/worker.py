@@ -92,7 +92,7 @@ class StepClock:
 def build_module(args, preset, tokenizer, policy, reward_model):
     """The module of `args.algorithm` with conf/train.yaml's settings, the preset's shape and `--set` on top."""
     from rloo.config.checks import ConfigError, validate_train_config
-    from rloo.models.loading import freeze
+    from rloo.models.loading import DTYPES, freeze
     from rloo.run.assemble import build_module as build
     from rloo.run.assemble import policy_and_reference
     from rloo.run.cli import compose_train_config
@@ -126,7 +126,7 @@ def build_module(args, preset, tokenizer, policy, reward_model):
     except Exception as error:  # Hydra's own: an unknown key
         raise SystemExit(f"error: --set: {str(error).splitlines()[0]}") from None
     policy, reference = policy_and_reference(cfg, policy, None)  # as rloo.train builds them
-    freeze(reward_model)
+    freeze(reward_model.to(DTYPES[cfg.model.frozen_dtype]))  # stored as rloo.train loads it (load_reward_model)
     value_model = lambda: copy.deepcopy(reward_model).requires_grad_(True)  # noqa: E731  (initialised from the reward model)
     module = build(cfg, policy, reference, reward_model, tokenizer, steps, value_model)
     return module, module.config
