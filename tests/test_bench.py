@@ -432,15 +432,19 @@ def test_the_rollout_precision_reaches_every_rloo_worker_and_no_other_mode(tmp_p
         assert code == 2 and len(err.strip().splitlines()) == 1, err
 
 
-def test_the_worker_stores_the_frozen_models_as_a_run_does():
+@pytest.mark.parametrize("algorithm", ["rloo", "ppo"])
+def test_the_worker_stores_the_frozen_models_as_a_run_does(algorithm):
     """`--set model.frozen_dtype=bfloat16` stores the reference and the reward model in bfloat16, as rloo.train loads
-    them; the policy trains in float32."""
+    them; the policy (and PPO's value model, initialised from the reward model) train in float32."""
     from rloo.bench.worker import build_module, parse_args
 
     preset = PRESETS["tiny"]
-    args = parse_args(["--algorithm", "rloo", "--preset", "tiny", "--out", "x", "--set", "model.frozen_dtype=bfloat16"])
+    argv = ["--algorithm", algorithm, "--preset", "tiny", "--out", "x", "--set", "model.frozen_dtype=bfloat16"]
     policy, reward_model = build_models(preset)
-    module, _ = build_module(args, preset, build_tokenizer(preset.vocab_size), policy, reward_model)
+    module, _ = build_module(parse_args(argv), preset, build_tokenizer(preset.vocab_size), policy, reward_model)
     assert next(module.reward_model.parameters()).dtype == torch.bfloat16
     assert next(module.reference.parameters()).dtype == torch.bfloat16
     assert next(module.policy.parameters()).dtype == torch.float32
+    if algorithm == "ppo":
+        value = next(module.value_model.parameters())
+        assert value.dtype == torch.float32 and value.requires_grad

@@ -127,7 +127,8 @@ def build_module(args, preset, tokenizer, policy, reward_model):
         raise SystemExit(f"error: --set: {str(error).splitlines()[0]}") from None
     policy, reference = policy_and_reference(cfg, policy, None)  # as rloo.train builds them
     freeze(reward_model.to(DTYPES[cfg.model.frozen_dtype]))  # stored as rloo.train loads it (load_reward_model)
-    value_model = lambda: copy.deepcopy(reward_model).requires_grad_(True)  # noqa: E731  (initialised from the reward model)
+    # PPO's value model: initialised from the reward model and trained in float32, as rloo.train's load_value_model
+    value_model = lambda: copy.deepcopy(reward_model).float().requires_grad_(True)  # noqa: E731
     module = build(cfg, policy, reference, reward_model, tokenizer, steps, value_model)
     return module, module.config
 
