@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from rloo.evaluation.intervals import difference_interval, seed_interval, t_975  # noqa: F401 (rloo.report API)
+from rloo.evaluation.intervals import PROPORTIONS, difference_interval, seed_interval, t_975  # noqa: F401 (API)
 from rloo.utils.host import describe
 
 COLUMNS = [
@@ -189,6 +189,12 @@ def metric_of(job: dict, metric: str) -> float | None:
     return job.get("win_rate") if metric == "win_rate" else (job.get("outcomes") or {}).get(metric)
 
 
+def metric_range(metric: str) -> tuple[float, float] | None:
+    """(0, 1) for a proportion (the win rate, accuracy, pass@k, majority vote), whose intervals stay inside it;
+    None for a reward function's mean, which may lie anywhere."""
+    return (0.0, 1.0) if metric == "win_rate" or metric.startswith(PROPORTIONS) else None
+
+
 def differences_markdown(rows: list[dict], metric: str = "win_rate") -> str:
     """Every pair of settings with two seeds or more, the better first: the difference of their mean final `metric`
     (the win rate, or a verifiable outcome) and its 95% interval (difference_interval); "yes" where the interval
@@ -223,7 +229,7 @@ def by_setting(rows: list[dict]) -> list[dict]:
     seeds, the other columns as means."""
     table, metric = [], headline_metric(rows)
     for setting, jobs in finished_by_setting(rows, metric).items():
-        mean, low, high = seed_interval([metric_of(j, metric) for j in jobs])
+        mean, low, high = seed_interval([metric_of(j, metric) for j in jobs], metric_range(metric))
         averaged = {
             key: statistics.fmean(values) if (values := [j[key] for j in jobs if j.get(key) is not None]) else None
             for key in ("score", "reward", "kl", "episodes", "train_seconds", "wall_seconds", "peak_rss_mb")
@@ -280,7 +286,7 @@ def verifiable_markdown(rows: list[dict]) -> str:
         cells = []
         for metric in metrics:
             values = [v for j in groups[setting] if (v := metric_of(j, metric)) is not None]
-            mean, low, high = seed_interval(values) if values else (None, None, None)
+            mean, low, high = seed_interval(values, metric_range(metric)) if values else (None, None, None)
             cells.append("-" if mean is None else f"{mean:.3f} [{low:.3f}, {high:.3f}]")
         lines.append(f"| {setting} | {len(groups[setting])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -319,7 +325,8 @@ def draw_outcomes(axes, groups: dict[str, list[dict]], metrics: list[str]) -> No
     for n, setting in enumerate(sorted(groups)):
         means, lows, highs = [], [], []
         for metric in metrics:
-            mean, low, high = seed_interval([v for j in groups[setting] if (v := metric_of(j, metric)) is not None])
+            values = [v for j in groups[setting] if (v := metric_of(j, metric)) is not None]
+            mean, low, high = seed_interval(values, metric_range(metric))
             means, lows, highs = means + [mean], lows + [mean - low], highs + [high - mean]
         xs = [i - 0.4 + width * (n + 0.5) for i in range(len(metrics))]
         axes.errorbar(xs, means, yerr=[lows, highs], fmt="o", capsize=3, label=f"{setting} ({len(groups[setting])})")

@@ -36,11 +36,12 @@ def test_sft_policy_vs_references_with_the_oracle(finished_run):
         scores.count(0.0),
         0,
     )
-    rate = statistics.fmean(scores)
-    half = 1.959964 * statistics.stdev(scores) / len(scores) ** 0.5
+    rate, n, z2 = statistics.fmean(scores), len(scores), 1.959964**2  # Wilson's interval at n = 16
+    centre = (rate + z2 / (2 * n)) / (1 + z2 / n)
+    half = (z2 * (rate * (1 - rate) / n + z2 / (4 * n * n))) ** 0.5 / (1 + z2 / n)
     assert abs(summary["win_rate"] - rate) < 1e-9
-    assert abs(summary["win_rate_ci_low"] - max(0.0, rate - half)) < 1e-5
-    assert abs(summary["win_rate_ci_high"] - min(1.0, rate + half)) < 1e-5
+    assert abs(summary["win_rate_ci_low"] - max(0.0, centre - half)) < 1e-5
+    assert abs(summary["win_rate_ci_high"] - min(1.0, centre + half)) < 1e-5
     assert summary["mean_length"] == statistics.fmean(v["length"] for v in verdicts)
     assert "win rate" in result.stdout and "95% CI" in result.stdout
 

@@ -20,24 +20,28 @@ from tests.tiny_models import tiny_model
 
 
 def test_win_rate_and_interval_by_hand():
-    # scores 1, 1, 0.5, 0 (one invalid left out): rate 2.5/4 = 0.625
-    # deviations .375 .375 -.125 -.625 -> squares sum 0.6875; sample var 0.6875/3 = 0.229167;
-    # stderr sqrt(0.229167/4) = 0.239357
-    # 1.959964 * 0.239357 = 0.469131 -> [0.155869, 1.094131 clipped to 1]
+    # scores 1, 1, 0.5, 0 (one invalid left out): rate 2.5/4 = 0.625; Wilson at n = 4, z = 1.959964:
+    # denominator 1 + z^2/4 = 1.960365; centre (0.625 + z^2/8) / 1.960365 = 0.563764;
+    # half z * sqrt(0.625 * 0.375 / 4 + z^2 / 64) / 1.960365 = z * sqrt(0.058594 + 0.060023) / 1.960365 = 0.344337
     s = win_rate_summary([1.0, 1.0, 0.5, 0.0, None])
     assert (s["wins"], s["ties"], s["losses"], s["invalid"], s["num_judged"]) == (2, 1, 1, 1, 4)
     assert s["win_rate"] == 0.625
-    assert s["win_rate_ci_low"] == pytest.approx(0.155869, abs=1e-6) and s["win_rate_ci_high"] == 1.0
+    assert s["win_rate_ci_low"] == pytest.approx(0.219427, abs=1e-5)
+    assert s["win_rate_ci_high"] == pytest.approx(0.908101, abs=1e-5)  # the normal interval's went past 1
 
 
-def test_interval_narrows_with_n_and_is_exact_for_constant_scores():
-    # 60 wins, 40 losses: p = 0.6, sample sd = sqrt(100/99 * 0.24) = 0.492366, stderr 0.0492366, half-width 0.096502
+def test_interval_narrows_with_n():
+    # 60 wins, 40 losses: p = 0.6, Wilson [0.502003, 0.690599] (tests/test_intervals.py works it by hand)
     s = win_rate_summary([1.0] * 60 + [0.0] * 40)
     assert s["win_rate"] == 0.6
-    assert s["win_rate_ci_low"] == pytest.approx(0.6 - 0.096502, abs=1e-6)
-    assert s["win_rate_ci_high"] == pytest.approx(0.6 + 0.096502, abs=1e-6)
-    ties = win_rate_summary([0.5] * 10)
-    assert ties["win_rate"] == ties["win_rate_ci_low"] == ties["win_rate_ci_high"] == 0.5
+    assert s["win_rate_ci_low"] == pytest.approx(0.502003, abs=1e-6)
+    assert s["win_rate_ci_high"] == pytest.approx(0.690599, abs=1e-6)
+    wide = win_rate_summary([1.0] * 6 + [0.0] * 4)
+    assert wide["win_rate_ci_high"] - wide["win_rate_ci_low"] > 2 * (s["win_rate_ci_high"] - s["win_rate_ci_low"])
+    lost = win_rate_summary(
+        [0.0] * 8
+    )  # every pair lost: [0, z^2/(8 + z^2)] = [0, 3.841459 / 11.841459] = [0, 0.324408]
+    assert lost["win_rate_ci_low"] == 0.0 and lost["win_rate_ci_high"] == pytest.approx(0.324408, abs=1e-6)
 
 
 def test_invalid_is_never_a_win():

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from rloo.data.padding import left_pad
+from rloo.evaluation.intervals import PROPORTIONS, Z_95, proportion_interval
 from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
 from rloo.generation.forward import reward_scores
 from rloo.generation.rollout import chunked, sample_completions
@@ -168,14 +169,16 @@ def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> d
         f"{prefix}mean_length": per_row["length"].mean().item(),
         f"{prefix}eos_frac": per_row["eos"].mean().item(),
     }
-    for key in [k for k in per_row if k.startswith(MEANS_WITH_INTERVALS)]:  # mean, normal 95% interval over rows
+    for key in [k for k in per_row if k.startswith(MEANS_WITH_INTERVALS)]:  # mean and its 95% interval over rows
         values = per_row[key][torch.isfinite(per_row[key])].double()  # not a failure (nan) nor a None (-inf)
         if len(values):
             mean = values.mean().item()
-            half = 1.96 * values.std().item() / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-            summary.update(
-                {f"{prefix}{key}": mean, f"{prefix}{key}_ci_low": mean - half, f"{prefix}{key}_ci_high": mean + half}
-            )
+            if key.startswith(PROPORTIONS):  # in [0, 1] at any n: Wilson's
+                low, high = proportion_interval(mean, len(values))
+            else:  # a reward function's values, any range: the normal interval of their mean
+                half = Z_95 * values.std().item() / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+                low, high = mean - half, mean + half
+            summary.update({f"{prefix}{key}": mean, f"{prefix}{key}_ci_low": low, f"{prefix}{key}_ci_high": high})
     scores = per_row["score"]
     if not torch.isnan(scores).all():
         summary[f"{prefix}score"] = scores[~torch.isnan(scores)].mean().item()

@@ -1,9 +1,32 @@
-"""95% intervals over seeds: a mean (Student's t), the difference of two means (Welch), and any linear contrast of
-several settings' means (Welch-Satterthwaite), such as the main effects and interactions of a factorial sweep."""
+"""95% intervals: a proportion over rows (Wilson's score interval); over seeds, a mean (Student's t), the difference
+of two means (Welch), and any linear contrast of several settings' means (Welch-Satterthwaite), such as the main
+effects and interactions of a factorial sweep."""
 
 from __future__ import annotations
 
+import math
 import statistics
+
+Z_95 = 1.959963984540054  # standard normal two-sided 95% quantile
+PROPORTIONS = ("pass@", "majority_vote", "accuracy")  # evaluation outcomes in [0, 1] (with the win rate): Wilson's
+
+
+def proportion_interval(mean: float, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson's score interval for a proportion: the mean `mean` of n values in [0, 1] (0/1 outcomes: correct,
+    majority vote right; or fractions: a tie as half a win, pass@k's unbiased estimate per row). Inside [0, 1]
+    by construction, and its coverage holds at small n and near 0 or 1 where the normal interval's does not
+    (Brown, Cai & DasGupta 2001). For fractions the binomial variance p (1 - p) bounds theirs, so it is
+    conservative there. n = 0: (nan, nan)."""
+    if n <= 0:
+        return math.nan, math.nan
+    p = min(max(mean, 0.0), 1.0)
+    z2 = z * z
+    denominator = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1.0 - p) / n + z2 / (4 * n * n)) / denominator
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if p == 0.0 else low), (1.0 if p == 1.0 else high)  # exact ends where rounding misses them
+
 
 # two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1); beyond the table, the normal's
 T_975 = {
@@ -30,13 +53,18 @@ def t_975(df: float) -> float:
     return T_975[max(d for d in T_975 if d <= df)] if df <= max(T_975) else 1.96
 
 
-def seed_interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% interval over seeds (Student's t on their standard error); one seed: no interval."""
+def seed_interval(values: list[float], within: tuple[float, float] | None = None) -> tuple[float, float, float]:
+    """Mean and 95% interval over seeds (Student's t on their standard error); one seed: no interval. `within`: the
+    range the mean cannot leave (a proportion's (0, 1)), to which the interval is cut: the cut keeps every mean
+    the interval covered."""
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, mean, mean
     half = t_975(len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
-    return mean, mean - half, mean + half
+    low, high = mean - half, mean + half
+    if within is not None:
+        low, high = max(low, within[0]), min(high, within[1])
+    return mean, low, high
 
 
 def difference_interval(a: list[float], b: list[float]) -> tuple[float, float, float]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 from dataclasses import dataclass
 
 import torch
 
+from rloo.evaluation.intervals import proportion_interval
 from rloo.rewards.user_code import Interrupted, call_guarded, one_line
 from rloo.utils.errors import JudgeFailed
 
@@ -121,16 +121,10 @@ def swap_orders(seed: int, prompts: list[str], candidates: list[str], others: li
     ]
 
 
-Z_95 = 1.959963984540054  # standard normal quantile for a two-sided 95% interval
-
-
 def win_rate_summary(outcomes: list[float | None]) -> dict[str, float | int]:
-    """Win rate of the candidate with a tie counted as half, over the valid judgements, with a 95% interval.
-
-    The interval is the normal approximation of the mean of the per-pair scores s_i in {1, 0.5, 0}:
-    rate +- z * sqrt(sum (s_i - rate)^2 / (n - 1)) / sqrt(n), clipped to [0, 1]. Invalid judgements are
-    counted, and left out of the rate (never a win).
-    """
+    """Win rate of the candidate with a tie counted as half, over the valid judgements, with its 95% interval:
+    Wilson's score interval at that rate and the number judged (rloo.evaluation.intervals.proportion_interval),
+    inside [0, 1] at any n. Invalid judgements are counted, and left out of the rate (never a win)."""
     valid = [s for s in outcomes if s is not None]
     wins, ties, losses = (sum(s == v for s in valid) for v in (1.0, 0.5, 0.0))
     n = len(valid)
@@ -138,6 +132,5 @@ def win_rate_summary(outcomes: list[float | None]) -> dict[str, float | int]:
     if n == 0:
         return {**summary, "win_rate": float("nan"), "win_rate_ci_low": float("nan"), "win_rate_ci_high": float("nan")}
     rate = (wins + 0.5 * ties) / n
-    stderr = math.sqrt(sum((s - rate) ** 2 for s in valid) / (n - 1) / n) if n > 1 else float("inf")
-    low, high = max(0.0, rate - Z_95 * stderr), min(1.0, rate + Z_95 * stderr)
+    low, high = proportion_interval(rate, n)
     return {**summary, "win_rate": rate, "win_rate_ci_low": low, "win_rate_ci_high": high}
