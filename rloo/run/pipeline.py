@@ -62,6 +62,11 @@ def run(cfg: DictConfig) -> dict:
         with stopped_while_building(record):
             pieces = build(plan, record)
         return fit(plan, pieces, record)
+    except BaseException as error:
+        from rloo.run.failures import record_failure
+
+        record_failure(Path(cfg.paths.output_dir), error)
+        raise
     finally:  # a sweep's jobs share a process: each job's dir is released as the job ends
         ownership.release(Path(cfg.paths.output_dir))
 

@@ -72,6 +72,11 @@ def take(run_dir: Path, log) -> None:
     _held[str(run_dir)] = lock
 
 
+def owns(run_dir: Path) -> bool:
+    """Whether this process holds `run_dir` (took it, or goes on unguarded where locks are missing)."""
+    return str(Path(run_dir).expanduser().resolve()) in _held
+
+
 def own_output_dir(cfg) -> Path:
     """An entry point's run dir (paths.output_dir, the dir Hydra made) taken for this process, its lines to stderr:
     rloo.evaluate, rloo.sft and rloo.reward own theirs as rloo.train does (a no-op where the command line named it

@@ -1,0 +1,67 @@
+"""A failed run's dir says why it failed: summary.json's `error` and the last line of train.log hold the one line
+the console printed. Interruptions (SIGTERM, Ctrl-C) are not failures: the run's own handlers record them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE
+
+
+def is_interruption(error: BaseException) -> bool:
+    """SIGTERM or Ctrl-C, in whichever form it reached the run: not a failure (summary.json says interrupted)."""
+    from rloo.rewards.user_code import Interrupted as UserCodeInterrupted
+    from rloo.utils.errors import Stopped
+
+    if isinstance(error, SystemExit):
+        return error.code in (SIGTERM_EXIT_CODE, CTRL_C_EXIT_CODE)
+    if isinstance(error, (KeyboardInterrupt, Stopped, UserCodeInterrupted)):
+        return True
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    return isinstance(error, SIGTERMException)
+
+
+def failure_line(error: BaseException) -> str:
+    """The one line a failure is told by: rloo's own errors as the console's `error:` line has them, anything else
+    as `TypeName: first line`."""
+    from rloo.rewards.user_code import one_line
+    from rloo.utils import errors
+
+    ours = tuple(v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, Exception))
+    text = str(error).strip()
+    return text.splitlines()[0] if isinstance(error, ours) and text else one_line(error)
+
+
+def record_failure(out: Path, error: BaseException) -> None:
+    """A failed run's dir says why: summary.json gets `"status": "failed"` and the one-line `error` (over what the
+    run recorded so far), and train.log ends with `error: <line>` (the console has it on stderr). Only in a dir this
+    process owns (never in one another live run holds) and on the first rank; interruptions say so elsewhere."""
+    from rloo.run.cli import further_rank
+    from rloo.utils import atomic, ownership
+
+    if is_interruption(error) or further_rank() or not ownership.owns(out):
+        return
+    line = failure_line(error)
+    path = out / "summary.json"
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    summary = (previous if isinstance(previous, dict) else {}) | {"status": "failed", "error": line}
+    try:
+        atomic.write_text(path, json.dumps(summary, indent=2), "the run summary")
+    except Exception:  # a full disk: the console's line is what is left
+        pass
+    log_file_only(out / "train.log", f"error: {line}")
+
+
+def log_file_only(path: Path, line: str) -> None:
+    """`line` through the root logger's file handler for `path` (the run's train.log), not its console handler:
+    the console already has the line on stderr."""
+    record = logging.LogRecord("rloo", logging.ERROR, __file__, 0, line, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).resolve() == path.resolve():
+            handler.handle(record)
