@@ -39,7 +39,7 @@ def run(cfg: DictConfig) -> dict:
     import torch
 
     from rloo.config.checks import eval_sampling
-    from rloo.data.prompts import SplitSpec, load_split, tokenize_prompts
+    from rloo.data.prompts import SplitSpec, load_split, system_prompt_note, tokenize_prompts
     from rloo.evaluation.heldout import complete, evaluate_policy, summarize_eval
     from rloo.judges import build_judge
     from rloo.models.loading import load_policy, load_reward_model, load_tokenizer
@@ -70,7 +70,11 @@ def run(cfg: DictConfig) -> dict:
         cfg.data.max_prompt_length,
         cfg.data.truncate_prompts,
         "data.validation",
+        cfg.data.get("system_prompt"),
     )
+    note, _ = system_prompt_note(rows, tokenizer, cfg.data.get("system_prompt"), f"data.validation ({spec.path})")
+    if note is not None:
+        log(note)
     rows = rows[: cfg.eval.num_prompts]
     log(
         f"data: {len(rows)} held-out prompts from {spec.path} ({over} over {cfg.data.max_prompt_length} tokens, "

@@ -27,9 +27,9 @@ def write_project(root):
         "  validation: {path: prompts.jsonl, reference_column: null}\n"
         "reward: my_rewards:mentions_answer\n"
     )
-    (root / "my_rewards.py").write_text(
+    (root / "my_rewards.py").write_text(  # TRL's conversational form: each completion a list of messages
         "def mentions_answer(completions, answer, **kwargs):\n"
-        "    return [float(a in c) for c, a in zip(completions, answer)]\n"
+        "    return [float(a in c[0]['content']) for c, a in zip(completions, answer)]\n"
     )
     with open(root / "prompts.jsonl", "w") as f:
         for i in range(32):
@@ -111,8 +111,8 @@ def test_a_callable_no_module_can_import_is_registered_for_this_process():
         reward_spec([first, second], [1.0])
 
 
-def scored_mentions(prompts, completions, answer):
-    return [None if i % 3 == 0 else float(a in c) for i, (c, a) in enumerate(zip(completions, answer))]
+def scored_mentions(prompts, completions, answer):  # chat prompts: TRL's conversational form
+    return [None if i % 3 == 0 else float(a in c[0]["content"]) for i, (c, a) in enumerate(zip(completions, answer))]
 
 
 def test_rloo_fit_runs_from_python_with_callables_and_a_dataset(embedded_task, tmp_path, monkeypatch):

@@ -87,9 +87,13 @@ class OnlineRLModule(LightningModule):
             timer=timer,
             shared_prefix=cfg.shared_prefix,
         )
-        if self.reward is not None:  # the functions of reward= see text: prompts and completions, decoded
-            with timer("reward_functions"):
-                prompts = self.tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True)
+        if self.reward is not None:  # the functions of reward= get TRL's arguments: completions decoded, and the
+            with timer("reward_functions"):  # prompts as the data has them (chat messages, or text decoded)
+                messages = batch.get("prompt_messages") or []
+                if messages and all(m is not None for m in messages):
+                    prompts = [m for m in messages for _ in range(cfg.k)]
+                else:
+                    prompts = self.tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True)
                 completions = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
                 rows = [row for row in batch.get("columns", []) for _ in range(cfg.k)]  # each prompt's, k times
                 columns = {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}

@@ -85,6 +85,7 @@ class DataKeys:
     validation: SplitSpec = key(FIXED)
     max_prompt_length: int = key(FIXED, low=1)
     truncate_prompts: bool = key(FIXED)
+    system_prompt: str | None = key(FIXED)
     shuffle: bool = key(FIXED)
     num_workers: int = key(APPLIED, low=0)
 

@@ -1,7 +1,7 @@
 """Prompts for RL: `PromptDataModule` over HF `datasets`, left-padded, with exact rollout counts.
 
 A prompt column holds plain text or a list of chat messages; a trailing assistant message is the
-reference completion and the rest is rendered with the tokenizer's chat template.
+reference completion and the rest is rendered with the tokenizer's chat template (rloo.data.chat).
 """
 
 from __future__ import annotations
@@ -14,6 +14,13 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Sampler
 
+from rloo.data.chat import (
+    has_system_message,
+    is_empty_prompt,
+    render_prompt,
+    renders_system_messages,
+    template_system_prompt,
+)
 from rloo.data.padding import left_pad
 from rloo.data.settings import SplitSpec
 from rloo.utils.errors import ConfigError
@@ -95,49 +102,22 @@ def _malformed_line(path: Path) -> str | None:
     return None
 
 
-def render_prompt(value, tokenizer, where: str) -> tuple[str, str | None]:
-    """(prompt text, reference from a trailing assistant message or None)."""
-    if isinstance(value, str):
-        return value, None
-    if not isinstance(value, (list, tuple)) or not all(
-        isinstance(m, dict) and "role" in m and "content" in m for m in value
-    ):
-        raise ConfigError(
-            f"{where} holds {type(value).__name__} {str(value)[:40]!r}: text, or a list of chat messages "
-            "{role, content}"
-        )
-    messages = list(value)
-    reference = None
-    if messages and messages[-1]["role"] == "assistant":
-        reference = messages[-1]["content"]
-        messages = messages[:-1]
-    if tokenizer.chat_template is None:
-        raise ConfigError(
-            f"{where} holds chat messages but the tokenizer has no chat template: set model.chat_template"
-        )
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), reference
-
-
-def is_empty_prompt(value) -> bool:
-    """A prompt with nothing to answer: null, blank text, or chat messages whose contents are all blank."""
-    if value is None:
-        return True
-    if isinstance(value, str):
-        return not value.strip()
-    if isinstance(value, (list, tuple)) and all(isinstance(m, dict) for m in value):
-        return not any(str(m.get("content") or "").strip() for m in value)
-    return False  # render_prompt names what it is
-
-
 def tokenize_prompts(
-    dataset: datasets.Dataset, spec: SplitSpec, tokenizer, max_prompt_length: int, truncate: bool, key: str = "data"
+    dataset: datasets.Dataset,
+    spec: SplitSpec,
+    tokenizer,
+    max_prompt_length: int,
+    truncate: bool,
+    key: str = "data",
+    system_prompt: str | None = None,
 ) -> tuple[list[dict], int, int]:
     """Render and tokenize every row; empty prompts are dropped, prompts over max_prompt_length dropped or
-    left-truncated.
+    left-truncated; chat messages get `system_prompt` (rloo.data.chat.with_system_prompt; None: as they are).
 
-    Returns rows {prompt, reference, prompt_ids, columns}, the number of prompts dropped (or truncated) for their
-    length, and the number dropped as empty; `columns` holds the row's other columns by name, for reward functions
-    that ask for them (an `answer`, say).
+    Returns rows {prompt, reference, prompt_ids, columns, messages}, the number of prompts dropped (or truncated)
+    for their length, and the number dropped as empty; `columns` holds the row's other columns by name, for reward
+    functions that ask for them (an `answer`, say); `messages` the chat messages the prompt was rendered from, as
+    TRL's conversational reward functions get them (None for a text prompt).
     """
     for name, column in (("prompt_column", spec.prompt_column), ("reference_column", spec.reference_column)):
         if column is not None and column not in dataset.column_names:
@@ -149,10 +129,11 @@ def tokenize_prompts(
         if is_empty_prompt(example[spec.prompt_column]):
             empty += 1
             continue
-        prompt, reference = render_prompt(
+        prompt, reference, messages = render_prompt(
             example[spec.prompt_column],
             tokenizer,
             f"{key}.prompt_column={spec.prompt_column!r} at row {index} of {spec.path}",
+            system_prompt,
         )
         if spec.reference_column is not None:
             reference = example[spec.reference_column]
@@ -168,8 +149,37 @@ def tokenize_prompts(
                 continue
             ids = ids[-max_prompt_length:]  # keep the end: it holds the question and the generation prompt
         columns = {name: value for name, value in example.items() if name != spec.prompt_column}
-        rows.append({"prompt": prompt, "reference": reference, "prompt_ids": ids, "columns": columns})
+        rows.append(
+            {"prompt": prompt, "reference": reference, "prompt_ids": ids, "columns": columns, "messages": messages}
+        )
     return rows, over_length, empty
+
+
+def system_prompt_note(rows: list[dict], tokenizer, system_prompt: str | None, where: str) -> tuple[str | None, dict]:
+    """What the log and summary.json say of the system message: the line where the tokenizer's template inserts one
+    the data does not have (None where it does not), and the counts. `data.system_prompt` on text prompts does
+    nothing: refused."""
+    chats = [row["messages"] for row in rows if row["messages"] is not None]
+    if system_prompt is not None and not chats:
+        raise ConfigError(
+            f"data.system_prompt={system_prompt!r} sets the system message of chat-message prompts, and {where} holds "
+            "text prompts: remove it, or give prompts as lists of {role, content} messages"
+        )
+    if system_prompt is not None and not renders_system_messages(tokenizer):
+        raise ConfigError(
+            f"data.system_prompt={system_prompt!r} would do nothing: the tokenizer's chat template does not render "
+            "system messages; remove it, or set model.chat_template to one that does"
+        )
+    inserted = template_system_prompt(tokenizer) if chats else None
+    without = sum(not has_system_message(messages) for messages in chats)
+    if inserted is None or without == 0:
+        return None, {}
+    line = (
+        f"data: {where}: the chat template adds a system message the data does not have to {without} of "
+        f"{len(rows)} prompts: {inserted[:100]!r} (data.system_prompt='...' sets one for every row, '' leaves it "
+        "empty)"
+    )
+    return line, {"template_system_prompt": inserted, "prompts_given_it": without}
 
 
 class EpisodeSampler(Sampler[int]):
@@ -244,12 +254,14 @@ class PromptDataModule(LightningDataModule):
         shuffle: bool,
         num_workers: int,
         log=print,
+        system_prompt: str | None = None,
     ):
         super().__init__()
         self.tokenizer, self.train_spec, self.validation_spec = tokenizer, train, validation
         self.max_prompt_length, self.truncate_prompts = max_prompt_length, truncate_prompts
         self.prompts_per_rollout, self.num_rollouts = prompts_per_rollout, num_rollouts
         self.seed, self.shuffle, self.num_workers, self.log_fn = seed, shuffle, num_workers, log
+        self.system_prompt = system_prompt  # data.system_prompt: every chat row's system message (None: as given)
         self.train_rows: list[dict] | None = None
         self.validation_rows: list[dict] | None = None
         self.first_rollout = 0  # a resumed run starts at the prompts of this rollout (rloo.utils.resume)
@@ -268,7 +280,13 @@ class PromptDataModule(LightningDataModule):
     def _prepare(self, name: str, spec: SplitSpec) -> list[dict]:
         dataset = load_split(spec, f"data.{name}")
         rows, over, empty = tokenize_prompts(
-            dataset, spec, self.tokenizer, self.max_prompt_length, self.truncate_prompts, f"data.{name}"
+            dataset,
+            spec,
+            self.tokenizer,
+            self.max_prompt_length,
+            self.truncate_prompts,
+            f"data.{name}",
+            self.system_prompt,
         )
         action = "truncated" if self.truncate_prompts else "dropped"
         self.log_fn(
@@ -276,6 +294,10 @@ class PromptDataModule(LightningDataModule):
             f"{self.max_prompt_length} tokens {action}; {empty} empty dropped"
         )
         self.counts[name] = {"prompts": len(rows), f"over_length_{action}": over, "empty_dropped": empty}
+        note, counts = system_prompt_note(rows, self.tokenizer, self.system_prompt, f"data.{name} ({spec.path})")
+        if note is not None:
+            self.log_fn(note)
+        self.counts[name] |= counts
         if empty == len(dataset):
             raise ConfigError(
                 f"data.{name}: every prompt of {spec.path} is empty ({empty} rows of blank "
@@ -290,7 +312,12 @@ class PromptDataModule(LightningDataModule):
 
     def collate(self, rows: list[dict]) -> dict:
         prompt_ids, prompt_mask = left_pad([row["prompt_ids"] for row in rows], self.tokenizer.pad_token_id)
-        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "columns": [row["columns"] for row in rows]}
+        return {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "columns": [row["columns"] for row in rows],
+            "prompt_messages": [row["messages"] for row in rows],  # None for text prompts
+        }
 
     def train_dataloader(self) -> DataLoader:
         # the sampler splits the prompts across ranks itself (the Trainer runs with use_distributed_sampler=False)

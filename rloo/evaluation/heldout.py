@@ -35,6 +35,14 @@ class VerifiableEval:
     answer: Callable[[str], str | None] | None = None  # null: the completion, stripped
 
 
+def reward_prompts(rows: list[dict]) -> list:
+    """The prompts reward functions get for these rows, as in training: their chat messages where every row has
+    them (TRL's conversational form), else the prompt texts."""
+    if rows and all(row.get("messages") is not None for row in rows):
+        return [row["messages"] for row in rows]
+    return [row["prompt"] for row in rows]
+
+
 def sampled_correctness(
     policy, tokenizer, rows: list[dict], reward, verifiable: VerifiableEval, batch_size: int, device, columns: dict
 ) -> dict[str, torch.Tensor]:
@@ -43,9 +51,9 @@ def sampled_correctness(
     n = verifiable.samples_per_prompt
     repeated = [row for row in rows for _ in range(n)]
     done = complete(policy, tokenizer, repeated, verifiable.sampling, batch_size, device)
-    prompts = [row["prompt"] for row in repeated]
     columns = {name: [value for value in values for _ in range(n)] for name, values in columns.items()}
-    correct = reward.function_total(reward.function_values(prompts, done["texts"], columns)) >= verifiable.correct_at
+    values = reward.function_values(reward_prompts(repeated), done["texts"], columns)
+    correct = reward.function_total(values) >= verifiable.correct_at
     correct = correct.reshape(len(rows), n).tolist()
     answer_of = verifiable.answer or (lambda text: text.strip())
     answers = [answer_of(text) for text in done["texts"]]
@@ -125,7 +133,7 @@ def evaluate_policy(
     }
     if reward is not None and reward.functions:
         columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
-        values = reward.function_values(prompts, done["texts"], columns)
+        values = reward.function_values(reward_prompts(rows), done["texts"], columns)
         for name, value in values.items():
             per_row[f"reward/{name}"] = value.to(scores.device)
         if verifiable is not None:

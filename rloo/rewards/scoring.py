@@ -5,14 +5,19 @@ conf/train.yaml).
     reward=rloo.toy.rule_rewards:topic_recall                    # a function (prompts, completions) -> one float each
     reward='model + 0.5*rloo.toy.rule_rewards:topic_recall'      # a weighted sum; each term is [weight*]name
 
-A function receives the decoded prompts and completions (special tokens removed) as two lists of strings and
-returns a sequence of floats, one per completion: positionally, or by keyword where it names `prompts` or
-`completions` or takes **kwargs (TRL's convention, `def reward(completions, **kwargs)`); any other column of the data
-it names arrives by name. A None is "does not apply": that function adds nothing to that completion's reward (the
-others' weighted values still sum; counted as reward/none/<name>); a completion that no term scores is a failure
-under reward_errors. A function that raises, returns the wrong count or a value that is not
-finite stops the run with a one-line error naming it (`reward_errors=raise`), or, with `reward_errors=mask`, its
-completions get no score: they leave the leave-one-out baseline and are counted (`reward/masked`).
+A function receives the prompts and completions as TRL hands them to its reward functions, and returns a sequence of
+floats, one per completion. Where the data's prompts are text: two lists of strings (decoded, special tokens
+removed). Where they are chat messages (conversational data): `prompts` the message lists the model was prompted with
+(without a trailing assistant reference) and `completions` one message list each, `[{"role": "assistant",
+"content": text}]`, so that `completions[i][0]["content"]` is the text
+(rloo.data.chat.completion_text reads either form).
+Positionally, or by keyword where it names `prompts` or `completions` or takes **kwargs (TRL's convention,
+`def reward(completions, **kwargs)`); any other column of the data it names arrives by name. A None is "does not
+apply": that function adds nothing to that completion's reward (the others' weighted values still sum; counted as
+reward/none/<name>); a completion that no term scores is a failure under reward_errors. A function that raises,
+returns the wrong count or a value that is not finite stops the run with a one-line error naming it
+(`reward_errors=raise`), or, with `reward_errors=mask`, its completions get no score: they leave the leave-one-out
+baseline and are counted (`reward/masked`).
 """
 
 from __future__ import annotations
@@ -123,6 +128,21 @@ def load_function(name: str, key: str = "reward") -> Callable:
     if not callable(function):
         raise ConfigError(f"{key}: {module_name} has no function {function_name!r}")
     return function
+
+
+def is_conversational(prompts: list) -> bool:
+    """Whether prompts are chat messages (TRL's conversational format): each one a list of {role, content} dicts."""
+    return bool(prompts) and all(
+        isinstance(p, (list, tuple)) and all(isinstance(m, dict) and "role" in m for m in p) for p in prompts
+    )
+
+
+def trl_form(prompts: list, completions: list[str]) -> tuple[list, list]:
+    """prompts and completions as TRL gives them to reward functions: for conversational prompts, each completion
+    as the assistant's message list `[{"role": "assistant", "content": text}]`; text prompts leave both as they are."""
+    if not is_conversational(prompts):
+        return prompts, completions
+    return [list(p) for p in prompts], [[{"role": "assistant", "content": text}] for text in completions]
 
 
 def columns_asked_for(function: Callable, columns: dict[str, list]) -> dict[str, list]:
@@ -243,10 +263,12 @@ class Reward:
         return any(t.name == MODEL for t in self.terms)
 
     def __call__(
-        self, prompts: list[str], completions: list[str], model_scores: Tensor | None, columns: dict | None = None
+        self, prompts: list, completions: list[str], model_scores: Tensor | None, columns: dict | None = None
     ) -> Tensor:
-        """sum over terms of weight * value; a term whose function returned None for a completion adds nothing to
+        """sum over terms of weight * value, the functions called in TRL's form (`trl_form`: prompts as the data
+        has them, text or messages); a term whose function returned None for a completion adds nothing to
         it (the weights are not renormalised), and a completion no term scored is a failure under reward_errors."""
+        prompts, completions = trl_form(prompts, completions)
         total = torch.zeros(len(completions), dtype=torch.float32)
         scored = torch.zeros(len(completions), dtype=torch.bool)
         self.last_term_means, self.last_not_applicable, self.last_errors = {}, {}, []
@@ -302,9 +324,10 @@ class Reward:
                 total += term.weight * torch.where(value == NOT_APPLICABLE, 0.0, value)  # a failure (nan) stays
         return total
 
-    def function_values(self, prompts: list[str], completions: list[str], columns: dict | None = None) -> dict:
+    def function_values(self, prompts: list, completions: list[str], columns: dict | None = None) -> dict:
         """Each function term's values `[N]` (nan where it failed, NOT_APPLICABLE where it returned None), by its
         short name (after the colon): what held-out evaluation reports as eval/reward/<name>, over the finite ones."""
+        prompts, completions = trl_form(prompts, completions)
         values = {}
         for name, function in self.functions.items():
             values[name.rsplit(":", 1)[-1]] = call_reward_function(

@@ -297,6 +297,7 @@ def build_data(plan: RunPlan, trainer, evaluation, model_src: dict, data_src: di
         shuffle=cfg.data.shuffle,
         num_workers=cfg.data.num_workers,
         log=plan.log,
+        system_prompt=cfg.data.get("system_prompt"),
     )
     datamodule.first_rollout = plan.resumed_rollouts
     datamodule.setup("fit")

@@ -17,6 +17,7 @@ import re
 import sys
 from pathlib import Path
 
+from rloo.data.chat import completion_text
 from rloo.utils import cache
 
 SPLITS = {"train": (2048, 0), "validation": (256, 1), "test": (256, 2)}  # rows, seed offset
@@ -83,6 +84,7 @@ def final_number(completion: str) -> str | None:
     return found[-1] if found else None
 
 
-def correct(prompts: list[str], completions: list[str], answer: list[str]) -> list[float]:
-    """The correctness reward: 1.0 where the completion's last number is the row's answer, else 0.0."""
-    return [float(final_number(c) == str(a)) for c, a in zip(completions, answer)]
+def correct(prompts: list, completions: list, answer: list[str]) -> list[float]:
+    """The correctness reward: 1.0 where the completion's last number is the row's answer, else 0.0. Completions as
+    text or, for these chat prompts, as TRL's assistant message lists (rloo.data.chat.completion_text)."""
+    return [float(final_number(completion_text(c)) == str(a)) for c, a in zip(completions, answer)]
