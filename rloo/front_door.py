@@ -52,13 +52,16 @@ def fit(
     from rloo.run.pipeline import run
     from rloo.utils import ownership
 
-    argv = preflight(argv)  # the command line's checks, the run dir's included (and taken), before anything is written
+    # the command line's checks, the run dir's included (and taken), before anything is written; a resume's own
+    # settings first (with_the_runs_own_overrides); what the command line says on stderr, said here too
+    argv = preflight(argv, say=lambda line: print(line, file=sys.stderr))
     given = {o.key_or_group for o in CommandLine.parse(argv).overrides}  # the caller's data keys win over the data's
     failed = True
     try:
         with run_logging(out):
             suggested = data_overrides(train_dataset, eval_dataset, out)
             data = [a for a, o in zip(suggested, CommandLine.parse(suggested).overrides) if o.key_or_group not in given]
+            save_overrides(out, argv + data)
             cfg = compose_train_config(argv + data)
             try:
                 summary = run(cfg)
@@ -68,6 +71,23 @@ def fit(
     finally:  # the run dir is this process's while the run lasts, and free again once it returns or raises
         ownership.release(out)
     return summary
+
+
+def save_overrides(out: Path, argv: list[str]) -> None:
+    """The run's overrides where Hydra keeps a command-line run's (.hydra/overrides.yaml), on its first session only,
+    so that `resume=<run dir>` continues it with its own settings from the command line or from rloo.fit."""
+    from rloo.run.cli import SAVED_OVERRIDES
+    from rloo.run.command_line import CommandLine
+    from rloo.utils import atomic
+
+    path = out / SAVED_OVERRIDES
+    if path.exists():
+        return
+    import yaml
+
+    lines = [o.input_line for o in CommandLine.parse(argv).overrides if o.key_or_group != "resume"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(path, yaml.safe_dump(lines, default_flow_style=False), "the run's overrides")
 
 
 def as_overrides(overrides: Sequence[str] | Mapping[str, object]) -> list[str]:

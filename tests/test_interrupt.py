@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.chat_server import answer
-from tests.e2e import FAST, HANG_GUARD_S, ROOT
+from tests.e2e import FAST, HANG_GUARD_S, ROOT, run_module
 
 SIGTERM_EXIT, CTRL_C_EXIT = 128 + 15, 128 + 2  # as a shell reports a process stopped by SIGTERM, by Ctrl-C
 
@@ -72,13 +72,24 @@ def test_a_signal_mid_training_saves_a_checkpoint_and_exits_non_zero(finished_ru
     process.send_signal(sig)
     returncode, output = finish(process)
     assert returncode == code, output[-3000:]
-    assert sig != signal.SIGTERM or "stopped by SIGTERM" in output
     checkpoint = torch.load(run / "checkpoints" / "interrupted.ckpt", weights_only=False)
     assert 2 <= checkpoint["rloo_rollouts"] < 200
     assert all(key.startswith("policy.") for key in checkpoint["state_dict"])
     done = summary(run)
     assert done["status"] == "interrupted" and done["rollouts"] == checkpoint["rloo_rollouts"]
     assert done["final"] is None and not (run / "policy").exists()  # the checkpoint holds the unfinished policy
+    # one line says what was kept and the command that continues the run, which does, with the run's own settings
+    by = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+    command = f"python -m rloo.train resume={run}"
+    assert (
+        f"rloo: stopped by {by} after {done['rollouts']} rollouts; kept checkpoints/interrupted.ckpt (in {run}); "
+        f"continue with: {command}"
+    ) in output.splitlines()
+    if sig == signal.SIGINT:  # the command as printed, with a shorter budget (an applied key) so that it ends soon
+        args = command.split()[3:] + [f"total_episodes={8 * (done['rollouts'] + 1)}"]
+        resumed = run_module("rloo.train", *args, cache=base / "cache")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert summary(run)["status"] == "finished" and summary(run)["rollouts"] == done["rollouts"] + 1
 
 
 @pytest.mark.slow

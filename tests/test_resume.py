@@ -47,9 +47,11 @@ def test_a_run_killed_with_sigkill_and_resumed_ends_bit_identical_to_an_uninterr
     assert returncode == -signal.SIGKILL
     assert not (killed / "policy").exists()  # it really died before the end
 
-    resumed = train(killed, base / "cache", *RUN, "resume=auto")  # as a requeued job would: same dir, auto
+    # as a requeued job would: same dir, auto, and no setting repeated: the run's own overrides are its settings
+    resumed = train(killed, base / "cache", "resume=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resume: from" in resumed.stdout + resumed.stderr
+    assert f"rloo: resume: {killed}'s own settings first: " in resumed.stderr
     assert "resume" not in (killed / ".hydra" / "overrides.yaml").read_text()  # the first run's record is kept
     assert len(list((killed / ".hydra").glob("resumed-*/overrides.yaml"))) == 1
 
@@ -388,3 +390,36 @@ def test_resuming_a_run_stopped_before_its_first_checkpoint_says_how_to_start_it
     )
     with pytest.raises(ConfigError, match="is a dir without checkpoints/"):
         check_resume_argument(str(tmp_path))  # a dir that was never a run
+
+
+def test_a_resume_composes_the_runs_own_overrides_before_the_command_lines(tmp_path):
+    """resume=<run dir> alone continues with what the run was composed from (.hydra/overrides.yaml, as Hydra and
+    rloo.fit save it); a key given beside it is the command line's; the run's --config-dir joins the search path."""
+    from rloo.run.cli import compose_train_config, with_the_runs_own_overrides
+
+    run, conf = tmp_path / "run", tmp_path / "my_conf"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    conf.mkdir()
+    (run / ".hydra" / "overrides.yaml").write_text("- debug=fast\n- rollout_batch_size=16\n- k=4\n- lr=1e-4\n")
+    (run / ".hydra" / "hydra.yaml").write_text(
+        "hydra:\n  runtime:\n    config_sources:\n"
+        "    - {path: hydra.conf, schema: pkg, provider: hydra}\n"
+        f"    - {{path: {conf}, schema: file, provider: command-line}}\n"
+    )
+    said = []
+    argv = with_the_runs_own_overrides([f"resume={run}", "lr=3e-4"], said.append)
+    assert argv == [
+        "debug=fast",
+        "rollout_batch_size=16",
+        "k=4",
+        f"hydra.searchpath=[file://{conf}]",
+        f"resume={run}",
+        "lr=3e-4",
+    ]
+    assert said == [f"rloo: resume: {run}'s own settings first: {' '.join(argv[:4])}"]
+    cfg = compose_train_config([a for a in argv if not a.startswith("hydra.")])
+    assert (cfg.rollout_batch_size, cfg.k, cfg.lr) == (16, 4, 3e-4)
+    assert with_the_runs_own_overrides(["k=2"]) == ["k=2"]  # a fresh run: as it is
+    (run / ".hydra" / "overrides.yaml").unlink()  # a run from before the record: as it is
+    assert with_the_runs_own_overrides([f"resume={run}"]) == [f"resume={run}"]

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from rloo.rewards.scoring import Reward, RewardTerm, parse_reward
 from rloo.run.cli import config_dirs, preflight
@@ -148,6 +149,13 @@ def test_rloo_fit_runs_from_python_with_callables_and_a_dataset(embedded_task, t
     assert None in final and set(final) <= {None, 0.0, 1.0} and all(r["score"] is not None for r in records)
     scored = [v for v in final if v is not None]
     assert summary["final"]["eval/reward/scored_mentions"] == pytest.approx(sum(scored) / len(scored))
+    # the run's overrides are kept where Hydra keeps a command line's: a resume from the dir alone composes them
+    from rloo.run.cli import compose_train_config, with_the_runs_own_overrides
+
+    saved = yaml.safe_load((out / ".hydra" / "overrides.yaml").read_text())
+    assert "debug=fast" in saved and f"data.train.path={out / 'data' / 'train'}" in saved
+    resumed = compose_train_config(with_the_runs_own_overrides([f"resume={out}"]))
+    assert resumed.data.train.path == str(out / "data" / "train") and not resumed.judge  # judge=none
     # the same settings again: refused as the command line refuses a run dir holding a run; resume=auto continues it
     with pytest.raises(ConfigError, match="holds another run's outputs"):
         rloo.fit(["debug=fast"], train_dataset=data, output_dir=out)

@@ -262,7 +262,7 @@ def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
     there, or a run dir that cannot be written or holds another run (check_run_dir)."""
     from rloo.utils.resume import check_resume_argument
 
-    argv = expand_overrides(argv, say) if train else list(argv)
+    argv = expand_overrides(with_the_runs_own_overrides(argv, say), say) if train else list(argv)
     command = CommandLine.parse(argv)
     check_group_choices(command)
     if train:
@@ -274,6 +274,60 @@ def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
     check_resume_argument(None if resume is None else str(resume))
     own_named_run_dir(command)
     return argv
+
+
+SAVED_OVERRIDES = Path(".hydra") / "overrides.yaml"  # a run's first session's overrides, as Hydra saves them
+
+
+def resumed_run_dir(command: CommandLine) -> Path | None:
+    """The run dir a command line continues: resume=<run dir> (or a checkpoint in its checkpoints/), or resume=auto
+    in the run dir it names; None for a fresh run."""
+    from rloo.utils.resume import run_dir_of
+
+    resume = command.value("resume")
+    if resume in (None, "null", "None", ""):
+        return None
+    if str(resume) == "auto":
+        named = named_run_dirs(command)
+        return named[0][1] if named else None
+    found = run_dir_of(str(resume))
+    return Path(found) if found else None
+
+
+def with_the_runs_own_overrides(argv: list[str], say=None) -> list[str]:
+    """A resume continues with the run's own settings: the overrides its first session was composed from
+    (<run dir>/.hydra/overrides.yaml, which Hydra writes and rloo.fit writes too) come first, and the command line's
+    after them, so that a key given again is the command line's (compare_with_resumed_run then refuses a fixed one
+    that differs). The config dir the run was composed with (--config-dir) joins Hydra's search path unless the
+    command line names one. Hydra parses every line; a multirun and a fresh run are left as they are."""
+    command = CommandLine.parse(argv)
+    run_dir = None if command.multirun or command.prints_only else resumed_run_dir(command)
+    if run_dir is None or not (run_dir / SAVED_OVERRIDES).is_file():
+        return list(argv)
+    import yaml
+
+    saved = [str(line) for line in yaml.safe_load((run_dir / SAVED_OVERRIDES).read_text()) or []]
+    given = {o.key_or_group for o in command.overrides}
+    kept = [o.input_line for o in CommandLine.parse(saved).overrides if o.key_or_group not in given | {"resume"}]
+    if command.flags.config_dir is None and "hydra.searchpath" not in given:
+        kept += saved_config_dir(run_dir)
+    if kept and say:
+        say(f"rloo: resume: {run_dir}'s own settings first: {' '.join(kept)}")
+    return kept + list(argv)
+
+
+def saved_config_dir(run_dir: Path) -> list[str]:
+    """`hydra.searchpath=[file://<dir>]` for the --config-dir a run's first session was composed with (from its
+    .hydra/hydra.yaml), where that dir is still there; [] otherwise."""
+    import yaml
+
+    try:
+        hydra = yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
+        sources = hydra["runtime"]["config_sources"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return []
+    dirs = [s["path"] for s in sources if s.get("provider") == "command-line" and s.get("schema") == "file"]
+    return [f"hydra.searchpath=[file://{dirs[0]}]"] if dirs and Path(dirs[0]).is_dir() else []
 
 
 def own_named_run_dir(command: CommandLine) -> None:

@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE
+from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, stopped_by_ctrl_c
 
 
 def is_interruption(error: BaseException) -> bool:
@@ -15,6 +15,8 @@ def is_interruption(error: BaseException) -> bool:
     from rloo.rewards.user_code import Interrupted as UserCodeInterrupted
     from rloo.utils.errors import Stopped
 
+    if stopped_by_ctrl_c(error):  # also Lightning's SystemExit(1) while it handles a KeyboardInterrupt
+        return True
     if isinstance(error, SystemExit):
         return error.code in (SIGTERM_EXIT_CODE, CTRL_C_EXIT_CODE)
     if isinstance(error, (KeyboardInterrupt, Stopped, UserCodeInterrupted)):

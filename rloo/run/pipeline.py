@@ -27,6 +27,7 @@ from rloo.utils.errors import (  # noqa: E402
     RunIncomplete,
     WriteError,
     collective_failure,
+    stopped_by_ctrl_c,
 )
 from rloo.utils.host import cpu_identity  # noqa: E402
 
@@ -465,9 +466,11 @@ def fit(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
             record.write("interrupted" if interrupted else "failed")
         except WriteError as write_error:  # the first failure is the one to raise
             log(f"error: {write_error}")
+        if stopped_by_ctrl_c(error) and trainer.is_global_zero:
+            log(stop_line("Ctrl-C", plan, module))
         lost = collective_failure(error) if trainer.world_size > 1 else None  # what a rank that is gone left
         if isinstance(error, (SIGTERMException, UserCodeInterrupted)) or (trainer.received_sigterm and lost):
-            stopped_by_sigterm(out, module, log)  # (a rank whose peers stopped on the SIGTERM too)
+            stopped_by_sigterm(plan, module)  # (a rank whose peers stopped on the SIGTERM too)
         if trainer.world_size > 1:
             stop_other_ranks(trainer, log)
         if lost:
@@ -491,7 +494,7 @@ def finish(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
     trainer, module, evaluation, out = pieces.trainer, pieces.module, pieces.evaluation, plan.out
     if trainer.received_sigterm:  # it came after training, during the final evaluation
         record.write("interrupted")
-        stopped_by_sigterm(out, module, plan.log)
+        stopped_by_sigterm(plan, module)
     if evaluation.judge_failure and evaluation.final is not None:  # no win rate to report, nor to rank by
         record.write("failed")
         raise JudgeFailed(
@@ -578,15 +581,29 @@ def checkpoint_names(out: Path) -> str:
     return ", ".join(sorted(p.name for p in (out / "checkpoints").glob("*.ckpt")))
 
 
-def stopped_by_sigterm(out: Path, module, log) -> None:
+def stopped_by_sigterm(plan: RunPlan, module) -> None:
     """Exit as a process ended by SIGTERM (128 + 15), which schedulers read as preempted, never as success."""
     if not module.trainer.is_global_zero:  # one line for the run
         sys.exit(SIGTERM_EXIT_CODE)
-    log(
-        f"rloo: stopped by SIGTERM after {module.state.rollouts} rollouts; checkpoints in {out / 'checkpoints'}: "
-        f"{checkpoint_names(out) or 'none'}; summary.json says what was done"
-    )
+    plan.log(stop_line("SIGTERM", plan, module))
     sys.exit(SIGTERM_EXIT_CODE)
+
+
+def stop_line(by: str, plan: RunPlan, module) -> str:
+    """The line a stopped run ends with: what it did, the checkpoint a resume continues from (or none), and the
+    command that continues it (its own settings come with it: rloo.run.cli.with_the_runs_own_overrides)."""
+    from rloo.utils.resume import find_resume_point
+
+    out, said = plan.out, f"rloo: stopped by {by} after {module.state.rollouts} rollouts"
+    try:
+        point = find_resume_point("auto", out, plan.updates, log=lambda line: None)
+    except Exception:  # a damaged checkpoints/ dir: say what is there
+        point = None
+    if point is None:
+        return f"{said}; no checkpoint was kept, nothing to continue from (start it again: the same command)"
+    return (
+        f"{said}; kept {point.checkpoint.relative_to(out)} (in {out}); continue with: python -m rloo.train resume={out}"
+    )
 
 
 def print_summary(summary: dict, log=print) -> None:
