@@ -14,6 +14,7 @@ from rloo.run.cli import exit_on_config_error, fail, run_entry_point
 from rloo.run.pipeline import print_summary, run  # noqa: F401 (print_summary: the summary lines, as before)
 from rloo.utils.errors import (
     ConfigError,
+    EnvironmentFailed,
     JudgeFailed,
     NoLearningSignal,
     NonFiniteError,
@@ -42,6 +43,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
             NonFiniteError,
             NoLearningSignal,
             RewardFunctionError,
+            EnvironmentFailed,
             JudgeFailed,
             RunIncomplete,
             RankLost,

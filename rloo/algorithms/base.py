@@ -23,6 +23,7 @@ from rloo.algorithms.metrics import common_metrics, log_metrics
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.algorithms.run_state import RunState
 from rloo.algorithms.schedule import MicroBatch, StrategyAdapter, micro_batches, mini_batch_indices
+from rloo.generation.episodes import collect_episodes, episode_completions, episode_returns
 from rloo.generation.forward import completion_logprobs_and_entropy
 from rloo.generation.rollout import PhaseTimer, Rollout, clock, collect_rollout
 from rloo.models.lora import ADAPTER_MARK, has_adapters
@@ -35,7 +36,7 @@ from rloo.objectives import (
     masked_mean,
     masked_sum,
 )
-from rloo.rewards.scoring import Reward
+from rloo.rewards.scoring import Reward, is_conversational
 from rloo.utils.errors import NoLearningSignal, NonFiniteError
 
 log = logging.getLogger("rloo")
@@ -66,39 +67,78 @@ class OnlineRLModule(LightningModule):
         self.reward: Reward | None = (
             None  # reward= other than the reward model alone (rloo.rewards.scoring); set by the builder
         )
+        self.environment = None  # env=: rloo.environments.base.EnvironmentSpec; set by the builder
 
     # ---- the pieces of a step, in the order a step uses them -------------------------------------------------
     def collect(self, batch: dict[str, Tensor], timer: PhaseTimer, sampler=None) -> Rollout:
-        """The one rollout every algorithm uses: k completions per prompt, reference log-probs, scores. The policy
-        samples them, or `sampler` (algo=dpo: the frozen reference, for offline pairs)."""
+        """The one rollout every algorithm uses: k completions per prompt (with env=, k multi-turn episodes),
+        reference log-probs, scores. The policy samples them, or `sampler` (algo=dpo: the frozen reference, for
+        offline pairs)."""
         cfg = self.config
         reward_model = self.reward_model if self.reward is None or self.reward.uses_model else None
-        rollout = collect_rollout(
-            sampler or self.policy,
+        episodes = None
+        if self.environment is not None:
+            rollout, episodes = self.collect_episodes(batch, timer, reward_model)
+        else:
+            rollout = collect_rollout(
+                sampler or self.policy,
+                self.reference,
+                reward_model,
+                batch["prompt_ids"],
+                batch["prompt_mask"],
+                cfg.k,
+                cfg.sampling,
+                self.tokenizer.eos_token_id,
+                self.tokenizer.pad_token_id,
+                cfg.generation_batch_size,
+                timer=timer,
+                shared_prefix=cfg.shared_prefix,
+            )
+        if self.reward is not None:  # the functions of reward= get TRL's arguments: completions decoded, and the
+            with timer("reward_functions"):  # prompts as the data has them (chat messages, or text decoded)
+                prompts = [p for p in self.data_prompts(batch) for _ in range(cfg.k)]
+                if episodes is None:
+                    completions = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+                else:  # chat: the episode's messages after the prompt; text: its whole text, replies included
+                    completions = episode_completions(episodes, self.tokenizer, is_conversational(prompts))
+                rows = [row for row in batch.get("columns", []) for _ in range(cfg.k)]  # each prompt's, k times
+                columns = {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}
+                returns = None if episodes is None else episode_returns(episodes)
+                scores = self.reward(prompts, completions, rollout.scores, columns, returns)
+                rollout.scores = scores.to(rollout.scores.device)
+        return rollout
+
+    def data_prompts(self, batch: dict) -> list:
+        """Each prompt of the batch as the data has it: its chat messages, or its text (decoded)."""
+        messages = batch.get("prompt_messages") or []
+        if messages and all(m is not None for m in messages):
+            return list(messages)
+        return self.tokenizer.batch_decode(batch["prompt_ids"], skip_special_tokens=True)
+
+    def collect_episodes(self, batch: dict, timer: PhaseTimer, reward_model) -> tuple[Rollout, list]:
+        """k multi-turn episodes per prompt in `self.environment` (rloo.generation.episodes), each environment
+        reset with its row: {"prompt": as the data has it, **its other columns}."""
+        cfg, spec = self.config, self.environment
+        prompts = self.data_prompts(batch)
+        rows = [{"prompt": p, **c} for p, c in zip(prompts, batch.get("columns") or [{}] * len(prompts))]
+        with timer("environment"):
+            environments = [spec.start(row) for row in rows for _ in range(cfg.k)]
+        return collect_episodes(
+            self.policy,
             self.reference,
             reward_model,
+            self.tokenizer,
             batch["prompt_ids"],
             batch["prompt_mask"],
             cfg.k,
             cfg.sampling,
-            self.tokenizer.eos_token_id,
-            self.tokenizer.pad_token_id,
+            environments,
+            spec.episode,
+            is_conversational(prompts),
             cfg.generation_batch_size,
-            timer=timer,
-            shared_prefix=cfg.shared_prefix,
+            timer,
+            cfg.shared_prefix,
         )
-        if self.reward is not None:  # the functions of reward= get TRL's arguments: completions decoded, and the
-            with timer("reward_functions"):  # prompts as the data has them (chat messages, or text decoded)
-                messages = batch.get("prompt_messages") or []
-                if messages and all(m is not None for m in messages):
-                    prompts = [m for m in messages for _ in range(cfg.k)]
-                else:
-                    prompts = self.tokenizer.batch_decode(rollout.prompt_ids, skip_special_tokens=True)
-                completions = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-                rows = [row for row in batch.get("columns", []) for _ in range(cfg.k)]  # each prompt's, k times
-                columns = {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}
-                rollout.scores = self.reward(prompts, completions, rollout.scores, columns).to(rollout.scores.device)
-        return rollout
 
     def masks_bad_scores(self) -> bool:
         """reward_errors=mask: completions without a finite score leave the baseline instead of stopping the run."""

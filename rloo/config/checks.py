@@ -208,6 +208,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     spec.config().check(cfg, world_size)  # the algorithm's own rules (rloo/algorithms/configs.py)
     check_targets(cfg)
     validate_reward(cfg)
+    validate_environment(cfg)
     validate_verifiable_eval(cfg)
     validate_lora(cfg)
     validate_strategy(cfg)
@@ -302,15 +303,37 @@ def validate_run(cfg: DictConfig, world_size: int) -> None:
 
 
 def validate_reward(cfg: DictConfig) -> None:
-    """`reward=` parses and its functions import (nothing loads a model)."""
-    from rloo.rewards.scoring import MODEL, load_function, parse_reward
+    """`reward=` parses and its functions import (nothing loads a model); its `env` term has an environment."""
+    from rloo.rewards.scoring import BUILT_IN, ENV, MODEL, load_function, parse_reward
 
     terms = parse_reward(cfg.reward)
     for term in terms:
-        if term.name != MODEL:
+        if term.name not in BUILT_IN:
             load_function(term.name)
     if all(t.name == MODEL for t in terms):
         refuse_inert(cfg, "reward_timeout_s", f"reward={cfg.reward!r}", "it times reward functions")
+    if any(t.name == ENV for t in terms) and not cfg.get("env"):
+        raise ConfigError(
+            f"reward={cfg.reward!r} names env, the environment's return, and env= is none: choose an environment "
+            "(env=<name>, conf/env/) or leave env out of reward="
+        )
+
+
+def validate_environment(cfg: DictConfig) -> None:
+    """env=: its class imports, and the run can sample episodes (turns that stop at EOS, an algorithm of the shared
+    policy-gradient step)."""
+    env = cfg.get("env")
+    if not env:
+        return
+    from rloo.environments.base import load_environment
+
+    load_environment(env.target)
+    if cfg.stop_token != "eos":
+        raise ConfigError(f"env={env.name}: a model's turn ends at its stop token: set stop_token=eos")
+    if cfg.algorithm in ("ppo", "dpo"):
+        raise ConfigError(
+            f"env={env.name} runs with the algorithms of the shared policy-gradient step, not algo={cfg.algorithm}"
+        )
 
 
 def validate_verifiable_eval(cfg: DictConfig) -> None:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rloo.algorithms.registry import ALGORITHMS
 from rloo.data.settings import SplitSpec
-from rloo.generation.settings import ROLLOUT_PRECISIONS, SAMPLERS
+from rloo.generation.settings import REPLY_ROLES, ROLLOUT_PRECISIONS, SAMPLERS
 from rloo.utils.errors import ConfigError
 from rloo.utils.keys import APPLIED, FIXED, group, key
 
@@ -91,6 +91,17 @@ class DataKeys:
 
 
 @dataclass
+class EnvKeys:
+    name: str = key(FIXED)
+    target: str = key(FIXED)
+    kwargs: dict = group(FIXED)
+    max_turns: int = key(FIXED, low=1)
+    max_episode_tokens: int = key(FIXED, low=1)
+    reply_role: str = key(FIXED, choices=REPLY_ROLES)
+    timeout_s: float = key(APPLIED, low=0)
+
+
+@dataclass
 class PrecisionKeys:
     name: str = key(FIXED)
     trainer: str = key(FIXED)  # Lightning's precision flag
@@ -128,6 +139,7 @@ class RunKeys(SamplingKeys):
     lora: LoraKeys = key(FIXED)
     model: ModelKeys = key(FIXED)
     data: DataKeys = key(FIXED)
+    env: EnvKeys = key(FIXED)  # env=none: an empty group
     precision: PrecisionKeys = key(FIXED)
     trainer: dict = group(APPLIED)  # Lightning Trainer arguments; devices and num_nodes are fixed (below)
     logger: dict | None = group(APPLIED)

@@ -14,6 +14,7 @@ import torch
 from rloo.data.padding import left_pad
 from rloo.evaluation.intervals import PROPORTIONS, Z_95, proportion_interval
 from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
+from rloo.generation.episodes import complete_episodes
 from rloo.generation.forward import reward_scores
 from rloo.generation.rollout import chunked, sample_completions
 from rloo.generation.settings import SamplingConfig
@@ -44,15 +45,24 @@ def reward_prompts(rows: list[dict]) -> list:
 
 
 def sampled_correctness(
-    policy, tokenizer, rows: list[dict], reward, verifiable: VerifiableEval, batch_size: int, device, columns: dict
+    policy,
+    tokenizer,
+    rows: list[dict],
+    reward,
+    verifiable: VerifiableEval,
+    batch_size: int,
+    device,
+    columns: dict,
+    environment=None,
 ) -> dict[str, torch.Tensor]:
     """pass@k (unbiased, Chen et al. 2021) for each k and majority-vote accuracy, one value per row, from n sampled
     completions of each row's prompt."""
     n = verifiable.samples_per_prompt
     repeated = [row for row in rows for _ in range(n)]
-    done = complete(policy, tokenizer, repeated, verifiable.sampling, batch_size, device)
+    done = complete(policy, tokenizer, repeated, verifiable.sampling, batch_size, device, environment)
     columns = {name: [value for value in values for _ in range(n)] for name, values in columns.items()}
-    values = reward.function_values(reward_prompts(repeated), done["texts"], columns)
+    values = reward.function_values(reward_prompts(repeated), done.get("completions", done["texts"]), columns)
+    values |= {"env": done["env_return"].cpu()} if "env_return" in done else {}
     correct = reward.function_total(values) >= verifiable.correct_at
     correct = correct.reshape(len(rows), n).tolist()
     answer_of = verifiable.answer or (lambda text: text.strip())
@@ -69,9 +79,18 @@ def sampled_correctness(
 
 @torch.no_grad()
 def complete(
-    policy, tokenizer, rows: list[dict], sampling: SamplingConfig, batch_size: int, device: torch.device | str = "cpu"
+    policy,
+    tokenizer,
+    rows: list[dict],
+    sampling: SamplingConfig,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    environment=None,
 ) -> dict:
-    """Completions of each row's prompt: texts, and the prompt/completion tensors in rollout layout."""
+    """Completions of each row's prompt: texts, and the prompt/completion tensors in rollout layout. With an
+    `environment` (env=), a multi-turn episode each (rloo.generation.episodes.complete_episodes)."""
+    if environment is not None:
+        return complete_episodes(policy, tokenizer, rows, sampling, batch_size, device, environment)
     ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
     ids, mask = ids.to(device), mask.to(device)
     completion_ids, completion_mask, ended, _ = sample_completions(
@@ -101,6 +120,7 @@ def evaluate_policy(
     judge_timeout_s: float = 0,
     should_stop=None,
     verifiable: VerifiableEval | None = None,
+    environment=None,
 ) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """Complete, score and judge `rows`; the candidate is judged against `others` (default: the references).
 
@@ -111,7 +131,7 @@ def evaluate_policy(
     sampled ones) and one record per row for the JSONL / W&B table. The judge runs under guard
     (rloo.judges.judge_pairs: `judge_timeout_s`, `should_stop` says SIGTERM came).
     """
-    done = complete(policy, tokenizer, rows, sampling, batch_size, device)
+    done = complete(policy, tokenizer, rows, sampling, batch_size, device, environment)
     n = len(rows)
     scores = torch.full((n,), float("nan"), device=done["length"].device)
     if reward_model is not None:
@@ -131,15 +151,20 @@ def evaluate_policy(
         "eos": done["eos"],
         "outcome": torch.tensor(outcome, device=scores.device),
     }
-    if reward is not None and reward.functions:
+    if "turns" in done:  # a multi-turn episode's model turns
+        per_row["turns"] = done["turns"]
+    if reward is not None and (reward.functions or "env_return" in done):
         columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
-        values = reward.function_values(reward_prompts(rows), done["texts"], columns)
+        values = reward.function_values(reward_prompts(rows), done.get("completions", done["texts"]), columns)
+        values |= {"env": done["env_return"].cpu()} if "env_return" in done else {}
         for name, value in values.items():
             per_row[f"reward/{name}"] = value.to(scores.device)
         if verifiable is not None:
             per_row["accuracy"] = (reward.function_total(values) >= verifiable.correct_at).float().to(scores.device)
             per_row.update(
-                sampled_correctness(policy, tokenizer, rows, reward, verifiable, batch_size, scores.device, columns)
+                sampled_correctness(
+                    policy, tokenizer, rows, reward, verifiable, batch_size, scores.device, columns, environment
+                )
             )
     read = reward.columns_read(list(rows[0].get("columns", {}))) if reward is not None and reward.functions else []
     samples = []
@@ -194,6 +219,8 @@ def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> d
         f"{prefix}mean_length": per_row["length"].mean().item(),
         f"{prefix}eos_frac": per_row["eos"].mean().item(),
     }
+    if "turns" in per_row:
+        summary[f"{prefix}turns"] = per_row["turns"].mean().item()
     for key in [k for k in per_row if k.startswith(MEANS_WITH_INTERVALS)]:  # mean and its 95% interval over rows
         values = per_row[key][torch.isfinite(per_row[key])].double()  # not a failure (nan) nor a None (-inf)
         if len(values):

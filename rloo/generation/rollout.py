@@ -37,6 +37,9 @@ class Rollout:
     generation_logprobs: Tensor  # [N, T] log pi(y_t | .) as the sampler saw it (float32), 0 on padding
     ref_logprobs: Tensor  # [N, T] log pi_ref(y_t | .) at temperature (float32), 0 on padding
     scores: Tensor  # [N] reward-model score at the last real token (before any penalty)
+    # [N, T] 1 on every real token after the prompt: the completion's, and in a multi-turn episode the environment's
+    # replies too (rloo.generation.episodes), which the forwards attend to and the loss never counts
+    episode_mask: Tensor
 
     @property
     def input_ids(self) -> Tensor:  # [N, P+T]
@@ -44,7 +47,7 @@ class Rollout:
 
     @property
     def attention_mask(self) -> Tensor:  # [N, P+T]
-        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+        return torch.cat([self.prompt_mask, self.episode_mask], dim=1)
 
     @property
     def lengths(self) -> Tensor:  # [N] completion tokens, stop token included
@@ -251,16 +254,59 @@ def collect_rollout(
         completion_ids, completion_mask, ended, generation_logprobs = sample_completions(
             policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, forward_batch_size
         )
+    ref_logprobs, scores = reference_and_scores(
+        policy,
+        reference,
+        reward_model,
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        completion_mask,
+        sampling.temperature,
+        forward_batch_size,
+        timer,
+        k if shared_prefix else 1,
+    )
+    return Rollout(
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        ended,
+        generation_logprobs,
+        ref_logprobs,
+        scores,
+        completion_mask,
+    )
+
+
+def reference_and_scores(
+    policy,
+    reference,
+    reward_model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    episode_mask: Tensor,
+    temperature: float,
+    forward_batch_size: int,
+    timer: PhaseTimer,
+    group: int,
+) -> tuple[Tensor, Tensor]:
+    """The reference's log-probs of the completion tokens `[N, T]` (float32, 0 where completion_mask is 0) and the
+    reward model's scores `[N]` (zeros without one), from forwards that attend to `episode_mask`'s tokens. `group`:
+    rows per shared prompt for the shared-prefix forwards (1: plain rows)."""
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
-    attention_mask = torch.cat([prompt_mask, completion_mask], 1)
-    group = k if shared_prefix else 1
+    attention_mask = torch.cat([prompt_mask, episode_mask], 1)
     # reference None: the policy's base, its LoRA adapters switched off (rloo.models.lora)
     with (
         timer("ref_logprobs"),
         adapters_disabled(policy) if reference is None else contextlib.nullcontext(reference) as ref,
     ):
         ref_logprobs = chunked(
-            partial(completion_logprobs, ref, temperature=sampling.temperature, group_size=group),
+            partial(completion_logprobs, ref, temperature=temperature, group_size=group),
             forward_batch_size,
             input_ids,
             attention_mask,
@@ -278,13 +324,4 @@ def collect_rollout(
             if reward_model is not None
             else torch.zeros(input_ids.shape[0], device=input_ids.device)
         )  # reward= without model
-    return Rollout(
-        prompt_ids,
-        prompt_mask,
-        completion_ids,
-        completion_mask,
-        ended,
-        generation_logprobs,
-        ref_logprobs.float(),
-        scores,
-    )
+    return ref_logprobs.float(), scores

@@ -41,3 +41,15 @@ class SamplingConfig:
 
 SAMPLERS = ("inverse_cdf", "multinomial")
 ROLLOUT_PRECISIONS = ("same", "bf16")  # the rollout's linear products: the training precision's, or bfloat16
+
+
+REPLY_ROLES = ("user", "tool")  # the roles an environment's replies take in a chat template
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """The keys of conf/env/<name>.yaml that shape a multi-turn episode (documented there)."""
+
+    max_turns: int
+    max_episode_tokens: int
+    reply_role: str = "user"

@@ -38,6 +38,8 @@ from rloo.rewards.user_code import Interrupted, call_guarded, one_line
 from rloo.utils.errors import ConfigError, RewardFunctionError
 
 MODEL = "model"
+ENV = "env"  # the environment's return of a multi-turn episode (env=; rloo.environments.base)
+BUILT_IN = (MODEL, ENV)
 REWARD_ERRORS = ("raise", "mask")
 TERM = re.compile(
     r"^\s*(?:(?P<weight>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\*\s*)?(?P<name>[\w.]+(?::\w+)?)\s*$"
@@ -59,9 +61,10 @@ def parse_reward(spec: str) -> list[RewardTerm]:
     terms = []
     for part in spec.split("+"):
         match = TERM.match(part)
-        if match is None or (match["name"] != MODEL and ":" not in match["name"]):
+        if match is None or (match["name"] not in BUILT_IN and ":" not in match["name"]):
             raise ConfigError(
-                f"reward={spec!r}: term {part.strip()!r} is not [weight*]model or [weight*]module:function"
+                f"reward={spec!r}: term {part.strip()!r} is not [weight*]model, [weight*]env or "
+                "[weight*]module:function"
             )
         terms.append(RewardTerm(float(match["weight"]) if match["weight"] else 1.0, match["name"]))
     names = [t.name for t in terms]
@@ -142,7 +145,9 @@ def trl_form(prompts: list, completions: list[str]) -> tuple[list, list]:
     as the assistant's message list `[{"role": "assistant", "content": text}]`; text prompts leave both as they are."""
     if not is_conversational(prompts):
         return prompts, completions
-    return [list(p) for p in prompts], [[{"role": "assistant", "content": text}] for text in completions]
+    return [list(p) for p in prompts], [  # a multi-turn episode's completion is its messages already
+        c if isinstance(c, list) else [{"role": "assistant", "content": c}] for c in completions
+    ]
 
 
 def columns_asked_for(function: Callable, columns: dict[str, list]) -> dict[str, list]:
@@ -253,7 +258,7 @@ class Reward:
     def __init__(self, terms: list[RewardTerm], on_error: str, timeout_s: float = 0):
         self.terms, self.on_error, self.timeout_s = terms, on_error, timeout_s
         self.should_stop = None  # set by rloo.train: whether SIGTERM came (a guarded call then stops waiting)
-        self.functions = {t.name: load_function(t.name) for t in terms if t.name != MODEL}
+        self.functions = {t.name: load_function(t.name) for t in terms if t.name not in BUILT_IN}
         self.last_term_means: dict[str, float] = {}
         self.last_not_applicable: dict[str, int] = {}  # completions each term returned None for
         self.last_errors: list[str] = []
@@ -262,8 +267,17 @@ class Reward:
     def uses_model(self) -> bool:
         return any(t.name == MODEL for t in self.terms)
 
+    @property
+    def uses_env(self) -> bool:
+        return any(t.name == ENV for t in self.terms)
+
     def __call__(
-        self, prompts: list, completions: list[str], model_scores: Tensor | None, columns: dict | None = None
+        self,
+        prompts: list,
+        completions: list,
+        model_scores: Tensor | None,
+        columns: dict | None = None,
+        env_returns: Tensor | None = None,
     ) -> Tensor:
         """sum over terms of weight * value, the functions called in TRL's form (`trl_form`: prompts as the data
         has them, text or messages); a term whose function returned None for a completion adds nothing to
@@ -275,6 +289,8 @@ class Reward:
         for term in self.terms:
             if term.name == MODEL:
                 values = model_scores.float().cpu()
+            elif term.name == ENV:  # NOT_APPLICABLE where an episode's environment gave no reward
+                values = env_returns.float().cpu()
             else:
                 function = self.functions[term.name]
                 values, error = call_reward_function(
@@ -285,7 +301,7 @@ class Reward:
                 if error is not None:
                     self.last_errors.append(error)
             applies = values != NOT_APPLICABLE
-            if term.name != MODEL:
+            if term.name != MODEL:  # a function, or the environment
                 self.last_not_applicable[term.name] = int((~applies).sum())
             finite = torch.isfinite(values)
             self.last_term_means[term.name] = float(values[finite].mean()) if finite.any() else float("nan")
@@ -319,7 +335,7 @@ class Reward:
         __call__, a term that returned None for a completion adds nothing to it, and a failure (nan) leaves no sum."""
         total = torch.zeros(len(next(iter(values.values()))), dtype=torch.float32)
         for term in self.terms:
-            if term.name != MODEL:
+            if term.name != MODEL and (term.name != ENV or ENV in values):  # env: an episode's return, where given
                 value = values[term.name.rsplit(":", 1)[-1]].float().cpu()
                 total += term.weight * torch.where(value == NOT_APPLICABLE, 0.0, value)  # a failure (nan) stays
         return total

@@ -182,6 +182,7 @@ def build_module(
     models = (policy, reference, reward_model) + ((value_model(),) if spec.value_model else ())
     module = module_class(*models, tokenizer, algorithm_config(cfg, total_rollouts))
     module.reward = reward
+    module.environment = environment_from_config(cfg)
     if cfg.activation_checkpointing:  # after the module put the policy in eval mode
         from rloo.models.loading import use_activation_checkpointing
 
@@ -191,6 +192,23 @@ def build_module(
 
         module.policy.rloo_activations = recompute_mlp_activations(module.policy)  # read by fast_paths
     return module
+
+
+def environment_from_config(cfg: DictConfig):
+    """`env=` as an EnvironmentSpec (rloo.environments.base), or None for single-turn completions."""
+    env = cfg.get("env")
+    if not env:
+        return None
+    from rloo.environments.base import EnvironmentSpec, load_environment
+    from rloo.generation.settings import EpisodeSettings
+
+    return EnvironmentSpec(
+        env.target,
+        load_environment(env.target),
+        OmegaConf.to_container(env.kwargs, resolve=True) if env.get("kwargs") else {},
+        env.timeout_s,
+        EpisodeSettings(env.max_turns, env.max_episode_tokens, env.reply_role),
+    )
 
 
 def reward_from_config(cfg: DictConfig):

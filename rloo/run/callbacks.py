@@ -79,6 +79,7 @@ class HeldOutEval(Callback):
                 judge_timeout_s=self.judge_timeout_s,
                 should_stop=lambda: trainer.received_sigterm,
                 verifiable=self.verifiable,
+                environment=module.environment,
             )
         per_row, samples = {k: v[:real] for k, v in per_row.items()}, samples[:real]
         if world > 1:  # shards differ by at most one row: pad with nan, gather, keep the rows that exist

@@ -185,6 +185,8 @@ def build(plan: RunPlan, record: "RunRecord") -> RunPieces:
         value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer),
         reward=reward,
     )
+    if module.environment is not None:  # a guarded call stops waiting on SIGTERM
+        module.environment.should_stop = lambda: trainer.received_sigterm
     paths = fast_paths(cfg, policy, reward_model)  # which sampler and forwards run, and why: never silent
     for name, (chosen, why) in paths.items():
         log(f"rloo: {name}: {chosen} ({why})")

@@ -54,6 +54,10 @@ class RewardFunctionError(RuntimeError):
     """A reward function misbehaved (raised, wrong count, non-finite value); the message names it, in one line."""
 
 
+class EnvironmentFailed(RuntimeError):
+    """An environment (env=) raised, hung or answered a step wrongly; the message names it, in one line."""
+
+
 class RankLost(RuntimeError):
     """A process of a multi-process run died or hung: the collective it did not join failed; the run ends."""
 

@@ -1,0 +1,231 @@
+"""Multi-turn episodes (env=): the environment's tokens are context, never action (not in the loss, the KL or the
+ratios); turns and replies alternate as the environment says; an environment that misbehaves is one line; every
+algorithm of the shared step trains on episodes."""
+
+import copy
+import math
+import time
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from rloo.algorithms.policy_gradient import PolicyGradientModule
+from rloo.environments.base import EnvironmentSpec, GuardedEnvironment, Step, load_environment
+from rloo.generation.episodes import Episode, episode_tensors, reply_text, run_episodes
+from rloo.generation.rollout import Rollout
+from rloo.generation.settings import EpisodeSettings
+from rloo.models.loading import freeze
+from rloo.utils.errors import ConfigError, EnvironmentFailed
+from tests.builders import sampling, train_config
+
+
+class Scripted:
+    """Replies "next" twice, then ends the episode with a reward of the number of turns."""
+
+    def reset(self, row):
+        self.turns = 0
+
+    def step(self, action):
+        self.turns += 1
+        return (None, float(self.turns), True) if self.turns == 3 else (" next\n\nTL;DR:", None, False)
+
+
+class Raises(Scripted):
+    def step(self, action):
+        raise ValueError("no such move")
+
+
+class Hangs(Scripted):
+    def step(self, action):
+        time.sleep(30)
+
+
+class Malformed(Scripted):
+    def step(self, action):
+        return "only a reply"
+
+
+def spec(cls, timeout_s=5.0, max_turns=3, max_episode_tokens=40) -> EnvironmentSpec:
+    return EnvironmentSpec(
+        f"tests.test_episodes:{cls.__name__}", cls, {}, timeout_s, EpisodeSettings(max_turns, max_episode_tokens)
+    )
+
+
+# ---- the environment's tokens are never action --------------------------------------------------------------------
+def hand_built_rollout(tokenizer) -> Rollout:
+    """Two episodes of one prompt (k = 2): model tokens, then three of the environment's, then the model's again."""
+    prompt = tokenizer("POST: my dog and the car\n\nTL;DR:", add_special_tokens=False).input_ids
+    own_a, env, own_b = [5, 9, 7], tokenizer(" more\n\nTL;DR:", add_special_tokens=False).input_ids, [11, 4]
+    episodes = [
+        Episode(tokens=own_a + env + own_b, own=[1] * 3 + [0] * len(env) + [1] * 2, logprobs=[-1.0] * (5 + len(env))),
+        Episode(tokens=own_b + env + own_a, own=[1] * 2 + [0] * len(env) + [1] * 3, logprobs=[-2.0] * (5 + len(env))),
+    ]
+    made = episode_tensors(episodes, tokenizer.pad_token_id, "cpu")
+    n, width = 2, made["completion_ids"].shape[1]
+    prompt_ids = torch.tensor([prompt, prompt])
+    return Rollout(
+        prompt_ids,
+        torch.ones_like(prompt_ids),
+        made["completion_ids"],
+        made["completion_mask"],
+        torch.ones(n, dtype=torch.bool),
+        made["generation_logprobs"] * made["completion_mask"],
+        torch.full((n, width), -1.5) * made["completion_mask"],
+        torch.tensor([1.0, 0.0]),
+        made["episode_mask"],
+    )
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo", "dr_grpo", "gspo"])
+def test_environment_tokens_are_never_in_the_loss_the_kl_or_the_ratios(policy, tokenizer, reward_model, algorithm):
+    config = train_config(algorithm, 1, k=2, rollout_batch_size=2, micro_batch_size=2, generation_batch_size=2)
+    module = PolicyGradientModule(policy, freeze(copy.deepcopy(policy)), freeze(reward_model), tokenizer, config)
+    rollout = hand_built_rollout(tokenizer)
+    own, env = rollout.completion_mask.bool(), rollout.episode_mask.bool() & ~rollout.completion_mask.bool()
+    assert env.sum() >= 2 and env.sum() % 2 == 0 and own.sum() == 10  # the same reply in both episodes
+
+    def step(r: Rollout):
+        module.policy.zero_grad()
+        logprobs, _ = module.policy_forward(r)
+        targets = module.rewards_and_advantages(r, logprobs.detach())
+        mask = module.loss_mask(r)
+        loss, stats = module.policy_loss(
+            r, mask, targets.advantages, logprobs, logprobs.detach() + 0.1 * r.completion_mask, logprobs.detach()
+        )
+        loss.backward()
+        grads = [p.grad.clone() for p in module.policy.parameters() if p.grad is not None]
+        return logprobs.detach(), targets, loss.detach(), stats, grads
+
+    logprobs, targets, loss, stats, grads = step(rollout)
+    # the policy's log-probs: 0 at the environment's tokens, and at the model's those of a plain forward over the
+    # whole episode (an independent reference: the model's own logits, at the sampling temperature)
+    assert torch.all(logprobs[env] == 0)
+    logits = module.policy(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask).logits.float()
+    width = rollout.prompt_ids.shape[1]
+    reference = torch.log_softmax(logits[:, width - 1 : -1] / config.sampling.temperature, -1)
+    reference = reference.gather(-1, rollout.completion_ids[..., None])[..., 0]
+    assert torch.allclose(logprobs[own], reference[own], atol=1e-5)
+    # garbage where the environment spoke, in every per-token record: the same loss, statistics and gradients
+    spoiled = copy.copy(rollout)
+    spoiled.ref_logprobs = torch.where(env, torch.tensor(-40.0), rollout.ref_logprobs)
+    spoiled.generation_logprobs = torch.where(env, torch.tensor(25.0), rollout.generation_logprobs)
+    _, targets2, loss2, stats2, grads2 = step(spoiled)
+    assert torch.equal(loss, loss2) and all(torch.equal(a, b) for a, b in zip(grads, grads2))
+    assert torch.equal(targets.advantages, targets2.advantages) and torch.equal(targets.rewards, targets2.rewards)
+    assert {k: float(v) for k, v in stats.items()} == {k: float(v) for k, v in stats2.items()}
+
+
+# ---- turns and replies ----------------------------------------------------------------------------------------------
+def test_turns_and_replies_alternate_until_the_environment_says_done(policy, tokenizer):
+    environments = [spec(Scripted).start({"prompt": "x"}) for _ in range(2)]
+    prompt = tokenizer("POST: my dog\n\nTL;DR:", add_special_tokens=False).input_ids
+    settings = EpisodeSettings(max_turns=5, max_episode_tokens=200)
+    episodes = run_episodes(policy, tokenizer, [prompt, prompt], environments, sampling(4), settings, 2, False, "cpu")
+    reply = tokenizer(" next\n\nTL;DR:", add_special_tokens=False).input_ids
+    for episode in episodes:
+        assert episode.turns == 3 and episode.done and episode.episode_return == 3.0  # Scripted ends at turn 3
+        runs, flags = [], episode.own  # maximal runs of equal flags: turn, reply, turn, reply, turn
+        for flag in flags:
+            if runs and runs[-1][0] == flag:
+                runs[-1][1] += 1
+            else:
+                runs.append([flag, 1])
+        assert [flag for flag, _ in runs] == [1, 0, 1, 0, 1]
+        replies = [i for i, f in enumerate(flags) if f == 0]
+        assert [episode.tokens[i] for i in replies] == reply * 2  # the reply's own tokens, as text prompts give it
+        assert len(episode.logprobs) == len(episode.tokens) and all(episode.logprobs[i] == 0.0 for i in replies)
+        assert [m["role"] for m in episode.messages] == ["assistant", "user", "assistant", "user", "assistant"]
+
+
+def test_the_token_budget_and_max_turns_end_an_episode(policy, tokenizer):
+    prompt = tokenizer("POST: my dog\n\nTL;DR:", add_special_tokens=False).input_ids
+    short = run_episodes(
+        policy, tokenizer, [prompt], [spec(Scripted).start({})], sampling(4), EpisodeSettings(5, 6), 1, False, "cpu"
+    )[0]
+    assert len(short.tokens) <= 6 and not short.done
+    one = run_episodes(
+        policy, tokenizer, [prompt], [spec(Scripted).start({})], sampling(4), EpisodeSettings(1, 99), 1, False, "cpu"
+    )[0]
+    assert one.turns == 1 and all(one.own)  # no reply after the last turn
+
+
+def test_a_chat_reply_enters_through_the_template():
+    from tokenizers import Tokenizer, models
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")), eos_token="<|im_end|>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    # after a turn the model ended with <|im_end|>: the rest of the template's glue, the reply's turn, the next prompt
+    assert (
+        reply_text(tokenizer, "= 42", "tool", True, True)
+        == "\n<|im_start|>tool\n= 42<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # a turn cut by the budget: the end marker is the environment's to add
+    assert reply_text(tokenizer, "= 42", "tool", False, True).startswith("<|im_end|>\n<|im_start|>tool\n")
+    assert reply_text(tokenizer, "= 42", "tool", True, False) == "= 42"  # text prompts: the reply as it is
+
+
+# ---- a misbehaving environment is one line --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "cls, said",
+    [
+        (Raises, "environment tests.test_episodes:Raises failed in step(action_text): ValueError: no such move"),
+        (
+            Hangs,
+            "environment tests.test_episodes:Hangs failed in step(action_text): TimeoutError: no result after "
+            "0.3 s (env.timeout_s)",
+        ),
+        (Malformed, "environment tests.test_episodes:Malformed: step returned str, not (reply, reward, done)"),
+    ],
+)
+def test_an_environment_that_raises_hangs_or_answers_wrongly_is_one_line(cls, said):
+    environment = spec(cls, timeout_s=0.3).start({"prompt": "x"})
+    with pytest.raises(EnvironmentFailed) as failure:
+        environment.step("an action")
+    assert str(failure.value) == said
+
+
+def test_a_reward_must_be_a_finite_number_or_none():
+    class NanReward(Scripted):
+        def step(self, action):
+            return Step(None, float("nan"), True)
+
+    environment = GuardedEnvironment("m:NanReward", NanReward, {}, 1.0)
+    with pytest.raises(EnvironmentFailed, match=r"step's reward is nan: a finite number or None"):
+        environment.step("a")
+
+
+def test_env_settings_that_cannot_run_are_refused_before_anything_loads():
+    from rloo.config.checks import validate_train_config
+    from rloo.run.cli import compose_train_config
+
+    with pytest.raises(ConfigError, match=r"^reward='env' names env, the environment's return, and env= is none"):
+        validate_train_config(compose_train_config(["reward=env"]))
+    with pytest.raises(ConfigError, match=r"^env=topic_recall runs with the algorithms of the shared"):
+        validate_train_config(compose_train_config(["env=topic_recall", "algo=ppo", "reward=env"]))
+    with pytest.raises(ConfigError, match=r"^env=topic_recall: a model's turn ends at its stop token"):
+        validate_train_config(compose_train_config(["env=topic_recall", "stop_token=null"]))
+    with pytest.raises(ConfigError, match=r"is not a class with reset\(row\) and step\(action_text\)"):
+        load_environment("rloo.environments.toy:MORE")
+
+
+# ---- every algorithm of the shared step trains on episodes ----------------------------------------------------------
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo", "dr_grpo", "dapo", "reinforce_pp", "gspo"])
+def test_every_algorithm_of_the_shared_step_trains_on_episodes(embedded_task, tmp_path, monkeypatch, algorithm):
+    import rloo
+
+    monkeypatch.setenv("RLOO_CACHE_DIR", str(embedded_task / "cache"))
+    summary = rloo.fit(
+        {"debug": "fast", "logger": "csv", "judge": "none", "env": "topic_recall", "reward": "env", "algo": algorithm}
+        | ({"dynamic_sampling": "false"} if algorithm == "dapo" else {}),
+        output_dir=tmp_path / algorithm,
+    )
+    assert summary["status"] == "finished"
+    for evaluation in (summary["initial"], summary["final"]):
+        assert math.isfinite(evaluation["eval/reward/env"]) and evaluation["eval/reward/env"] <= 1
+        assert 1 <= evaluation["eval/turns"] <= 3
