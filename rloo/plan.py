@@ -25,6 +25,7 @@ def render(
     mib: dict[str, float],
     gpu_gib: float | None,
     paths: dict[str, tuple[str, str]] | None = None,
+    episodes: str | None = None,
 ) -> str:
     gqa = (
         f", {arch.num_kv_heads} key/value heads of {arch.num_heads}"
@@ -38,6 +39,8 @@ def render(
         + (f", LoRA r={shape.lora_r} on {', '.join(shape.lora_targets)}" if shape.lora else "")
         + (", activation checkpointing" if shape.activation_checkpointing else "")
     ]
+    if episodes:
+        lines.append(f"  episodes: {episodes}")
     for name, (ran, why) in (paths or {}).items():
         lines.append(f"  {name.replace('_', ' ')}: {ran} ({why})")
     lines += [f"  {key:<22} {value:>10.0f} MiB" for key, value in mib.items() if key != "peak"]
@@ -99,8 +102,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     device = (gpu_gib, "--gpu-gib") if gpu_gib is not None else device_memory(str(cfg.trainer.accelerator))
-    print(render(arch, shape, mib, device, paths))
+    print(render(arch, shape, mib, device, paths, episodes_line(cfg)))
     return 0
+
+
+def episodes_line(cfg) -> str | None:
+    """What env= adds to every sequence, said beside the memory it takes (None without an environment)."""
+    env = cfg.get("env")
+    if not env:
+        return None
+    return (
+        f"env={env.name}: up to {env.max_turns} turns and {env.max_episode_tokens} tokens after the prompt, the "
+        f"model's turns (at most {cfg.response_length} tokens each) and the environment's replies; the update, the "
+        "reference and the reward model run over whole episodes, so activations and the KV cache count "
+        f"{env.max_episode_tokens} tokens where a single turn counts {cfg.response_length}"
+    )
 
 
 if __name__ == "__main__":

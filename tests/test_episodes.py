@@ -18,6 +18,7 @@ from rloo.generation.settings import EpisodeSettings
 from rloo.models.loading import freeze
 from rloo.utils.errors import ConfigError, EnvironmentFailed
 from tests.builders import sampling, train_config
+from tests.tiny_models import FAMILIES, tiny_model
 
 
 class Scripted:
@@ -229,3 +230,61 @@ def test_every_algorithm_of_the_shared_step_trains_on_episodes(embedded_task, tm
     for evaluation in (summary["initial"], summary["final"]):
         assert math.isfinite(evaluation["eval/reward/env"]) and evaluation["eval/reward/env"] <= 1
         assert 1 <= evaluation["eval/turns"] <= 3
+
+
+# ---- the episode's KV cache continues across the environment's tokens, exact against recomputation ------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_continued_cache_gives_a_full_forwards_logits(tokenizer, family):
+    """Two rows fed ragged chunks in turn (a prompt each, single tokens, a reply for one row while the other waits):
+    after every chunk, each fed row's logits equal the model's own forward over that row's whole sequence."""
+    from rloo.generation.decode import prepared_weights
+    from rloo.generation.episode_decode import EpisodeCache
+    from rloo.generation.episodes import right_padded
+
+    model = tiny_model(family, tokenizer).eval()
+    cache = EpisodeCache(prepared_weights(model, 2), 2, 4, "cpu")  # a small cache: it grows on the way
+    sequences = [[], []]
+    feeds = [([3, 8, 9, 10, 2], [4, 5]), ([7], [6]), ([11, 12, 13], []), ([], [14, 15, 16, 17, 18, 19]), ([20], [21])]
+    for feed in feeds:
+        logits = cache.forward(*right_padded([list(f) for f in feed], tokenizer.pad_token_id, "cpu"))
+        for row, tokens in enumerate(feed):
+            sequences[row] += tokens
+            if tokens:
+                with torch.no_grad():
+                    full = model(input_ids=torch.tensor([sequences[row]])).logits[0, -1]
+                assert torch.allclose(logits[row], full, atol=2e-5), (family, feed, row)
+    assert cache.capacity >= 4 + 64 and cache.used.tolist() == [len(s) for s in sequences]
+
+
+def test_an_episodes_sampler_log_probs_equal_the_training_forwards(policy, tokenizer):
+    """The cached episodes' own log-probs against a forward over whole episodes (the training layout)."""
+    from rloo.generation.episodes import cached_episodes
+    from rloo.generation.forward import completion_logprobs
+
+    prompt = tokenizer("POST: my dog and a car\n\nTL;DR:", add_special_tokens=False).input_ids
+    environments = [spec(Scripted).start({"prompt": "x"}) for _ in range(3)]
+    episodes = cached_episodes(
+        policy,
+        tokenizer,
+        [prompt, prompt[2:], prompt],
+        environments,
+        sampling(5, temperature=0.7),
+        EpisodeSettings(3, 40),
+        False,
+        "cpu",
+    )
+    made = episode_tensors(episodes, tokenizer.pad_token_id, "cpu")
+    ids, mask = torch.tensor([prompt, [tokenizer.pad_token_id] * 2 + prompt[2:], prompt]), torch.ones(3, len(prompt))
+    mask[1, :2] = 0
+    with torch.no_grad():
+        recomputed = completion_logprobs(
+            policy,
+            torch.cat([ids, made["completion_ids"]], 1),
+            torch.cat([mask.long(), made["episode_mask"]], 1),
+            made["completion_ids"],
+            made["completion_mask"],
+            0.7,
+        )
+    own = made["completion_mask"].bool()
+    assert own.sum() > 6 and (~own & made["episode_mask"].bool()).any()  # turns and replies both there
+    assert torch.allclose(made["generation_logprobs"][own], recomputed[own], atol=2e-5)

@@ -274,3 +274,24 @@ def test_without_gpu_gib_the_plan_is_held_against_the_device_it_assumes(capsys, 
     cpu = Answer(capsys).stdout.splitlines()[-1]  # the embedded task on CPU: this machine's memory
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     assert cpu.startswith(f"  fits in {total:.3g} GiB per device (trainer=cpu: this machine's memory")
+
+
+def test_the_plan_counts_what_episodes_add(tmp_path, tokenizer, capsys):
+    """env=: every sequence is the whole episode (the turns and the environment's replies), in the activations and
+    the KV cache, said on its own line; the sampler is the episode's own cache."""
+    from rloo.run.cli import compose_train_config
+    from rloo.run.memory_plan import plan_config
+    from tests.tiny_models import tiny_model
+
+    policy = write_config(tmp_path, tiny_model("llama", tokenizer))
+    own = ("experiment=calculator_smollm2", "model.tokenizer=null", f"model.policy={policy}")
+    episodes = Answer(capsys, *own)
+    assert episodes.returncode == 0, episodes.stderr
+    assert "episodes: env=calculator: up to 3 turns and 160 tokens after the prompt" in episodes.stdout
+    assert "sampler: episode_kv_cache" in episodes.stdout
+    _, shape, mib, _ = plan_config(compose_train_config([*own, "judge=none"]))
+    _, single, single_mib, _ = plan_config(compose_train_config([*own, "judge=none", "env=none", "reward=model"]))
+    assert (shape.response_length, single.response_length) == (160, 40)
+    # a packed group row is [prompt | k sequences]: P = 128, k = 4, T = 160 against 40
+    assert mib["activations"] / single_mib["activations"] == pytest.approx((128 + 4 * 160) / (128 + 4 * 40))
+    assert mib["KV cache"] / single_mib["KV cache"] == pytest.approx((128 + 160) / (128 + 40))

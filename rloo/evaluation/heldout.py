@@ -21,7 +21,7 @@ from rloo.generation.settings import SamplingConfig
 from rloo.judges import Judge, judge_pairs, win_rate_summary
 
 INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)
-MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy")  # per-row values summarised alike
+MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy", "replied")  # per-row values summarised alike
 
 
 @dataclass(frozen=True)
@@ -151,8 +151,8 @@ def evaluate_policy(
         "eos": done["eos"],
         "outcome": torch.tensor(outcome, device=scores.device),
     }
-    if "turns" in done:  # a multi-turn episode's model turns
-        per_row["turns"] = done["turns"]
+    if "turns" in done:  # a multi-turn episode's model turns, and whether the environment replied (a tool call)
+        per_row["turns"], per_row["replied"] = done["turns"], done["replied"]
     if reward is not None and (reward.functions or "env_return" in done):
         columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
         values = reward.function_values(reward_prompts(rows), done.get("completions", done["texts"]), columns)

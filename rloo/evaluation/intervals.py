@@ -8,7 +8,8 @@ import math
 import statistics
 
 Z_95 = 1.959963984540054  # standard normal two-sided 95% quantile
-PROPORTIONS = ("pass@", "majority_vote", "accuracy")  # evaluation outcomes in [0, 1] (with the win rate): Wilson's
+# evaluation outcomes in [0, 1] (with the win rate), whose intervals are Wilson's
+PROPORTIONS = ("pass@", "majority_vote", "accuracy", "replied")
 
 
 def proportion_interval(mean: float, n: int, z: float = Z_95) -> tuple[float, float]:

@@ -19,7 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rloo.data.padding import left_pad
+from rloo.generation.decode import prepared_weights, supports_lean_decode
+from rloo.generation.episode_decode import EpisodeCache
 from rloo.generation.rollout import PhaseTimer, Rollout, reference_and_scores, sample_completions
+from rloo.generation.sampling import sample_tokens
 from rloo.generation.settings import EpisodeSettings, SamplingConfig
 
 _SENTINEL = "rloo-turn-5c1e"
@@ -39,8 +42,10 @@ class Episode:
     last_turn_ended: bool = False  # the model's last turn ended with its stop token
 
     @property
-    def episode_return(self) -> float | None:
-        return sum(self.rewards) if self.rewards else None
+    def episode_return(self) -> float:
+        """The sum of the environment's rewards: 0 for an episode it gave none (cut off by max_turns or the token
+        budget before its end)."""
+        return float(sum(self.rewards))
 
 
 def reply_text(tokenizer, reply: str, role: str, turn_ended: bool, chat: bool) -> str:
@@ -75,7 +80,24 @@ def run_episodes(
     device,
 ) -> list[Episode]:
     """Every episode to its end, the live ones sampled together each turn. `environments`: one reset
-    GuardedEnvironment per row."""
+    GuardedEnvironment per row. Where the lean decode serves the policy, each episode's KV cache continues across
+    its turns (`cached_episodes`); else each turn is sampled from the whole episode so far (HF generate)."""
+    longest = max(len(p) for p in prompt_ids) + settings.max_episode_tokens
+    if sampling.lean_decode and supports_lean_decode(policy, longest):
+        return [
+            episode
+            for start in range(0, len(prompt_ids), batch_size)
+            for episode in cached_episodes(
+                policy,
+                tokenizer,
+                prompt_ids[start : start + batch_size],
+                environments[start : start + batch_size],
+                sampling,
+                settings,
+                chat,
+                device,
+            )
+        ]
     episodes = [Episode() for _ in prompt_ids]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     for _ in range(settings.max_turns):
@@ -90,30 +112,87 @@ def run_episodes(
         )
         for row, i in enumerate(live):
             take = min(int(turn_mask[row].sum()), room[i])
-            tokens = turn_ids[row, :take].tolist()
             episode = episodes[i]
-            episode.tokens += tokens
+            episode.tokens += turn_ids[row, :take].tolist()
             episode.own += [1] * take
             episode.logprobs += logprobs[row, :take].tolist()
-            episode.turns += 1
             episode.last_turn_ended = bool(ended[row]) and take == int(turn_mask[row].sum())
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            episode.messages.append({"role": "assistant", "content": text})
-            step = environments[i].step(text)
-            if step.reward is not None:
-                episode.rewards.append(step.reward)
-            episode.done = step.done
-            if step.done or step.reply is None or episode.turns >= settings.max_turns:
-                continue
-            episode.messages.append({"role": settings.reply_role, "content": step.reply})
-            said = tokenizer(
-                reply_text(tokenizer, step.reply, settings.reply_role, episode.last_turn_ended, chat),
-                add_special_tokens=False,
-            ).input_ids[: settings.max_episode_tokens - len(episode.tokens)]
-            episode.tokens += said
-            episode.own += [0] * len(said)
-            episode.logprobs += [0.0] * len(said)
+            environment_turn(episode, environments[i], tokenizer, settings, chat)
     return episodes
+
+
+def right_padded(chunks: list[list[int]], pad_token_id: int, device) -> tuple[Tensor, Tensor]:
+    """Token lists as one right-padded chunk `[N, M]` and its `real` mask (EpisodeCache.forward's input)."""
+    width = max(1, max(len(c) for c in chunks))
+    tokens = torch.tensor([c + [pad_token_id] * (width - len(c)) for c in chunks], dtype=torch.long, device=device)
+    real = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in chunks], dtype=torch.bool, device=device)
+    return tokens, real
+
+
+@torch.no_grad()
+def cached_episodes(policy, tokenizer, prompt_ids, environments, sampling, settings, chat, device) -> list[Episode]:
+    """run_episodes on one EpisodeCache: the prompts prefilled once, each turn drawn a token a step (each drawn token
+    fed back at once), each reply prefilled into the same cache as one chunk; only the live rows draw, in row
+    order."""
+    rows, pad, eos = len(prompt_ids), tokenizer.pad_token_id, tokenizer.eos_token_id
+    weights = prepared_weights(policy, rows, sampling.rollout_precision == "bf16")
+    cache = EpisodeCache(weights, rows, max(map(len, prompt_ids)) + settings.max_episode_tokens + 8, device)
+    logits = cache.forward(*right_padded(prompt_ids, pad, device))
+    episodes = [Episode() for _ in range(rows)]
+    for _ in range(settings.max_turns):
+        drawing = [i for i, e in enumerate(episodes) if not e.done and len(e.tokens) < settings.max_episode_tokens]
+        if not drawing:
+            break
+        turn = {i: [] for i in drawing}
+        for _ in range(sampling.max_new_tokens):
+            drawing = [i for i in drawing if turn[i] is not None]
+            if not drawing:
+                break
+            tokens, logprobs = sample_tokens(logits[drawing], sampling)
+            fed = [[] for _ in range(rows)]
+            for i, token, logprob in zip(drawing, tokens.tolist(), logprobs.tolist()):
+                episode = episodes[i]
+                episode.tokens.append(token)
+                episode.own.append(1)
+                episode.logprobs.append(logprob)
+                turn[i].append(token)
+                fed[i] = [token]
+                stop = (sampling.stop_at_eos and token == eos) or len(episode.tokens) >= settings.max_episode_tokens
+                if stop or len(turn[i]) >= sampling.max_new_tokens:
+                    episode.last_turn_ended = sampling.stop_at_eos and token == eos
+                    turn[i] = None  # this turn is over: its tokens are in `episode`
+            chunk, real = right_padded(fed, pad, device)
+            logits = torch.where(real.any(1, keepdim=True), cache.forward(chunk, real), logits)
+        replies = [[] for _ in range(rows)]
+        for i in [i for i in range(rows) if i in turn]:
+            replies[i] = environment_turn(episodes[i], environments[i], tokenizer, settings, chat)
+        if any(replies):
+            chunk, real = right_padded(replies, pad, device)
+            logits = torch.where(real.any(1, keepdim=True), cache.forward(chunk, real), logits)
+    return episodes
+
+
+def environment_turn(episode: Episode, environment, tokenizer, settings: EpisodeSettings, chat: bool) -> list[int]:
+    """The environment's answer to the episode's last turn: its reward and whether it ends are recorded, and its
+    reply's tokens (within the episode's token budget) appended as the environment's and returned ([] for none)."""
+    turn_start = len(episode.own) - 1 - episode.own[::-1].index(0) if 0 in episode.own else -1
+    text = tokenizer.decode(episode.tokens[turn_start + 1 :], skip_special_tokens=True)
+    episode.turns += 1
+    episode.messages.append({"role": "assistant", "content": text})
+    step = environment.step(text)
+    if step.reward is not None:
+        episode.rewards.append(step.reward)
+    episode.done = step.done
+    if step.done or step.reply is None or episode.turns >= settings.max_turns:
+        return []
+    episode.messages.append({"role": settings.reply_role, "content": step.reply})
+    said = tokenizer(
+        reply_text(tokenizer, step.reply, settings.reply_role, episode.last_turn_ended, chat), add_special_tokens=False
+    ).input_ids[: settings.max_episode_tokens - len(episode.tokens)]
+    episode.tokens += said
+    episode.own += [0] * len(said)
+    episode.logprobs += [0.0] * len(said)
+    return said
 
 
 def episode_tensors(episodes: list[Episode], pad_token_id: int, device) -> dict[str, Tensor]:
@@ -201,9 +280,8 @@ def episode_completions(episodes: list[Episode], tokenizer, chat: bool) -> list:
 
 
 def episode_returns(episodes: list[Episode]) -> Tensor:
-    """Each episode's return `[N]`, the sum of its environment's rewards; NOT_APPLICABLE (-inf) where it gave
-    none, which the reward's `env` term adds nothing for (rloo.rewards.scoring)."""
-    return torch.tensor([float("-inf") if e.episode_return is None else e.episode_return for e in episodes])
+    """Each episode's return `[N]` (Episode.episode_return): the reward's `env` term."""
+    return torch.tensor([e.episode_return for e in episodes])
 
 
 @torch.no_grad()
@@ -211,7 +289,7 @@ def complete_episodes(policy, tokenizer, rows: list[dict], sampling: SamplingCon
     """Held-out evaluation's `complete` for multi-turn episodes: one episode per row in `spec`'s environment
     (rows as the data module makes them: prompt, prompt_ids, columns, messages). Returns complete's fields (texts:
     each episode's whole text after the prompt; length: the model's tokens; eos: ended) and the reward functions'
-    `completions`, the environment's `env_return` `[N]` (-inf: no reward) and `turns` `[N]`."""
+    `completions`, the environment's `env_return` `[N]`, `turns` `[N]` and whether it `replied` at least once `[N]`."""
     chat = all(row.get("messages") is not None for row in rows)
     prompts = [row["messages"] if chat else row["prompt"] for row in rows]
     environments = [spec.start({"prompt": p, **row.get("columns", {})}) for p, row in zip(prompts, rows)]
@@ -237,4 +315,5 @@ def complete_episodes(policy, tokenizer, rows: list[dict], sampling: SamplingCon
         "eos": made["ended"].float(),
         "env_return": episode_returns(episodes).to(device),
         "turns": torch.tensor([float(e.turns) for e in episodes], device=device),
+        "replied": torch.tensor([float(0 in e.own) for e in episodes], device=device),
     }

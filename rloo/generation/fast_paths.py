@@ -61,10 +61,13 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
     from rloo.generation.decode import why_not_lean_decode
     from rloo.generation.forward import packing_pays, why_not_shared_prefix
 
+    env = cfg.get("env")
+    length = cfg.data.max_prompt_length + (env.max_episode_tokens if env else cfg.response_length)
+    episodes = "; each turn of an episode sampled from the whole episode so far" if env else ""
     if not cfg.lean_decode:
-        sampler = ("hf_generate", "lean_decode=false")
-    elif reason := why_not_lean_decode(policy, cfg.data.max_prompt_length + cfg.response_length):
-        sampler = ("hf_generate", f"lean_decode=true, but the lean decode cannot serve this policy: {reason}")
+        sampler = ("hf_generate", f"lean_decode=false{episodes}")
+    elif reason := why_not_lean_decode(policy, length):
+        sampler = ("hf_generate", f"lean_decode=true, but the lean decode cannot serve this policy: {reason}{episodes}")
     else:
         if cfg.get("rollout_precision") == "bf16":
             products = rollout_bf16_products(cfg)
@@ -76,6 +79,12 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
                 f"{cfg.precision.trainer} on {cfg.trainer.accelerator})"
             )
         sampler = ("lean_decode", f"KV-cache loop, {decode_steps(cfg)}; {products}")
+        if env:  # rloo.generation.episode_decode
+            steps = "every row each step, no CUDA graphs"
+            sampler = (
+                "episode_kv_cache",
+                f"a KV cache per episode, continued across the environment's replies ({steps}); {products}",
+            )
 
     def forward(model) -> tuple[str, str]:
         if not cfg.shared_prefix:

@@ -323,7 +323,18 @@ class ExportPolicy(Callback):
             self.exported()
 
 
-SHOWN = ("win_rate", "win_rate_ci_low", "win_rate_ci_high", "invalid", "score", "mean_length", "accuracy", "pass@1")
+SHOWN = (
+    "win_rate",
+    "win_rate_ci_low",
+    "win_rate_ci_high",
+    "invalid",
+    "score",
+    "mean_length",
+    "accuracy",
+    "pass@1",
+    "replied",
+    "turns",
+)
 
 
 class SampleTable(Callback):

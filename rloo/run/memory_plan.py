@@ -306,10 +306,12 @@ def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]]
         separate_reference=not cfg.model.lora or cfg.model.reference is not None,
         has_reward_model=any(term.name == MODEL for term in parse_reward(str(cfg.reward))),
         prompt_length=int(cfg.data.max_prompt_length),
+        # a multi-turn episode: every token after the prompt, the environment's replies too (the forwards see them)
+        response_length=int(cfg.env.max_episode_tokens) if cfg.get("env") else int(cfg.response_length),
         shared_prefix=paths["policy_forward"][0] == "shared_prefix",
         mlp_recompute=paths.get("policy_activations", ("kept", ""))[0] == "mlp_recompute",
         sampler=paths["sampler"][0],
-        decode_weight_copy=decode_copy_bytes(cfg) if paths["sampler"][0] == "lean_decode" else 0,
+        decode_weight_copy=decode_copy_bytes(cfg) if paths["sampler"][0] in ("lean_decode", "episode_kv_cache") else 0,
         decode_graph=paths["sampler"][0] == "lean_decode" and decode_replays_graphs(cfg),
     )
 

@@ -628,6 +628,7 @@ def print_summary(summary: dict, log=print) -> None:
     rewards = [key for key in final if key.startswith("eval/reward/") and not key.endswith(("_ci_low", "_ci_high"))]
     verifiable = [k for k in final if k.startswith(("eval/accuracy", "eval/pass@", "eval/majority_vote"))]
     verifiable = [k for k in verifiable if not k.endswith(("_ci_low", "_ci_high"))]
-    for key in ("eval/win_rate", *rewards, *verifiable, "eval/score", "eval/mean_length"):
+    episodes = ("eval/replied", "eval/turns")  # multi-turn runs: how often the environment replied, turns taken
+    for key in ("eval/win_rate", *rewards, *verifiable, *episodes, "eval/score", "eval/mean_length"):
         if key in final:
             log(f"  {key:<17} {shown(initial, key)} -> {shown(final, key)}")

@@ -105,6 +105,13 @@ def arithmetic_split(cache_dir: str, split: str) -> str:
     return split_path(cache_dir, split)
 
 
+def word_problems_split(cache_dir: str, split: str) -> str:
+    """data=word_problems's split files, generated into the cache on first use (rloo.toy.word_problems)."""
+    from rloo.toy.word_problems import split_path
+
+    return split_path(cache_dir, split)
+
+
 def register_resolvers() -> None:
     for name, resolver in (
         ("wandb_offline", wandb_offline),
@@ -116,6 +123,7 @@ def register_resolvers() -> None:
         ("run_dir", run_dir),
         ("hydra_subdir", hydra_subdir),
         ("arithmetic_split", arithmetic_split),
+        ("word_problems_split", word_problems_split),
     ):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver, use_cache=name in ("unique_dir", "run_dir"))

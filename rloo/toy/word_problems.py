@@ -1,0 +1,76 @@
+"""Two-step word problems whose arithmetic is past a small model's head (two-digit products), for the calculator
+environment (rloo.environments.calculator): chat prompts whose system message explains the tool.
+
+    data=word_problems env=calculator reward=env       the splits, generated into the cache on first use
+
+Each row is {"prompt": [{"role": "system", ...}, {"role": "user", "content": question}], "answer": "<integer>",
+"expression": "<the arithmetic that solves it>"}.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+from rloo.utils import cache
+
+SPLITS = {"train": (2048, 0), "validation": (256, 1), "test": (256, 2)}  # rows, seed offset
+VERSION = 1  # part of the cache path: rows written by an older generator are never read
+NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Finn", "Gita", "Hugo", "Iris", "Jon")
+ITEMS = ("apples", "books", "coins", "marbles", "pencils", "stamps", "cards", "shells")
+SYSTEM = (
+    "You can use a calculator. To use it, write <calc>expression</calc>, for example <calc>12*7+5</calc>, and "
+    "the result comes back. When you know the answer, write: Answer: <number>"
+)
+
+
+def problem(rng: random.Random) -> tuple[str, str, int]:
+    """One question, the expression that solves it, and its answer."""
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    a, b, c = rng.randint(11, 39), rng.randint(11, 39), rng.randint(10, 99)
+    kind = rng.randrange(3)
+    if kind == 0:
+        return (
+            f"{name} buys {a} boxes of {item} with {b} {item} in each box and gives away {c}. "
+            f"How many {item} does {name} have left?",
+            f"{a}*{b}-{c}",
+            a * b - c,
+        )
+    if kind == 1:
+        return (
+            f"{name} has {c} {item} and buys {a} packs of {b} {item} each. How many {item} does {name} have now?",
+            f"{c}+{a}*{b}",
+            c + a * b,
+        )
+    return (
+        f"A shelf holds {a} rows of {b} {item}, and {c} more {item} are put on it. How many {item} are on the shelf?",
+        f"{a}*{b}+{c}",
+        a * b + c,
+    )
+
+
+def rows(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        question, expression, answer = problem(rng)
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        out.append({"prompt": messages, "answer": str(answer), "expression": expression})
+    return out
+
+
+def split_path(cache_dir: str, split: str, seed: int = 0, log=None) -> str:
+    """The jsonl of one split, from the cache entry of all three (rloo.utils.cache: locked, staged, hashed)."""
+    root = Path(cache_dir).expanduser() / f"word-problems-v{VERSION}-{seed}"
+
+    def build(staging: Path) -> dict:
+        for name, (n, offset) in SPLITS.items():
+            split_rows = rows(n, 1000 * seed + offset)
+            (staging / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in split_rows))
+        return {"seed": seed, "rows": {name: n for name, (n, _) in SPLITS.items()}}
+
+    say = log or (lambda line: print(f"rloo: {line}", file=sys.stderr))
+    cache.entry(root, build, "the word-problem splits", say)
+    return str(root / f"{split}.jsonl")
