@@ -37,9 +37,10 @@ def test_a_call_is_answered_and_an_answer_ends_the_episode():
 
 def test_every_word_problem_is_solved_by_its_expression():
     rows = word_problems.rows(200, seed=3)
-    assert len({r["prompt"][1]["content"] for r in rows}) > 190
+    assert len({r["prompt"][-1]["content"] for r in rows}) > 190
     for row in rows:
         assert str(int(evaluate(row["expression"]))) == row["answer"]
         assert row["prompt"][0] == {"role": "system", "content": word_problems.SYSTEM}
+        assert row["prompt"][1:-1] == word_problems.DEMO and row["prompt"][-1]["role"] == "user"
         assert re.search(r"\b\d\d\*\d\d\b", row["expression"])  # a product of two two-digit numbers in every one
     assert word_problems.rows(5, seed=3) == rows[:5]  # the same seed, the same rows

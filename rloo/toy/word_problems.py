@@ -3,8 +3,8 @@ environment (rloo.environments.calculator): chat prompts whose system message ex
 
     data=word_problems env=calculator reward=env       the splits, generated into the cache on first use
 
-Each row is {"prompt": [{"role": "system", ...}, {"role": "user", "content": question}], "answer": "<integer>",
-"expression": "<the arithmetic that solves it>"}.
+Each row is {"prompt": [{"role": "system", ...}, one worked exchange (DEMO), {"role": "user", "content": question}],
+"answer": "<integer>", "expression": "<the arithmetic that solves it>"}.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from rloo.utils import cache
 
 SPLITS = {"train": (2048, 0), "validation": (256, 1), "test": (256, 2)}  # rows, seed offset
-VERSION = 1  # part of the cache path: rows written by an older generator are never read
+VERSION = 2  # part of the cache path: rows written by an older generator are never read
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Finn", "Gita", "Hugo", "Iris", "Jon")
 ITEMS = ("apples", "books", "coins", "marbles", "pencils", "stamps", "cards", "shells")
 SYSTEM = (
@@ -51,12 +51,22 @@ def problem(rng: random.Random) -> tuple[str, str, int]:
     )
 
 
+# one worked exchange before the question: a call, its result, the answer (a 135M model follows a shown format far
+# better than a described one: with it, SmolLM2-135M-Instruct calls the calculator in most greedy episodes)
+DEMO = [
+    {"role": "user", "content": "Tom has 3 bags of 12 apples and eats 5. How many apples are left?"},
+    {"role": "assistant", "content": "<calc>3*12-5</calc>"},
+    {"role": "user", "content": "Result: 31"},
+    {"role": "assistant", "content": "Answer: 31"},
+]
+
+
 def rows(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         question, expression, answer = problem(rng)
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        messages = [{"role": "system", "content": SYSTEM}, *DEMO, {"role": "user", "content": question}]
         out.append({"prompt": messages, "answer": str(answer), "expression": expression})
     return out
 
