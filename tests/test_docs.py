@@ -72,3 +72,15 @@ def test_extending_names_only_what_the_code_has():
     mask = torch.ones(4, 3)
     for aggregation in configs.AGGREGATIONS:  # and every aggregation a branch of aggregate
         assert aggregate(torch.ones(4, 3), mask, aggregation, 3.0).item() > 0
+
+
+def test_environments_names_only_what_the_code_has():
+    """docs/environments.md: every path it names exists, every test it cites is defined, every env option too."""
+    text = (ROOT / "docs" / "environments.md").read_text()
+    paths = set(re.findall(r"`((?:rloo|tests|conf)/[\w/.<>]+?\.(?:py|yaml))", text)) - {"conf/env/<name>.yaml"}
+    assert paths and [p for p in paths if not (ROOT / p).exists()] == []
+    tests = (ROOT / "tests" / "test_episodes.py").read_text()
+    cited = re.findall(r"`(test_\w+)`", text)
+    assert cited and [t for t in cited if f"def {t}(" not in tests] == []
+    options = {p.stem for p in (ROOT / "conf" / "env").glob("*.yaml")} - {"none"}
+    assert options and [o for o in options if f"env={o}" not in text] == []

@@ -288,3 +288,31 @@ def test_an_episodes_sampler_log_probs_equal_the_training_forwards(policy, token
     own = made["completion_mask"].bool()
     assert own.sum() > 6 and (~own & made["episode_mask"].bool()).any()  # turns and replies both there
     assert torch.allclose(made["generation_logprobs"][own], recomputed[own], atol=2e-5)
+
+
+@pytest.mark.slow
+def test_an_episode_run_killed_and_resumed_ends_bit_identical(finished_run):
+    """env=topic_recall, 8 rollouts with a checkpoint each: SIGKILL after the 3rd, resume=auto (the run's own
+    settings), and the policy ends bit for bit as a run never interrupted."""
+    import signal
+
+    from safetensors.torch import load_file
+
+    from tests.e2e import train
+    from tests.test_interrupt import finish, start, wait_for
+
+    base, _ = finished_run
+    run = ["env=topic_recall", "reward=env", "judge=none", "total_episodes=64", "checkpoint_every=1"]
+    run += ["keep_checkpoints=-1", "eval_every=0", "eval.before=false", "lr=3e-3"]
+    straight = train(base / "episodes-straight", base / "cache", *run)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = base / "episodes-killed"
+    process = start(killed, base / "cache", *run)
+    wait_for(lambda: (killed / "checkpoints" / "step3.ckpt").exists(), process)
+    process.send_signal(signal.SIGKILL)
+    assert finish(process)[0] == -signal.SIGKILL
+    resumed = train(killed, base / "cache", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = load_file(base / "episodes-straight" / "policy" / "model.safetensors")
+    b = load_file(killed / "policy" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -13,7 +13,8 @@ import traceback
 import pytest
 
 from rloo.config.checks import ConfigError
-from rloo.judges import judge_pairs, win_rate_summary
+from rloo.evaluation.intervals import win_rate_summary
+from rloo.judges import judge_pairs
 from rloo.judges.openai import CACHE_FILE, JudgeError, OpenAIJudge
 from rloo.judges.prompts import TLDR_COMPARISON, render_comparison
 from rloo.utils.errors import JudgeFailed

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoTokenizer, GPTNeoXForCausalLM
 
 from rloo.evaluation.heldout import INVALID, summarize_eval
-from rloo.judges import Judge, Verdict, judge_pairs, swap_orders, win_rate_summary
+from rloo.evaluation.intervals import win_rate_summary
+from rloo.judges import Judge, Verdict, judge_pairs, swap_orders
 from rloo.judges.prompts import TLDR_COMPARISON_NEXT_TOKEN, parse_preference, render_comparison
 from rloo.models.loading import load_reward_model, load_tokenizer
 from rloo.rewards.user_code import Interrupted

@@ -12,13 +12,13 @@ from typing import Callable
 import torch
 
 from rloo.data.padding import left_pad
-from rloo.evaluation.intervals import PROPORTIONS, Z_95, proportion_interval
+from rloo.evaluation.intervals import PROPORTIONS, Z_95, proportion_interval, win_rate_summary
 from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
 from rloo.generation.episodes import complete_episodes
 from rloo.generation.forward import reward_scores
 from rloo.generation.rollout import chunked, sample_completions
 from rloo.generation.settings import SamplingConfig
-from rloo.judges import Judge, judge_pairs, win_rate_summary
+from rloo.judges import Judge, judge_pairs
 
 INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)
 MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy", "replied")  # per-row values summarised alike
@@ -166,7 +166,9 @@ def evaluate_policy(
                     policy, tokenizer, rows, reward, verifiable, batch_size, scores.device, columns, environment
                 )
             )
-    read = reward.columns_read(list(rows[0].get("columns", {}))) if reward is not None and reward.functions else []
+    available = list(rows[0].get("columns", {}))
+    # the columns the reward functions read; an environment gets the whole row, so with one every column
+    read = available if environment is not None else reward.columns_read(available) if reward is not None else []
     samples = []
     for i, (prompt, reference, other, text, verdict) in enumerate(
         zip(prompts, references, others, done["texts"], verdicts)
@@ -186,6 +188,11 @@ def evaluate_policy(
                 # each reward function's value by name (None: it returned None there, or failed)
                 "rewards": {key[7:]: finite_or_none(v[i]) for key, v in per_row.items() if key.startswith("reward/")},
                 **({"correct": bool(per_row["accuracy"][i])} if "accuracy" in per_row else {}),
+                **(
+                    {"turns": int(per_row["turns"][i]), "replied": bool(per_row["replied"][i])}
+                    if "turns" in per_row
+                    else {}
+                ),
                 # the row's data columns the reward functions read (its answer, say): why it scored what it did
                 **({"columns": {name: strict_json(rows[i]["columns"][name]) for name in read}} if read else {}),
             }

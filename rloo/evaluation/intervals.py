@@ -1,6 +1,6 @@
-"""95% intervals: a proportion over rows (Wilson's score interval); over seeds, a mean (Student's t), the difference
-of two means (Welch), and any linear contrast of several settings' means (Welch-Satterthwaite), such as the main
-effects and interactions of a factorial sweep."""
+"""95% intervals: a proportion over rows (Wilson's score interval; the win rate of a judge's verdicts); over seeds, a
+mean (Student's t), the difference of two means (Welch), and any linear contrast of several settings' means (Welch-
+Satterthwaite), such as the main effects and interactions of a factorial sweep."""
 
 from __future__ import annotations
 
@@ -86,3 +86,18 @@ def contrast_interval(groups: list[list[float]], coefficients: list[float]) -> t
     df = variance**2 / sum(v * v / (n - 1) for v, n in parts if v > 0)
     half = t_975(max(df, 1)) * variance**0.5
     return estimate, estimate - half, estimate + half
+
+
+def win_rate_summary(outcomes: list[float | None]) -> dict[str, float | int]:
+    """Win rate of the candidate with a tie counted as half, over the valid judgements, with its 95% interval:
+    Wilson's score interval at that rate and the number judged (rloo.evaluation.intervals.proportion_interval),
+    inside [0, 1] at any n. Invalid judgements are counted, and left out of the rate (never a win)."""
+    valid = [s for s in outcomes if s is not None]
+    wins, ties, losses = (sum(s == v for s in valid) for v in (1.0, 0.5, 0.0))
+    n = len(valid)
+    summary = {"wins": wins, "ties": ties, "losses": losses, "invalid": len(outcomes) - n, "num_judged": n}
+    if n == 0:
+        return {**summary, "win_rate": float("nan"), "win_rate_ci_low": float("nan"), "win_rate_ci_high": float("nan")}
+    rate = (wins + 0.5 * ties) / n
+    low, high = proportion_interval(rate, n)
+    return {**summary, "win_rate": rate, "win_rate_ci_low": low, "win_rate_ci_high": high}

@@ -5,9 +5,9 @@ win 1.0, tie 0.5, loss 0.0, invalid None. Judges that show the pair to a model r
 per pair from a recorded seed and undo the swap before returning.
 """
 
-from rloo.judges.base import Judge, Verdict, judge_pairs, swap_orders, win_rate_summary
+from rloo.judges.base import Judge, Verdict, judge_pairs, swap_orders
 
-__all__ = ["Judge", "Verdict", "build_judge", "judge_pairs", "swap_orders", "win_rate_summary"]
+__all__ = ["Judge", "Verdict", "build_judge", "judge_pairs", "swap_orders"]
 
 
 def build_judge(judge_cfg, reward_model: str | None = None, tokenizer: str | None = None) -> Judge | None:

@@ -1,4 +1,4 @@
-"""The judge interface, the A/B order draw, and the win rate with its confidence interval."""
+"""The judge interface and the A/B order draw; the win rate over the verdicts is rloo.evaluation.intervals'."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rloo.evaluation.intervals import proportion_interval
 from rloo.rewards.user_code import Interrupted, call_guarded, one_line
 from rloo.utils.errors import JudgeFailed
 
@@ -119,18 +118,3 @@ def swap_orders(seed: int, prompts: list[str], candidates: list[str], others: li
     return [
         random.Random(f"{seed}\x00{p}\x00{c}\x00{o}").random() < 0.5 for p, c, o in zip(prompts, candidates, others)
     ]
-
-
-def win_rate_summary(outcomes: list[float | None]) -> dict[str, float | int]:
-    """Win rate of the candidate with a tie counted as half, over the valid judgements, with its 95% interval:
-    Wilson's score interval at that rate and the number judged (rloo.evaluation.intervals.proportion_interval),
-    inside [0, 1] at any n. Invalid judgements are counted, and left out of the rate (never a win)."""
-    valid = [s for s in outcomes if s is not None]
-    wins, ties, losses = (sum(s == v for s in valid) for v in (1.0, 0.5, 0.0))
-    n = len(valid)
-    summary = {"wins": wins, "ties": ties, "losses": losses, "invalid": len(outcomes) - n, "num_judged": n}
-    if n == 0:
-        return {**summary, "win_rate": float("nan"), "win_rate_ci_low": float("nan"), "win_rate_ci_high": float("nan")}
-    rate = (wins + 0.5 * ties) / n
-    low, high = proportion_interval(rate, n)
-    return {**summary, "win_rate": rate, "win_rate_ci_low": low, "win_rate_ci_high": high}

@@ -20,6 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rloo.config.checks import ConfigError  # noqa: E402
+from rloo.run.stops import checkpoint_names, stop_line, stopped_by_sigterm  # noqa: E402
 from rloo.utils.errors import (  # noqa: E402
     SIGTERM_EXIT_CODE,
     JudgeFailed,
@@ -64,7 +65,7 @@ def run(cfg: DictConfig) -> dict:
             pieces = build(plan, record)
         return fit(plan, pieces, record)
     except BaseException as error:
-        from rloo.run.failures import record_failure
+        from rloo.run.stops import record_failure
 
         record_failure(Path(cfg.paths.output_dir), error)
         raise
@@ -577,35 +578,6 @@ def stop_other_ranks(trainer, log) -> None:
     procs.clear()
     if alive:
         log(f"rloo: stopped the other ranks (pid {', '.join(str(p.pid) for p in alive)}): this run has failed")
-
-
-def checkpoint_names(out: Path) -> str:
-    return ", ".join(sorted(p.name for p in (out / "checkpoints").glob("*.ckpt")))
-
-
-def stopped_by_sigterm(plan: RunPlan, module) -> None:
-    """Exit as a process ended by SIGTERM (128 + 15), which schedulers read as preempted, never as success."""
-    if not module.trainer.is_global_zero:  # one line for the run
-        sys.exit(SIGTERM_EXIT_CODE)
-    plan.log(stop_line("SIGTERM", plan, module))
-    sys.exit(SIGTERM_EXIT_CODE)
-
-
-def stop_line(by: str, plan: RunPlan, module) -> str:
-    """The line a stopped run ends with: what it did, the checkpoint a resume continues from (or none), and the
-    command that continues it (its own settings come with it: rloo.run.cli.with_the_runs_own_overrides)."""
-    from rloo.utils.resume import find_resume_point
-
-    out, said = plan.out, f"rloo: stopped by {by} after {module.state.rollouts} rollouts"
-    try:
-        point = find_resume_point("auto", out, plan.updates, log=lambda line: None)
-    except Exception:  # a damaged checkpoints/ dir: say what is there
-        point = None
-    if point is None:
-        return f"{said}; no checkpoint was kept, nothing to continue from (start it again: the same command)"
-    return (
-        f"{said}; kept {point.checkpoint.relative_to(out)} (in {out}); continue with: python -m rloo.train resume={out}"
-    )
 
 
 def print_summary(summary: dict, log=print) -> None:

@@ -1,10 +1,12 @@
-"""A failed run's dir says why it failed: summary.json's `error` and the last line of train.log hold the one line
-the console printed. Interruptions (SIGTERM, Ctrl-C) are not failures: the run's own handlers record them."""
+"""How a run that does not finish ends. A failed run's dir says why it failed: summary.json's `error` and the last line
+of train.log hold the one line the console printed. A run stopped by SIGTERM or Ctrl-C (not a failure) ends with the
+line to act on: the checkpoint kept and the command that continues it."""
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, stopped_by_ctrl_c
@@ -67,3 +69,32 @@ def log_file_only(path: Path, line: str) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).resolve() == path.resolve():
             handler.handle(record)
+
+
+def checkpoint_names(out: Path) -> str:
+    return ", ".join(sorted(p.name for p in (out / "checkpoints").glob("*.ckpt")))
+
+
+def stopped_by_sigterm(plan, module) -> None:
+    """Exit as a process ended by SIGTERM (128 + 15), which schedulers read as preempted, never as success."""
+    if not module.trainer.is_global_zero:  # one line for the run
+        sys.exit(SIGTERM_EXIT_CODE)
+    plan.log(stop_line("SIGTERM", plan, module))
+    sys.exit(SIGTERM_EXIT_CODE)
+
+
+def stop_line(by: str, plan, module) -> str:
+    """The line a stopped run ends with: what it did, the checkpoint a resume continues from (or none), and the
+    command that continues it (its own settings come with it: rloo.run.cli.with_the_runs_own_overrides)."""
+    from rloo.utils.resume import find_resume_point
+
+    out, said = plan.out, f"rloo: stopped by {by} after {module.state.rollouts} rollouts"
+    try:
+        point = find_resume_point("auto", out, plan.updates, log=lambda line: None)
+    except Exception:  # a damaged checkpoints/ dir: say what is there
+        point = None
+    if point is None:
+        return f"{said}; no checkpoint was kept, nothing to continue from (start it again: the same command)"
+    return (
+        f"{said}; kept {point.checkpoint.relative_to(out)} (in {out}); continue with: python -m rloo.train resume={out}"
+    )
