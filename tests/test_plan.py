@@ -292,6 +292,8 @@ def test_the_plan_counts_what_episodes_add(tmp_path, tokenizer, capsys):
     _, shape, mib, _ = plan_config(compose_train_config([*own, "judge=none"]))
     _, single, single_mib, _ = plan_config(compose_train_config([*own, "judge=none", "env=none", "reward=model"]))
     assert (shape.response_length, single.response_length) == (160, 40)
-    # a packed group row is [prompt | k sequences]: P = 128, k = 4, T = 160 against 40
-    assert mib["activations"] / single_mib["activations"] == pytest.approx((128 + 4 * 160) / (128 + 4 * 40))
-    assert mib["KV cache"] / single_mib["KV cache"] == pytest.approx((128 + 160) / (128 + 40))
+    # a packed group row is [prompt | k sequences]: P = data.max_prompt_length, k = 4, T = 160 against 40
+    prompt = shape.prompt_length
+    assert prompt == compose_train_config(list(own)).data.max_prompt_length == 192
+    assert mib["activations"] / single_mib["activations"] == pytest.approx((prompt + 4 * 160) / (prompt + 4 * 40))
+    assert mib["KV cache"] / single_mib["KV cache"] == pytest.approx((prompt + 160) / (prompt + 40))

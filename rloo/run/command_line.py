@@ -167,13 +167,16 @@ class ConfigTree:
         return " or ".join(f"rloo's conf/{group}/" if d == CONF_DIR else f"{d / group}/" for d in self.dirs)
 
     def recipe_of(self, model: str) -> str | None:
-        """The experiment `model=<model>` runs: of those that select the model (themselves or through the recipe
-        they build on), the one no other builds on (tldr_pythia1b, rloo's recipe on top of TRL's published ones)."""
+        """The experiment `model=<model>` runs: of the single-turn ones that select the model (themselves or through
+        the recipe they build on), the one no other builds on (tldr_pythia1b, rloo's recipe on top of TRL's
+        published ones). A multi-turn recipe (one that chooses an env=) is run by its name only
+        (experiment=calculator_smollm2)."""
         default = self.defaults([]).overrides.known_choices.get("model")
         selects, bases = {}, {}
         for option in self.options("experiment"):
             defaults = self.defaults([f"experiment={option}"])
-            selects[option] = defaults.overrides.known_choices.get("model")
+            choices = defaults.overrides.known_choices
+            selects[option] = choices.get("model") if choices.get("env") in (None, "none") else None
             paths = {d.config_path for d in defaults.defaults if d.config_path}
             bases[option] = {p.split("/", 1)[1] for p in paths if p.startswith("experiment/")} - {option}
         candidates = [o for o, chosen in selects.items() if chosen == model and chosen != default]
