@@ -169,34 +169,8 @@ def evaluate_policy(
     available = list(rows[0].get("columns", {}))
     # the columns the reward functions read; an environment gets the whole row, so with one every column
     read = available if environment is not None else reward.columns_read(available) if reward is not None else []
-    samples = []
-    for i, (prompt, reference, other, text, verdict) in enumerate(
-        zip(prompts, references, others, done["texts"], verdicts)
-    ):
-        samples.append(
-            {
-                "prompt": prompt,
-                "reference": reference,
-                **({"opponent": other} if head_to_head else {}),
-                "completion": text,
-                "verdict": None if verdict is None else verdict.label,
-                "outcome": None if verdict is None else verdict.outcome,
-                "order": None if verdict is None else verdict.order,
-                "judge_answer": None if verdict is None else (verdict.raw if verdict.error is None else verdict.error),
-                "length": int(per_row["length"][i]),
-                "score": finite_or_none(scores[i]),  # the reward model's; None without one
-                # each reward function's value by name (None: it returned None there, or failed)
-                "rewards": {key[7:]: finite_or_none(v[i]) for key, v in per_row.items() if key.startswith("reward/")},
-                **({"correct": bool(per_row["accuracy"][i])} if "accuracy" in per_row else {}),
-                **(
-                    {"turns": int(per_row["turns"][i]), "replied": bool(per_row["replied"][i])}
-                    if "turns" in per_row
-                    else {}
-                ),
-                # the row's data columns the reward functions read (its answer, say): why it scored what it did
-                **({"columns": {name: strict_json(rows[i]["columns"][name]) for name in read}} if read else {}),
-            }
-        )
+    others = others if head_to_head else [None] * n
+    samples = [sample_record(i, rows[i], done["texts"][i], verdicts[i], per_row, others[i], read) for i in range(n)]
     return per_row, samples
 
 
@@ -212,6 +186,32 @@ def strict_json(value):
     if isinstance(value, (list, tuple)):
         return [strict_json(v) for v in value]
     return str(value)
+
+
+def sample_record(i: int, row: dict, text: str, verdict, per_row: dict, opponent: str | None, read: list) -> dict:
+    """Row i's record in eval_samples.jsonl: its prompt, reference (and opponent), completion, verdict, length and
+    scores, and what explains them (the data columns `read`, an episode's turns)."""
+    record = {
+        "prompt": row["prompt"],
+        "reference": row["reference"],
+        **({"opponent": opponent} if opponent is not None else {}),
+        "completion": text,
+        "verdict": None if verdict is None else verdict.label,
+        "outcome": None if verdict is None else verdict.outcome,
+        "order": None if verdict is None else verdict.order,
+        "judge_answer": None if verdict is None else (verdict.raw if verdict.error is None else verdict.error),
+        "length": int(per_row["length"][i]),
+        "score": finite_or_none(per_row["score"][i]),  # the reward model's; None without one
+        # each reward function's value by name (None: it returned None there, or failed)
+        "rewards": {key[7:]: finite_or_none(v[i]) for key, v in per_row.items() if key.startswith("reward/")},
+    }
+    if "accuracy" in per_row:
+        record["correct"] = bool(per_row["accuracy"][i])
+    if "turns" in per_row:  # a multi-turn episode
+        record |= {"turns": int(per_row["turns"][i]), "replied": bool(per_row["replied"][i])}
+    if read:  # the row's data columns the reward functions read (its answer, say): why it scored what it did
+        record["columns"] = {name: strict_json(row["columns"][name]) for name in read}
+    return record
 
 
 def finite_or_none(value) -> float | None:

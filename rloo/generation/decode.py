@@ -240,6 +240,20 @@ def _soft_cap(scores: Tensor, cap: float | None) -> Tensor:
     return scores if cap is None else torch.tanh(scores / cap) * cap
 
 
+def masked_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, shape) -> Tensor:
+    """q `[B, H, M, hd]` over keys and values `[B, kv_heads, L, hd]` where the bool `mask` `[B, 1, M, L]` allows
+    (True): SDPA, or, where the family soft-caps its scores (Gemma 2; SDPA has no cap), HF's eager attention in its
+    order of operations."""
+    if shape.softcap is None:
+        gqa = shape.kv_heads != shape.heads
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=shape.scale, enable_gqa=gqa)
+    rep = shape.heads // shape.kv_heads
+    keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+    scores = _soft_cap(torch.matmul(q, keys.transpose(-1, -2)) * shape.scale, shape.softcap)
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
+
+
 def _prefill(weights: Prepared, prompt_ids: Tensor, prompt_mask: Tensor, cos_table: Tensor, sin_table: Tensor):
     """One forward over left-padded prompts `[U, P]`: per layer the prompt's keys and values
     `[U, kv_heads, 2, P, hd]`, and the logits `[U, V]` after the last prompt token."""
@@ -249,21 +263,12 @@ def _prefill(weights: Prepared, prompt_ids: Tensor, prompt_mask: Tensor, cos_tab
     cos, sin = cos_table[positions], sin_table[positions]  # [U, P, rot]
     mask = _prefill_mask(prompt_mask)
     shape, caches = body.shape, []
-    gqa = shape.kv_heads != shape.heads
     hd = shape.head_dim
 
     def attend(q: Tensor, kv: Tensor) -> Tensor:  # the whole prompt at once: store its k|v, attend causally
         cache = caches[-1]
         cache.copy_(kv.unflatten(-1, (2, hd)).transpose(2, 3))  # [U, kv_heads, P, 2, hd] -> [U, kv_heads, 2, P, hd]
-        keys, values = cache[:, :, 0], cache[:, :, 1]
-        if shape.softcap is None:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=shape.scale, enable_gqa=gqa)
-        # soft-capped scores (SDPA has no cap): HF's eager attention, its order of operations
-        rep = shape.heads // shape.kv_heads
-        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
-        scores = _soft_cap(torch.matmul(q, keys.transpose(-1, -2)) * shape.scale, shape.softcap)
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
+        return masked_attention(q, cache[:, :, 0], cache[:, :, 1], mask, shape)
 
     for layer in body.layers:
         size = (len(prompt_ids), shape.kv_heads, 2, prompt_ids.shape[1], hd)

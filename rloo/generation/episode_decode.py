@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rloo.generation.decode import Prepared, _embed, _last_logits, _soft_cap, rotary_tables
+from rloo.generation.decode import Prepared, _embed, _last_logits, masked_attention, rotary_tables
 
 GROWTH = 64  # slots added when a chunk would overrun the cache
 
@@ -70,15 +70,7 @@ class EpisodeCache:
         def attend(q: Tensor, kv: Tensor) -> Tensor:  # q [N, H, M, hd], kv [N, kv_heads, M, 2*hd]
             cache = next(caches)
             cache.permute(0, 3, 1, 2, 4)[row_index, slots] = kv.unflatten(-1, (2, hd)).permute(0, 2, 1, 3, 4)
-            k, v = cache[:, :, 0], cache[:, :, 1]  # [N, kv_heads, C, hd]
-            if shape.softcap is None:
-                gqa = shape.kv_heads != shape.heads
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=shape.scale, enable_gqa=gqa)
-            rep = shape.heads // shape.kv_heads
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-            scores = _soft_cap(torch.matmul(q, k.transpose(-1, -2)) * shape.scale, shape.softcap)
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-            return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+            return masked_attention(q, cache[:, :, 0], cache[:, :, 1], mask, shape)  # over [N, kv_heads, C, hd]
 
         hidden = _embed(body, tokens)  # [N, M, D]
         cos, sin = self.cos[positions], self.sin[positions]

@@ -11,16 +11,12 @@ ask for them).
 
 from __future__ import annotations
 
-import json
 import random
 import re
-import sys
-from pathlib import Path
 
 from rloo.data.chat import completion_text
-from rloo.utils import cache
+from rloo.toy import generated
 
-SPLITS = {"train": (2048, 0), "validation": (256, 1), "test": (256, 2)}  # rows, seed offset
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Finn", "Gita", "Hugo", "Iris", "Jon")
 ITEMS = ("apples", "books", "coins", "marbles", "pencils", "stamps", "cards", "shells")
 INSTRUCTION = "Answer with the number only."
@@ -64,19 +60,8 @@ def rows(n: int, seed: int) -> list[dict]:
 
 
 def split_path(cache_dir: str, split: str, seed: int = 0, log=None) -> str:
-    """The jsonl of one split, from the cache entry of all three (rloo.utils.cache: written once under a lock, a few ms,
-    the same rows for the same seed; checked against its hashes on every use, a damaged one written again)."""
-    root = Path(cache_dir).expanduser() / f"arithmetic-v{VERSION}-{seed}"
-
-    def build(staging: Path) -> dict:
-        for name, (n, offset) in SPLITS.items():
-            split_rows = rows(n, 1000 * seed + offset)
-            (staging / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in split_rows))
-        return {"seed": seed, "rows": {name: n for name, (n, _) in SPLITS.items()}}
-
-    say = log or (lambda line: print(f"rloo: {line}", file=sys.stderr))
-    cache.entry(root, build, "the arithmetic splits", say)
-    return str(root / f"{split}.jsonl")
+    """The jsonl of one split (rloo.toy.generated: generated into the cache once, checked on every use)."""
+    return generated.split_path(cache_dir, split, f"arithmetic-v{VERSION}", rows, "the arithmetic splits", seed, log)
 
 
 def final_number(completion: str) -> str | None:

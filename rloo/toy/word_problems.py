@@ -9,14 +9,10 @@ Each row is {"prompt": [{"role": "system", ...}, one worked exchange (DEMO), {"r
 
 from __future__ import annotations
 
-import json
 import random
-import sys
-from pathlib import Path
 
-from rloo.utils import cache
+from rloo.toy import generated
 
-SPLITS = {"train": (2048, 0), "validation": (256, 1), "test": (256, 2)}  # rows, seed offset
 VERSION = 2  # part of the cache path: rows written by an older generator are never read
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Finn", "Gita", "Hugo", "Iris", "Jon")
 ITEMS = ("apples", "books", "coins", "marbles", "pencils", "stamps", "cards", "shells")
@@ -72,15 +68,7 @@ def rows(n: int, seed: int) -> list[dict]:
 
 
 def split_path(cache_dir: str, split: str, seed: int = 0, log=None) -> str:
-    """The jsonl of one split, from the cache entry of all three (rloo.utils.cache: locked, staged, hashed)."""
-    root = Path(cache_dir).expanduser() / f"word-problems-v{VERSION}-{seed}"
-
-    def build(staging: Path) -> dict:
-        for name, (n, offset) in SPLITS.items():
-            split_rows = rows(n, 1000 * seed + offset)
-            (staging / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in split_rows))
-        return {"seed": seed, "rows": {name: n for name, (n, _) in SPLITS.items()}}
-
-    say = log or (lambda line: print(f"rloo: {line}", file=sys.stderr))
-    cache.entry(root, build, "the word-problem splits", say)
-    return str(root / f"{split}.jsonl")
+    """The jsonl of one split (rloo.toy.generated: generated into the cache once, checked on every use)."""
+    return generated.split_path(
+        cache_dir, split, f"word-problems-v{VERSION}", rows, "the word-problem splits", seed, log
+    )
