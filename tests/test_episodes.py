@@ -258,13 +258,14 @@ def test_the_continued_cache_gives_a_full_forwards_logits(tokenizer, family):
 
 def test_an_episodes_sampler_log_probs_equal_the_training_forwards(policy, tokenizer):
     """The cached episodes' own log-probs against a forward over whole episodes (the training layout)."""
+    from rloo.generation.decode import prepared_weights
     from rloo.generation.episodes import cached_episodes
     from rloo.generation.forward import completion_logprobs
 
     prompt = tokenizer("POST: my dog and a car\n\nTL;DR:", add_special_tokens=False).input_ids
     environments = [spec(Scripted).start({"prompt": "x"}) for _ in range(3)]
     episodes = cached_episodes(
-        policy,
+        prepared_weights(policy, 3),
         tokenizer,
         [prompt, prompt[2:], prompt],
         environments,

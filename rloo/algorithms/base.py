@@ -76,9 +76,9 @@ class OnlineRLModule(LightningModule):
         offline pairs)."""
         cfg = self.config
         reward_model = self.reward_model if self.reward is None or self.reward.uses_model else None
-        episodes = None
+        episodes, prompts = None, self.data_prompts(batch) if self.environment or self.reward else None
         if self.environment is not None:
-            rollout, episodes = self.collect_episodes(batch, timer, reward_model)
+            rollout, episodes = self.collect_episodes(batch, prompts, timer, reward_model)
         else:
             rollout = collect_rollout(
                 sampler or self.policy,
@@ -96,7 +96,7 @@ class OnlineRLModule(LightningModule):
             )
         if self.reward is not None:  # the functions of reward= get TRL's arguments: completions decoded, and the
             with timer("reward_functions"):  # prompts as the data has them (chat messages, or text decoded)
-                prompts = [p for p in self.data_prompts(batch) for _ in range(cfg.k)]
+                prompts = [p for p in prompts for _ in range(cfg.k)]
                 if episodes is None:
                     completions = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
                 else:  # chat: the episode's messages after the prompt; text: its whole text, replies included
@@ -115,11 +115,10 @@ class OnlineRLModule(LightningModule):
             return list(messages)
         return self.tokenizer.batch_decode(batch["prompt_ids"], skip_special_tokens=True)
 
-    def collect_episodes(self, batch: dict, timer: PhaseTimer, reward_model) -> tuple[Rollout, list]:
+    def collect_episodes(self, batch: dict, prompts: list, timer: PhaseTimer, reward_model) -> tuple[Rollout, list]:
         """k multi-turn episodes per prompt in `self.environment` (rloo.generation.episodes), each environment
-        reset with its row: {"prompt": as the data has it, **its other columns}."""
+        reset with its row: {"prompt": as the data has it (`prompts`, data_prompts), **its other columns}."""
         cfg, spec = self.config, self.environment
-        prompts = self.data_prompts(batch)
         rows = [{"prompt": p, **c} for p, c in zip(prompts, batch.get("columns") or [{}] * len(prompts))]
         with timer("environment"):
             environments = [spec.start(row) for row in rows for _ in range(cfg.k)]

@@ -21,7 +21,7 @@ from torch import Tensor
 from rloo.data.padding import left_pad
 from rloo.generation.decode import prepared_weights, supports_lean_decode
 from rloo.generation.episode_decode import EpisodeCache
-from rloo.generation.rollout import PhaseTimer, Rollout, reference_and_scores, sample_completions
+from rloo.generation.rollout import PhaseTimer, Rollout, sample_completions, scored_rollout
 from rloo.generation.sampling import sample_tokens
 from rloo.generation.settings import EpisodeSettings, SamplingConfig
 
@@ -84,11 +84,14 @@ def run_episodes(
     its turns (`cached_episodes`); else each turn is sampled from the whole episode so far (HF generate)."""
     longest = max(len(p) for p in prompt_ids) + settings.max_episode_tokens
     if sampling.lean_decode and supports_lean_decode(policy, longest):
+        # the weights as the loop reads them, made once for every chunk (as the single-turn rollout does)
+        rows, bf16 = min(batch_size, len(prompt_ids)), sampling.rollout_precision == "bf16"
+        weights = prepared_weights(policy, rows, bf16)
         return [
             episode
             for start in range(0, len(prompt_ids), batch_size)
             for episode in cached_episodes(
-                policy,
+                weights,
                 tokenizer,
                 prompt_ids[start : start + batch_size],
                 environments[start : start + batch_size],
@@ -130,12 +133,11 @@ def right_padded(chunks: list[list[int]], pad_token_id: int, device) -> tuple[Te
 
 
 @torch.no_grad()
-def cached_episodes(policy, tokenizer, prompt_ids, environments, sampling, settings, chat, device) -> list[Episode]:
-    """run_episodes on one EpisodeCache: the prompts prefilled once, each turn drawn a token a step (each drawn token
-    fed back at once), each reply prefilled into the same cache as one chunk; only the live rows draw, in row
-    order."""
+def cached_episodes(weights, tokenizer, prompt_ids, environments, sampling, settings, chat, device) -> list[Episode]:
+    """run_episodes on one EpisodeCache over the policy's `weights` (rloo.generation.decode.prepared_weights): the
+    prompts prefilled once, each turn drawn a token a step (each drawn token fed back at once), each reply prefilled
+    into the same cache as one chunk; only the live rows draw, in row order."""
     rows, pad, eos = len(prompt_ids), tokenizer.pad_token_id, tokenizer.eos_token_id
-    weights = prepared_weights(policy, rows, sampling.rollout_precision == "bf16")
     cache = EpisodeCache(weights, rows, max(map(len, prompt_ids)) + settings.max_episode_tokens + 8, device)
     logits = cache.forward(*right_padded(prompt_ids, pad, device))
     episodes = [Episode() for _ in range(rows)]
@@ -242,30 +244,26 @@ def collect_episodes(
             policy, tokenizer, prompts, environments, sampling, settings, forward_batch_size, chat, prompt_ids.device
         )
         made = episode_tensors(episodes, tokenizer.pad_token_id, prompt_ids.device)
-    ref_logprobs, scores = reference_and_scores(
-        policy,
-        reference,
-        reward_model,
-        prompt_ids,
-        prompt_mask,
-        made["completion_ids"],
-        made["completion_mask"],
-        made["episode_mask"],
-        sampling.temperature,
-        forward_batch_size,
-        timer,
-        k if shared_prefix else 1,
-    )
-    rollout = Rollout(
+    sampled = Rollout(
         prompt_ids,
         prompt_mask,
         made["completion_ids"],
         made["completion_mask"],
         made["ended"],
         made["generation_logprobs"],
-        ref_logprobs,
-        scores,
+        None,
+        None,
         made["episode_mask"],
+    )
+    rollout = scored_rollout(
+        policy,
+        reference,
+        reward_model,
+        sampled,
+        sampling.temperature,
+        forward_batch_size,
+        timer,
+        k if shared_prefix else 1,
     )
     return rollout, episodes
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import partial
 
 import torch
@@ -254,50 +254,32 @@ def collect_rollout(
         completion_ids, completion_mask, ended, generation_logprobs = sample_completions(
             policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, forward_batch_size
         )
-    ref_logprobs, scores = reference_and_scores(
+    return scored_rollout(
         policy,
         reference,
         reward_model,
-        prompt_ids,
-        prompt_mask,
-        completion_ids,
-        completion_mask,
-        completion_mask,
+        Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, generation_logprobs, None, None, None),
         sampling.temperature,
         forward_batch_size,
         timer,
         k if shared_prefix else 1,
     )
-    return Rollout(
-        prompt_ids,
-        prompt_mask,
-        completion_ids,
-        completion_mask,
-        ended,
-        generation_logprobs,
-        ref_logprobs,
-        scores,
-        completion_mask,
+
+
+def scored_rollout(
+    policy, reference, reward_model, sampled: Rollout, temperature: float, forward_batch_size: int, timer, group: int
+) -> Rollout:
+    """`sampled` (its ids, masks, ends and generation log-probs; episode_mask None: the completion's own) with the
+    reference's log-probs of the completion tokens `[N, T]` (float32, 0 where completion_mask is 0) and the reward
+    model's scores `[N]` (zeros without one), from forwards that attend to the episode's tokens. `group`: rows per
+    shared prompt for the shared-prefix forwards (1: plain rows)."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask = (
+        sampled.prompt_ids,
+        sampled.prompt_mask,
+        sampled.completion_ids,
+        sampled.completion_mask,
     )
-
-
-def reference_and_scores(
-    policy,
-    reference,
-    reward_model,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    completion_ids: Tensor,
-    completion_mask: Tensor,
-    episode_mask: Tensor,
-    temperature: float,
-    forward_batch_size: int,
-    timer: PhaseTimer,
-    group: int,
-) -> tuple[Tensor, Tensor]:
-    """The reference's log-probs of the completion tokens `[N, T]` (float32, 0 where completion_mask is 0) and the
-    reward model's scores `[N]` (zeros without one), from forwards that attend to `episode_mask`'s tokens. `group`:
-    rows per shared prompt for the shared-prefix forwards (1: plain rows)."""
+    episode_mask = completion_mask if sampled.episode_mask is None else sampled.episode_mask
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention_mask = torch.cat([prompt_mask, episode_mask], 1)
     # reference None: the policy's base, its LoRA adapters switched off (rloo.models.lora)
@@ -324,4 +306,4 @@ def reference_and_scores(
             if reward_model is not None
             else torch.zeros(input_ids.shape[0], device=input_ids.device)
         )  # reward= without model
-    return ref_logprobs.float(), scores
+    return replace(sampled, ref_logprobs=ref_logprobs.float(), scores=scores, episode_mask=episode_mask)
