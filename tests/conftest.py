@@ -1,7 +1,9 @@
 """Shared fixtures: the toy tokenizer, tiny random GPT-NeoX models (tests/tiny_models.py; no download, no
 bootstrap), and the embedded task built once per test run."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -14,7 +16,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # caches the tests' in-process compositions write (data=arithmetic's splits) stay out of the user's ~/.cache
-os.environ.setdefault("RLOO_CACHE_DIR", tempfile.mkdtemp(prefix="rloo-test-cache-"))
+# (a directory this suite made is removed when it ends: a run leaves nothing behind in the temp dir)
+if "RLOO_CACHE_DIR" not in os.environ:
+    os.environ["RLOO_CACHE_DIR"] = tempfile.mkdtemp(prefix="rloo-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["RLOO_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
