@@ -448,3 +448,15 @@ def test_the_worker_stores_the_frozen_models_as_a_run_does(algorithm):
     if algorithm == "ppo":
         value = next(module.value_model.parameters())
         assert value.dtype == torch.float32 and value.requires_grad
+
+
+@pytest.mark.slow
+def test_a_worker_prints_nothing_our_calls_cause(tmp_path):
+    """`python -m rloo.bench.worker` (the command the floor analysis in docs/benchmarks.md runs) keeps the console as
+    rloo.train does: no Lightning notice or advert, no third-party warning from our calls."""
+    command = [sys.executable, "-m", "rloo.bench.worker", "--algorithm", "rloo", "--preset", "tiny"]
+    command += ["--steps", "1", "--warmup", "0", "--threads", "2", "--out", str(tmp_path / "result.json")]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "result.json").read_text())["steps"] == 1
+    assert result.stdout + result.stderr == ""

@@ -134,6 +134,9 @@ def build_module(args, preset, tokenizer, policy, reward_model):
 
 
 def run(args) -> dict:
+    from rloo.run.assemble import quiet_lightning_logs
+
+    quiet_lightning_logs()  # as rloo.train: Lightning's notices and the third-party warnings our calls cause, not shown
     if args.threads:
         torch.set_num_threads(args.threads)
     baseline_rss = current_rss_mb()  # after the imports, before any model: the framework's own cost, not the step's
