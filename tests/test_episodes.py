@@ -215,6 +215,18 @@ def test_env_settings_that_cannot_run_are_refused_before_anything_loads():
         load_environment("rloo.environments.toy:MORE")
 
 
+def test_an_environment_module_that_is_missing_or_fails_as_it_imports_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "broken_env.py").write_text("raise RuntimeError('no simulator on this machine')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as caught:
+        load_environment("broken_env:Game")
+    assert str(caught.value) == (
+        "env.target: importing 'broken_env' for 'broken_env:Game' raised RuntimeError: no simulator on this machine"
+    )
+    with pytest.raises(ConfigError, match=r"^env.target: cannot import 'no_such_env' for 'no_such_env:G'"):
+        load_environment("no_such_env:G")
+
+
 # ---- every algorithm of the shared step trains on episodes ----------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ["rloo", "grpo", "dr_grpo", "dapo", "reinforce_pp", "gspo"])
 def test_every_algorithm_of_the_shared_step_trains_on_episodes(embedded_task, tmp_path, monkeypatch, algorithm):

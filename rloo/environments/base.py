@@ -13,14 +13,13 @@ what it did (EnvironmentFailed).
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 from dataclasses import dataclass
 from typing import Callable
 
 from rloo.generation.settings import EpisodeSettings
-from rloo.rewards.user_code import Interrupted, call_guarded, one_line
+from rloo.rewards.user_code import Interrupted, call_guarded, import_user_module, one_line
 from rloo.utils.errors import ConfigError, EnvironmentFailed
 
 
@@ -38,12 +37,7 @@ def load_environment(target: str) -> Callable:
     module_name, _, name = str(target).partition(":")
     if not module_name or not name:
         raise ConfigError(f"env.target={target!r}: give the environment class as module:Class")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigError(f"env.target={target!r}: cannot import {module_name!r} ({error})") from None
-    except (Exception, SystemExit) as error:
-        raise ConfigError(f"env.target={target!r}: importing {module_name!r} raised {one_line(error)}") from None
+    module = import_user_module(str(target), "env.target")
     found = getattr(module, name, None)
     if not isinstance(found, type) or not all(callable(getattr(found, m, None)) for m in ("reset", "step")):
         raise ConfigError(f"env.target={target!r} is not a class with reset(row) and step(action_text)")

@@ -4,8 +4,9 @@ completion in rollout layout, `[pad.. prompt | turn 1 | reply 1 | turn 2 ..pad]`
 own tokens (the loss, the KL and the importance ratios count only them), `episode_mask` every real token (what the
 forward passes attend to). The k episodes of a prompt are one group, as k completions are.
 
-Each turn is sampled from the whole episode so far, prefilled again (the lean decode does not yet continue its KV
-cache across the environment's tokens). A reply enters the episode as the tokenizer's chat template renders it for
+Where the lean decode serves the policy, each episode keeps one KV cache across its turns, the environment's replies
+prefilled into it (rloo.generation.episode_decode); elsewhere each turn is sampled by HF generate from the whole
+episode so far. A reply enters the episode as the tokenizer's chat template renders it for
 chat prompts (a turn of `reply_role`, with whatever the template puts between turns), and as its text for text
 prompts.
 """
@@ -166,7 +167,7 @@ def cached_episodes(weights, tokenizer, prompt_ids, environments, sampling, sett
             chunk, real = right_padded(fed, pad, device)
             logits = torch.where(real.any(1, keepdim=True), cache.forward(chunk, real), logits)
         replies = [[] for _ in range(rows)]
-        for i in [i for i in range(rows) if i in turn]:
+        for i in turn:  # the rows that took a turn, in row order
             replies[i] = environment_turn(episodes[i], environments[i], tokenizer, settings, chat)
         if any(replies):
             chunk, real = right_padded(replies, pad, device)

@@ -273,15 +273,10 @@ def scored_rollout(
     reference's log-probs of the completion tokens `[N, T]` (float32, 0 where completion_mask is 0) and the reward
     model's scores `[N]` (zeros without one), from forwards that attend to the episode's tokens. `group`: rows per
     shared prompt for the shared-prefix forwards (1: plain rows)."""
-    prompt_ids, prompt_mask, completion_ids, completion_mask = (
-        sampled.prompt_ids,
-        sampled.prompt_mask,
-        sampled.completion_ids,
-        sampled.completion_mask,
-    )
+    completion_ids, completion_mask = sampled.completion_ids, sampled.completion_mask
     episode_mask = completion_mask if sampled.episode_mask is None else sampled.episode_mask
-    input_ids = torch.cat([prompt_ids, completion_ids], 1)
-    attention_mask = torch.cat([prompt_mask, episode_mask], 1)
+    input_ids = torch.cat([sampled.prompt_ids, completion_ids], 1)
+    attention_mask = torch.cat([sampled.prompt_mask, episode_mask], 1)
     # reference None: the policy's base, its LoRA adapters switched off (rloo.models.lora)
     with (
         timer("ref_logprobs"),

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rloo.rewards.user_code import Interrupted, call_guarded, one_line
+from rloo.data.chat import is_messages
+from rloo.rewards.user_code import Interrupted, call_guarded, import_user_module, one_line
 from rloo.utils.errors import ConfigError, RewardFunctionError
 
 MODEL = "model"
@@ -110,19 +111,7 @@ def load_function(name: str, key: str = "reward") -> Callable:
         return REGISTERED[function_name]
     from rloo.utils.moved import MOVED
 
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        if module_name in MOVED:
-            raise ConfigError(
-                f"{key}: {module_name} moved to {MOVED[module_name]}: write {MOVED[module_name]}:{function_name}"
-            ) from None
-        raise ConfigError(f"{key}: cannot import {module_name!r} for {name!r} ({error})") from None
-    except (Exception, SystemExit) as error:  # the module itself fails as it runs
-        detail = (str(error).strip().splitlines() or [""])[0]
-        raise ConfigError(
-            f"{key}: importing {module_name!r} for {name!r} raised {type(error).__name__}: {detail}"
-        ) from None
+    module = import_user_module(name, key)
     function = getattr(module, function_name, None)
     if not callable(function) and module_name in MOVED:  # a module that became a package of the same name
         raise ConfigError(
@@ -135,9 +124,7 @@ def load_function(name: str, key: str = "reward") -> Callable:
 
 def is_conversational(prompts: list) -> bool:
     """Whether prompts are chat messages (TRL's conversational format): each one a list of {role, content} dicts."""
-    return bool(prompts) and all(
-        isinstance(p, (list, tuple)) and all(isinstance(m, dict) and "role" in m for m in p) for p in prompts
-    )
+    return bool(prompts) and all(is_messages(p) for p in prompts)
 
 
 def trl_form(prompts: list, completions: list[str]) -> tuple[list, list]:
@@ -267,10 +254,6 @@ class Reward:
     def uses_model(self) -> bool:
         return any(t.name == MODEL for t in self.terms)
 
-    @property
-    def uses_env(self) -> bool:
-        return any(t.name == ENV for t in self.terms)
-
     def __call__(
         self,
         prompts: list,
@@ -289,7 +272,7 @@ class Reward:
         for term in self.terms:
             if term.name == MODEL:
                 values = model_scores.float().cpu()
-            elif term.name == ENV:  # NOT_APPLICABLE where an episode's environment gave no reward
+            elif term.name == ENV:  # the sum of the environment's rewards (0 where it gave none)
                 values = env_returns.float().cpu()
             else:
                 function = self.functions[term.name]

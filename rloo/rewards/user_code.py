@@ -1,4 +1,5 @@
-"""User code run under guard: reward functions (`reward=module:function`) and plug-in judges (`judge._target_`).
+"""User code run under guard: reward functions (`reward=module:function`), plug-in judges (`judge._target_`) and
+environments (`env.target`).
 
 They run in a daemon thread that the caller waits for in 0.2 s slices: past `timeout_s` the call fails with
 TimeoutError, and as soon as `should_stop()` says SIGTERM came the caller gets `Interrupted` and stops the run as
@@ -11,9 +12,12 @@ Both import and run code named in the config: they must come from a trusted sour
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from typing import Callable
+
+from rloo.utils.errors import ConfigError
 
 
 class Interrupted(Exception):
@@ -54,3 +58,20 @@ def one_line(error: BaseException) -> str:
     """`TypeName: first line of the message` (the type alone where the message is empty)."""
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
+def import_user_module(name: str, key: str):
+    """The module of `name` (`module:attribute`, user code the config key `key` names), imported; a one-line
+    ConfigError naming `key` where it cannot be imported, has moved (rloo.utils.moved), or fails as it runs."""
+    from rloo.utils.moved import MOVED
+
+    module_name, _, attribute = name.partition(":")
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        if module_name in MOVED:
+            moved = MOVED[module_name]
+            raise ConfigError(f"{key}: {module_name} moved to {moved}: write {moved}:{attribute}") from None
+        raise ConfigError(f"{key}: cannot import {module_name!r} for {name!r} ({error})") from None
+    except (Exception, SystemExit) as error:  # the module itself fails as it runs
+        raise ConfigError(f"{key}: importing {module_name!r} for {name!r} raised {one_line(error)}") from None
