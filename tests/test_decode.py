@@ -12,12 +12,12 @@ from rloo.generation.decode import (
     _group_members,
     _linear,
     _onednn_linear,
-    lean_generate,
     onednn_applies,
     supports_lean_decode,
     why_not_lean_decode,
 )
 from rloo.generation.forward import completion_logprobs
+from rloo.generation.lean_sampler import lean_generate
 from rloo.generation.rollout import truncate_after_stop
 from rloo.generation.sampling import filter_logits
 from tests.builders import hf_generate as generate

@@ -12,7 +12,9 @@ from transformers import PreTrainedTokenizerFast
 
 from rloo.algorithms.policy_gradient import PolicyGradientModule
 from rloo.environments.base import EnvironmentSpec, GuardedEnvironment, Step, load_environment
-from rloo.generation.episodes import Episode, episode_tensors, reply_text, run_episodes
+from rloo.data.padding import left_pad
+from rloo.generation.environment import reply_text
+from rloo.generation.episodes import Episode, episode_tensors, sample_episodes
 from rloo.generation.rollout import Rollout
 from rloo.generation.settings import EpisodeSettings
 from rloo.models.loading import freeze
@@ -51,6 +53,26 @@ def spec(cls, timeout_s=5.0, max_turns=3, max_episode_tokens=40) -> EnvironmentS
     return EnvironmentSpec(
         f"tests.test_episodes:{cls.__name__}", cls, {}, timeout_s, EpisodeSettings(max_turns, max_episode_tokens)
     )
+
+
+def run_episodes(policy, tokenizer, prompts, environments, sampling, settings, batch_size, lean=True) -> list[Episode]:
+    """The rollout engine over text prompts (token lists), left-padded as a batch holds them."""
+    from dataclasses import replace
+
+    ids, mask = left_pad(prompts, tokenizer.pad_token_id)
+    sampled = sample_episodes(
+        policy,
+        ids,
+        mask,
+        replace(sampling, lean_decode=lean),
+        batch_size,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        environments=environments,
+        settings=settings,
+        tokenizer=tokenizer,
+    )
+    return sampled.episodes
 
 
 # ---- the environment's tokens are never action --------------------------------------------------------------------
@@ -122,10 +144,11 @@ def test_turns_and_replies_alternate_until_the_environment_says_done(policy, tok
     environments = [spec(Scripted).start({"prompt": "x"}) for _ in range(2)]
     prompt = tokenizer("POST: my dog\n\nTL;DR:", add_special_tokens=False).input_ids
     settings = EpisodeSettings(max_turns=5, max_episode_tokens=200)
-    episodes = run_episodes(policy, tokenizer, [prompt, prompt], environments, sampling(4), settings, 2, False, "cpu")
+    episodes = run_episodes(policy, tokenizer, [prompt, prompt], environments, sampling(4), settings, 2)
     reply = tokenizer(" next\n\nTL;DR:", add_special_tokens=False).input_ids
     for episode in episodes:
-        assert episode.turns == 3 and episode.done and episode.episode_return == 3.0  # Scripted ends at turn 3
+        assert episode.turns == 3 and episode.terminated and episode.episode_return == 3.0  # Scripted ends at turn 3
+        assert not episode.truncated
         runs, flags = [], episode.own  # maximal runs of equal flags: turn, reply, turn, reply, turn
         for flag in flags:
             if runs and runs[-1][0] == flag:
@@ -141,14 +164,15 @@ def test_turns_and_replies_alternate_until_the_environment_says_done(policy, tok
 
 def test_the_token_budget_and_max_turns_end_an_episode(policy, tokenizer):
     prompt = tokenizer("POST: my dog\n\nTL;DR:", add_special_tokens=False).input_ids
-    short = run_episodes(
-        policy, tokenizer, [prompt], [spec(Scripted).start({})], sampling(4), EpisodeSettings(5, 6), 1, False, "cpu"
-    )[0]
-    assert len(short.tokens) <= 6 and not short.done
-    one = run_episodes(
-        policy, tokenizer, [prompt], [spec(Scripted).start({})], sampling(4), EpisodeSettings(1, 99), 1, False, "cpu"
-    )[0]
-    assert one.turns == 1 and all(one.own)  # no reply after the last turn
+    for lean in (True, False):
+        short = run_episodes(
+            policy, tokenizer, [prompt], [spec(Scripted).start({})], sampling(4), EpisodeSettings(5, 6), 1, lean
+        )[0]
+        assert len(short.tokens) <= 6 and not short.terminated and short.truncated  # the budget, not the environment
+        one = run_episodes(
+            policy, tokenizer, [prompt], [spec(Scripted).start({})], sampling(4), EpisodeSettings(1, 99), 1, lean
+        )[0]
+        assert one.turns == 1 and all(one.own) and one.truncated  # no reply after the last turn: max_turns cut it
 
 
 def test_a_chat_reply_enters_through_the_template():
@@ -181,7 +205,11 @@ def test_a_chat_reply_enters_through_the_template():
             "environment tests.test_episodes:Hangs failed in step(action_text): TimeoutError: no result after "
             "0.3 s (env.timeout_s)",
         ),
-        (Malformed, "environment tests.test_episodes:Malformed: step returned str, not (reply, reward, done)"),
+        (
+            Malformed,
+            "environment tests.test_episodes:Malformed: step returned str, not (reply, reward, done) or "
+            "(reply, reward, terminated, truncated[, info])",
+        ),
     ],
 )
 def test_an_environment_that_raises_hangs_or_answers_wrongly_is_one_line(cls, said):
@@ -212,7 +240,7 @@ def test_env_settings_that_cannot_run_are_refused_before_anything_loads():
     with pytest.raises(ConfigError, match=r"^env=topic_recall: a model's turn ends at its stop token"):
         validate_train_config(compose_train_config(["env=topic_recall", "stop_token=null"]))
     with pytest.raises(ConfigError, match=r"is not a class with reset\(row\) and step\(action_text\)"):
-        load_environment("rloo.environments.toy:MORE")
+        load_environment("rloo.toy.topic_recall:MORE")
 
 
 def test_an_environment_module_that_is_missing_or_fails_as_it_imports_is_one_line(tmp_path, monkeypatch):
@@ -247,44 +275,73 @@ def test_every_algorithm_of_the_shared_step_trains_on_episodes(embedded_task, tm
 # ---- the episode's KV cache continues across the environment's tokens, exact against recomputation ------------------
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_continued_cache_gives_a_full_forwards_logits(tokenizer, family):
-    """Two rows fed ragged chunks in turn (a prompt each, single tokens, a reply for one row while the other waits):
-    after every chunk, each fed row's logits equal the model's own forward over that row's whole sequence."""
+    """Two rows of the lean sampler fed ragged chunks in turn (single tokens, a reply for one row while the other
+    waits) and turns drawn between them: after every chunk, each fed row's logits equal the model's own forward over
+    that row's whole sequence, and greedy turns from rows at different lengths are the full forward's argmaxes."""
     from rloo.generation.decode import prepared_weights
-    from rloo.generation.episode_decode import EpisodeCache
-    from rloo.generation.episodes import right_padded
+    from rloo.generation.lean_sampler import LeanSampler
 
     model = tiny_model(family, tokenizer).eval()
-    cache = EpisodeCache(prepared_weights(model, 2), 2, 4, "cpu")  # a small cache: it grows on the way
-    sequences = [[], []]
-    feeds = [([3, 8, 9, 10, 2], [4, 5]), ([7], [6]), ([11, 12, 13], []), ([], [14, 15, 16, 17, 18, 19]), ([20], [21])]
-    for feed in feeds:
-        logits = cache.forward(*right_padded([list(f) for f in feed], tokenizer.pad_token_id, "cpu"))
-        for row, tokens in enumerate(feed):
-            sequences[row] += tokens
-            if tokens:
-                with torch.no_grad():
-                    full = model(input_ids=torch.tensor([sequences[row]])).logits[0, -1]
-                assert torch.allclose(logits[row], full, atol=2e-5), (family, feed, row)
-    assert cache.capacity >= 4 + 64 and cache.used.tolist() == [len(s) for s in sequences]
+    prompts = [[3, 8, 9, 10, 2], [4, 5]]
+    ids, mask = left_pad(prompts, tokenizer.pad_token_id)
+    greedy = sampling(3, greedy=True, stop_at_eos=False)
+    sampler = LeanSampler(
+        prepared_weights(model, 2), ids, mask, greedy, tokenizer.eos_token_id, tokenizer.pad_token_id,
+        capacity=4, keeps_rows=True,  # a small cache: it grows on the way
+    )
+    sequences = [list(p) for p in prompts]
+
+    def full_logits(row):
+        with torch.no_grad():
+            return model(input_ids=torch.tensor([sequences[row]])).logits[0, -1]
+
+    feeds = [([7], [6]), ([11, 12, 13], []), ([], [14, 15, 16, 17, 18, 19]), ([20], [21])]
+    for number, feed in enumerate(feeds):
+        drawn, _ = sampler.turn(torch.tensor([0, 1]), 3)  # rows at different lengths after the first feed
+        for row in (0, 1):  # greedy: each token the argmax of a full forward over the sequence so far
+            for token in drawn[row].tolist():
+                assert token == int(full_logits(row).argmax()), (family, number, row)
+                sequences[row].append(token)
+        rows = [row for row, tokens in enumerate(feed) if tokens] or [0]
+        sampler.append(torch.tensor(rows), [list(feed[row]) for row in rows])
+        for row in rows:
+            sequences[row] += feed[row]
+            slot = int(sampler._slots_of(torch.tensor([row]))[0])
+            assert torch.allclose(sampler.logits[slot], full_logits(row), atol=2e-5), (family, feed, row)
+    assert sampler.capacity >= 4 + 64
+
+
+def test_finished_rows_leave_the_episode_batch(policy, tokenizer, monkeypatch):
+    """Each decode step of an episode's turn runs the rows still drawing only: the batch shrinks as rows end, in
+    every turn, and the ended rows' caches are kept for their next turn (the episode goes on)."""
+    import rloo.generation.lean_sampler as lean_sampler
+
+    widths = []
+    step = lean_sampler._decode_step
+    monkeypatch.setattr(lean_sampler, "_decode_step", lambda w, hidden, *a: widths.append(len(hidden)) or step(
+        w, hidden, *a))
+    head = policy.get_output_embeddings()  # EOS about one draw in eight: rows end at different steps
+    head.bias = torch.nn.Parameter(torch.zeros(head.out_features).index_fill_(0, torch.tensor(tokenizer.eos_token_id), 4))
+    prompt = tokenizer("POST: my dog and a car\n\nTL;DR:", add_special_tokens=False).input_ids
+    environments = [spec(Scripted).start({"prompt": "x"}) for _ in range(8)]
+    torch.manual_seed(0)
+    episodes = run_episodes(policy, tokenizer, [prompt] * 8, environments, sampling(12, temperature=1.5),
+                            EpisodeSettings(3, 200), 8)
+    assert all(e.turns == 3 for e in episodes)
+    assert widths[0] == 8 and min(widths) < 8  # rows left the batch as they ended
+    assert any(a > b for a, b in zip(widths, widths[1:]))
 
 
 def test_an_episodes_sampler_log_probs_equal_the_training_forwards(policy, tokenizer):
-    """The cached episodes' own log-probs against a forward over whole episodes (the training layout)."""
-    from rloo.generation.decode import prepared_weights
-    from rloo.generation.episodes import cached_episodes
+    """The lean sampler's own log-probs over whole episodes (turns continued in their caches, rows at different
+    lengths) against a forward over whole episodes (the training layout)."""
     from rloo.generation.forward import completion_logprobs
 
     prompt = tokenizer("POST: my dog and a car\n\nTL;DR:", add_special_tokens=False).input_ids
     environments = [spec(Scripted).start({"prompt": "x"}) for _ in range(3)]
-    episodes = cached_episodes(
-        prepared_weights(policy, 3),
-        tokenizer,
-        [prompt, prompt[2:], prompt],
-        environments,
-        sampling(5, temperature=0.7),
-        EpisodeSettings(3, 40),
-        False,
-        "cpu",
+    episodes = run_episodes(
+        policy, tokenizer, [prompt, prompt[2:], prompt], environments, sampling(5, temperature=0.7),
+        EpisodeSettings(3, 40), 3,
     )
     made = episode_tensors(episodes, tokenizer.pad_token_id, "cpu")
     ids, mask = torch.tensor([prompt, [tokenizer.pad_token_id] * 2 + prompt[2:], prompt]), torch.ones(3, len(prompt))

@@ -288,7 +288,7 @@ def test_the_plan_counts_what_episodes_add(tmp_path, tokenizer, capsys):
     episodes = Answer(capsys, *own)
     assert episodes.returncode == 0, episodes.stderr
     assert "episodes: env=calculator: up to 3 turns and 160 tokens after the prompt" in episodes.stdout
-    assert "sampler: episode_kv_cache" in episodes.stdout
+    assert "sampler: lean_decode" in episodes.stdout
     _, shape, mib, _ = plan_config(compose_train_config([*own, "judge=none"]))
     _, single, single_mib, _ = plan_config(compose_train_config([*own, "judge=none", "env=none", "reward=model"]))
     assert (shape.response_length, single.response_length) == (160, 40)

@@ -9,7 +9,7 @@ import torch
 
 import rloo.generation.decode
 from rloo.generation import static_decode
-from rloo.generation.decode import lean_generate
+from rloo.generation.lean_sampler import LeanSampler, lean_generate
 from rloo.generation.rollout import truncate_after_stop
 from rloo.generation.static_decode import buckets, static_generate, why_not_graph
 from tests.builders import sampling as sampling_config
@@ -101,7 +101,7 @@ def test_the_rollout_samples_through_graphs_on_a_gpu_and_the_eager_loop_elsewher
     from rloo.generation.rollout import generate_with_logprobs
 
     calls = []
-    for module, name in ((static_decode, "static_generate"), (rloo.generation.decode, "lean_generate")):
+    for module, name in ((static_decode, "static_generate"), (LeanSampler, "_decode")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     model = tiny_model(vocab_size=20).to(device)
@@ -109,8 +109,8 @@ def test_the_rollout_samples_through_graphs_on_a_gpu_and_the_eager_loop_elsewher
     sampling = sampling_config(max_new_tokens=12, temperature=0.9)
     for cuda_graph in (True, False):
         generate_with_logprobs(model, ids, mask, replace(sampling, cuda_graph=cuda_graph), EOS, PAD, batch_size=8)
-    graph_loop = "static_generate" if device == "cuda" else "lean_generate"
-    assert calls == [graph_loop, "lean_generate"]
+    graph_loop = "static_generate" if device == "cuda" else "_decode"
+    assert calls == [graph_loop, "_decode"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

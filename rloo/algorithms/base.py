@@ -23,9 +23,9 @@ from rloo.algorithms.metrics import common_metrics, log_metrics
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.algorithms.run_state import RunState
 from rloo.algorithms.schedule import MicroBatch, StrategyAdapter, micro_batches, mini_batch_indices
-from rloo.generation.episodes import collect_episodes, episode_completions, episode_returns
+from rloo.generation.episodes import close_all, episode_returns, reward_completions
 from rloo.generation.forward import completion_logprobs_and_entropy
-from rloo.generation.rollout import PhaseTimer, Rollout, clock, collect_rollout
+from rloo.generation.rollout import PhaseTimer, Rollout, clock, sample_rollout, scored_rollout
 from rloo.models.lora import ADAPTER_MARK, has_adapters
 from rloo.models.sharding import shard_model
 from rloo.objectives import (
@@ -68,43 +68,54 @@ class OnlineRLModule(LightningModule):
             None  # reward= other than the reward model alone (rloo.rewards.scoring); set by the builder
         )
         self.environment = None  # env=: rloo.environments.base.EnvironmentSpec; set by the builder
+        self.last_episodes: list = []  # the last rollout's episodes (rloo.generation.episodes.Episode)
 
     # ---- the pieces of a step, in the order a step uses them -------------------------------------------------
     def collect(self, batch: dict[str, Tensor], timer: PhaseTimer, sampler=None) -> Rollout:
-        """The one rollout every algorithm uses: k completions per prompt (with env=, k multi-turn episodes),
-        reference log-probs, scores. The policy samples them, or `sampler` (algo=dpo: the frozen reference, for
-        offline pairs)."""
-        cfg = self.config
+        """The one rollout every algorithm uses: k episodes per prompt (plain completions are one-turn episodes; with
+        env=, the environment's), the reference's log-probs, the reward model's scores, then the reward functions of
+        reward= once, in TRL's form, with the environment's return. The policy samples them, or `sampler` (algo=dpo:
+        the frozen reference, for offline pairs)."""
+        cfg, spec = self.config, self.environment
         reward_model = self.reward_model if self.reward is None or self.reward.uses_model else None
-        episodes, prompts = None, self.data_prompts(batch) if self.environment or self.reward else None
-        if self.environment is not None:
-            rollout, episodes = self.collect_episodes(batch, prompts, timer, reward_model)
-        else:
-            rollout = collect_rollout(
-                sampler or self.policy,
-                self.reference,
-                reward_model,
-                batch["prompt_ids"],
-                batch["prompt_mask"],
-                cfg.k,
-                cfg.sampling,
-                self.tokenizer.eos_token_id,
-                self.tokenizer.pad_token_id,
-                cfg.generation_batch_size,
-                timer=timer,
-                shared_prefix=cfg.shared_prefix,
-            )
+        prompts = self.data_prompts(batch) if spec or self.reward else None
+        chat = prompts is not None and is_conversational(prompts)
+        environments = self.start_environments(batch, prompts, timer) if spec is not None else None
+        try:
+            with timer("generate"):
+                sampled = sample_rollout(
+                    sampler or self.policy,
+                    batch["prompt_ids"],
+                    batch["prompt_mask"],
+                    cfg.k,
+                    cfg.sampling,
+                    self.tokenizer.eos_token_id,
+                    self.tokenizer.pad_token_id,
+                    cfg.generation_batch_size,
+                    environments=environments,
+                    settings=None if spec is None else spec.episode,
+                    tokenizer=self.tokenizer,
+                    chat=chat,
+                )
+        finally:
+            close_all(environments or [])
+        group = cfg.k if cfg.shared_prefix else 1
+        rollout = scored_rollout(
+            self.policy, self.reference, reward_model, sampled, cfg.sampling.temperature, cfg.generation_batch_size,
+            timer, group,
+        )
+        self.last_episodes = sampled.episodes
         if self.reward is not None:  # the functions of reward= get TRL's arguments: completions decoded, and the
             with timer("reward_functions"):  # prompts as the data has them (chat messages, or text decoded)
-                prompts = [p for p in prompts for _ in range(cfg.k)]
-                if episodes is None:
-                    completions = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-                else:  # chat: the episode's messages after the prompt; text: its whole text, replies included
-                    completions = episode_completions(episodes, self.tokenizer, is_conversational(prompts))
                 rows = [row for row in batch.get("columns", []) for _ in range(cfg.k)]  # each prompt's, k times
                 columns = {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}
-                returns = None if episodes is None else episode_returns(episodes)
-                scores = self.reward(prompts, completions, rollout.scores, columns, returns)
+                scores = self.reward(
+                    [p for p in prompts for _ in range(cfg.k)],
+                    reward_completions(sampled, self.tokenizer, chat),
+                    rollout.scores,
+                    columns,
+                    episode_returns(sampled.episodes),
+                )
                 rollout.scores = scores.to(rollout.scores.device)
         return rollout
 
@@ -115,29 +126,12 @@ class OnlineRLModule(LightningModule):
             return list(messages)
         return self.tokenizer.batch_decode(batch["prompt_ids"], skip_special_tokens=True)
 
-    def collect_episodes(self, batch: dict, prompts: list, timer: PhaseTimer, reward_model) -> tuple[Rollout, list]:
-        """k multi-turn episodes per prompt in `self.environment` (rloo.generation.episodes), each environment
-        reset with its row: {"prompt": as the data has it (`prompts`, data_prompts), **its other columns}."""
-        cfg, spec = self.config, self.environment
+    def start_environments(self, batch: dict, prompts: list, timer: PhaseTimer) -> list:
+        """One reset environment of `self.environment` per episode, k per prompt, each reset with its row:
+        {"prompt": as the data has it (`prompts`, data_prompts), **its other columns}."""
         rows = [{"prompt": p, **c} for p, c in zip(prompts, batch.get("columns") or [{}] * len(prompts))]
         with timer("environment"):
-            environments = [spec.start(row) for row in rows for _ in range(cfg.k)]
-        return collect_episodes(
-            self.policy,
-            self.reference,
-            reward_model,
-            self.tokenizer,
-            batch["prompt_ids"],
-            batch["prompt_mask"],
-            cfg.k,
-            cfg.sampling,
-            environments,
-            spec.episode,
-            is_conversational(prompts),
-            cfg.generation_batch_size,
-            timer,
-            cfg.shared_prefix,
-        )
+            return self.environment.start_all([row for row in rows for _ in range(self.config.k)])
 
     def masks_bad_scores(self) -> bool:
         """reward_errors=mask: completions without a finite score leave the baseline instead of stopping the run."""

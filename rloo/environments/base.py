@@ -1,10 +1,13 @@
 """An environment, as `env.target` names it: a Python class with
 
     reset(row)           a new episode for one data row: {"prompt": as the data has it, **its other columns}
-    step(action_text)    the model's turn as text -> (reply, reward, done)
+    step(action_text)    the model's turn as text -> (reply, reward, done), or
+                         (reply, reward, terminated, truncated[, info]), or a rloo.generation.environment.Step
+    close()              optional: runs once each episode is over, also when the run fails
 
 `reply` is the environment's answer (text, or None for none), `reward` a float or None (none this turn), `done`
-whether the episode ends. An episode's return is the sum of its rewards (0 where it gave none, as when max_turns or
+(`terminated`) whether the episode ends, `truncated` whether the environment cut it short, `info` a dict of numbers
+(their means logged as env/<name>). An episode's return is the sum of its rewards (0 where it gave none, as when max_turns or
 the token budget cut it off before its end): the reward term `env` (`reward=env`, or `'env + 0.5*m:f'`). One
 instance per episode, built with `env.kwargs`; every call runs under the user-code guard (rloo.rewards.user_code:
 `env.timeout_s`, SIGTERM), and anything it raises or returns wrongly stops the run in one line naming the class and
@@ -18,18 +21,10 @@ import numbers
 from dataclasses import dataclass
 from typing import Callable
 
+from rloo.generation.environment import Step
 from rloo.generation.settings import EpisodeSettings
 from rloo.rewards.user_code import Interrupted, call_guarded, import_user_module, one_line
 from rloo.utils.errors import ConfigError, EnvironmentFailed
-
-
-@dataclass(frozen=True)
-class Step:
-    """What an environment said to one turn."""
-
-    reply: str | None
-    reward: float | None
-    done: bool
 
 
 def load_environment(target: str) -> Callable:
@@ -65,22 +60,41 @@ class GuardedEnvironment:
     def step(self, action: str) -> Step:
         result = self._call(self.instance.step, (action,), {}, "in step(action_text)")
         if isinstance(result, Step):
-            reply, reward, done = result.reply, result.reward, result.done
+            fields = (result.reply, result.reward, result.terminated, result.truncated, result.info)
         elif isinstance(result, tuple) and len(result) == 3:
-            reply, reward, done = result
+            fields = (*result, False, {})
+        elif isinstance(result, tuple) and len(result) in (4, 5):
+            fields = (*result, {}) if len(result) == 4 else result
         else:
             raise EnvironmentFailed(
-                f"environment {self.target}: step returned {type(result).__name__}, not (reply, reward, done)"
+                f"environment {self.target}: step returned {type(result).__name__}, not (reply, reward, done) or "
+                "(reply, reward, terminated, truncated[, info])"
             )
+        return self._checked(*fields)
+
+    def _checked(self, reply, reward, terminated, truncated, info) -> Step:
         if reply is not None and not isinstance(reply, str):
             raise EnvironmentFailed(f"environment {self.target}: step's reply is {type(reply).__name__}: text or None")
         if reward is not None and (
             not isinstance(reward, numbers.Real) or isinstance(reward, bool) or not math.isfinite(reward)
         ):
             raise EnvironmentFailed(f"environment {self.target}: step's reward is {reward!r}: a finite number or None")
-        if not isinstance(done, bool):
-            raise EnvironmentFailed(f"environment {self.target}: step's done is {done!r}: True or False")
-        return Step(reply, None if reward is None else float(reward), done)
+        for name, flag in (("done", terminated), ("truncated", truncated)):
+            if not isinstance(flag, bool):
+                raise EnvironmentFailed(f"environment {self.target}: step's {name} is {flag!r}: True or False")
+        if not isinstance(info, dict) or not all(
+            isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in info.values()
+        ):
+            raise EnvironmentFailed(f"environment {self.target}: step's info is {info!r}: a dict of finite numbers")
+        return Step(reply, None if reward is None else float(reward), terminated, truncated, {
+            str(k): float(v) for k, v in info.items()
+        })
+
+    def close(self) -> None:
+        """The environment's own close(), where it has one (a sandbox, a connection), under the same guard."""
+        close = getattr(self.instance, "close", None)
+        if callable(close):
+            self._call(close, (), {}, "in close()")
 
 
 @dataclass
@@ -93,6 +107,19 @@ class EnvironmentSpec:
     timeout_s: float
     episode: EpisodeSettings
     should_stop: Callable | None = None  # set by rloo.train: whether SIGTERM came
+
+    def start_all(self, rows: list[dict]) -> list[GuardedEnvironment]:
+        """A new, reset environment for each of `rows`; where one fails, those already made are closed."""
+        made = []
+        try:
+            for row in rows:
+                made.append(self.start(row))
+        except BaseException:
+            from rloo.generation.episodes import close_all
+
+            close_all(made)
+            raise
+        return made
 
     def start(self, row: dict) -> GuardedEnvironment:
         """A new environment for one episode of `row`, reset."""

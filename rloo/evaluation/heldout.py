@@ -14,14 +14,14 @@ import torch
 from rloo.data.padding import left_pad
 from rloo.evaluation.intervals import PROPORTIONS, Z_95, proportion_interval, win_rate_summary
 from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
-from rloo.generation.episodes import complete_episodes
+from rloo.generation.episodes import close_all, episode_returns, reward_completions, sample_episodes
 from rloo.generation.forward import reward_scores
-from rloo.generation.rollout import chunked, sample_completions
+from rloo.generation.rollout import chunked
 from rloo.generation.settings import SamplingConfig
 from rloo.judges import Judge, judge_pairs
 
 INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)
-MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy", "replied")  # per-row values summarised alike
+MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy", "replied", "truncated")  # per-row values summarised alike
 
 
 @dataclass(frozen=True)
@@ -87,22 +87,53 @@ def complete(
     device: torch.device | str = "cpu",
     environment=None,
 ) -> dict:
-    """Completions of each row's prompt: texts, and the prompt/completion tensors in rollout layout. With an
-    `environment` (env=), a multi-turn episode each (rloo.generation.episodes.complete_episodes)."""
-    if environment is not None:
-        return complete_episodes(policy, tokenizer, rows, sampling, batch_size, device, environment)
+    """One episode of each row's prompt (rloo.generation.episodes: a plain completion, or with an `environment`
+    (env=, an EnvironmentSpec), a multi-turn episode in it): texts (each whole text after the prompt), the reward
+    functions' completions, the prompt/completion tensors in rollout layout, length (the model's tokens) and eos;
+    with an environment also its return, turns, whether it replied, whether the episode was cut (truncated), its
+    messages and info."""
     ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
     ids, mask = ids.to(device), mask.to(device)
-    completion_ids, completion_mask, ended, _ = sample_completions(
-        policy, ids, mask, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size
-    )
-    return {
-        "texts": tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
-        "input_ids": torch.cat([ids, completion_ids], 1),
-        "attention_mask": torch.cat([mask, completion_mask], 1),
-        "length": completion_mask.sum(1).float(),
-        "eos": ended.float(),
+    chat = all(row.get("messages") is not None for row in rows)
+    environments = None
+    if environment is not None:
+        prompts = reward_prompts(rows)
+        environments = environment.start_all([{"prompt": p, **row.get("columns", {})} for p, row in zip(prompts, rows)])
+    try:
+        sampled = sample_episodes(
+            policy,
+            ids,
+            mask,
+            sampling,
+            batch_size,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+            environments=environments,
+            settings=None if environment is None else environment.episode,
+            tokenizer=tokenizer,
+            chat=chat,
+        )
+    finally:
+        close_all(environments or [])
+    texts = tokenizer.batch_decode(sampled.completion_ids, skip_special_tokens=True)
+    done = {
+        "texts": texts,
+        "completions": reward_completions(sampled, tokenizer, chat),
+        "input_ids": sampled.input_ids,
+        "attention_mask": sampled.attention_mask,
+        "length": sampled.completion_mask.sum(1).float(),
+        "eos": sampled.ended.float(),
     }
+    if environment is not None:
+        episodes = sampled.episodes
+        done |= {
+            "env_return": episode_returns(episodes).to(device),
+            "turns": torch.tensor([float(e.turns) for e in episodes], device=device),
+            "replied": torch.tensor([float(e.replied) for e in episodes], device=device),
+            "truncated": torch.tensor([float(e.truncated) for e in episodes], device=device),
+            "messages": [list(e.messages) for e in episodes],
+        }
+    return done
 
 
 @torch.no_grad()
@@ -151,8 +182,8 @@ def evaluate_policy(
         "eos": done["eos"],
         "outcome": torch.tensor(outcome, device=scores.device),
     }
-    if "turns" in done:  # a multi-turn episode's model turns, and whether the environment replied (a tool call)
-        per_row["turns"], per_row["replied"] = done["turns"], done["replied"]
+    if "turns" in done:  # a multi-turn episode's model turns, whether the environment replied (a tool call), and
+        per_row |= {key: done[key] for key in ("turns", "replied", "truncated")}  # whether max_turns or the budget cut it
     if reward is not None and (reward.functions or "env_return" in done):
         columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
         values = reward.function_values(reward_prompts(rows), done.get("completions", done["texts"]), columns)
@@ -171,6 +202,8 @@ def evaluate_policy(
     read = available if environment is not None else reward.columns_read(available) if reward is not None else []
     others = others if head_to_head else [None] * n
     samples = [sample_record(i, rows[i], done["texts"][i], verdicts[i], per_row, others[i], read) for i in range(n)]
+    for record, messages in zip(samples, done.get("messages", [])):
+        record["messages"] = messages  # an episode's turns with their roles: the model's and the environment's
     return per_row, samples
 
 
@@ -208,7 +241,11 @@ def sample_record(i: int, row: dict, text: str, verdict, per_row: dict, opponent
     if "accuracy" in per_row:
         record["correct"] = bool(per_row["accuracy"][i])
     if "turns" in per_row:  # a multi-turn episode
-        record |= {"turns": int(per_row["turns"][i]), "replied": bool(per_row["replied"][i])}
+        record |= {
+            "turns": int(per_row["turns"][i]),
+            "replied": bool(per_row["replied"][i]),
+            "truncated": bool(per_row["truncated"][i]),
+        }
     if read:  # the row's data columns the reward functions read (its answer, say): why it scored what it did
         record["columns"] = {name: strict_json(row["columns"][name]) for name in read}
     return record

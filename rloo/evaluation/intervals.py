@@ -9,7 +9,7 @@ import statistics
 
 Z_95 = 1.959963984540054  # standard normal two-sided 95% quantile
 # evaluation outcomes in [0, 1] (with the win rate), whose intervals are Wilson's
-PROPORTIONS = ("pass@", "majority_vote", "accuracy", "replied")
+PROPORTIONS = ("pass@", "majority_vote", "accuracy", "replied", "truncated")
 
 
 def proportion_interval(mean: float, n: int, z: float = Z_95) -> tuple[float, float]:

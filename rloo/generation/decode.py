@@ -288,8 +288,11 @@ class _Groups(NamedTuple):
     # (the static-shape step, rloo.generation.static_decode): the whole cache is read, positions past it masked by
     # own_bias
     regular: bool  # slot b is member b % size of group b // size: grouping is a reshape, no index copies
-    own_bias: Tensor | None = None  # [max_new] float32 with a tensor step: 0 up to the step, -inf after it
+    own_bias: Tensor | None = None  # [max_new] float32 with a tensor step: 0 up to the step, -inf after it; with
+    # own_slots `[B, 1, 1, W]`: 0 up to each slot's own, -inf after it
     group_bias: Tensor | None = None  # [U, 1, 1, P] float32: prompt_bias per group (the fused kernel's mask)
+    own_slots: Tensor | None = None  # [B] where each slot writes in its own cache, where rows differ in length (a
+    # continued episode, rloo.generation.lean_sampler); the cache is read up to the longest, own_bias masks the rest
 
 
 def _scatter_to_groups(x: Tensor, groups: _Groups, num_groups: int) -> Tensor:
@@ -329,7 +332,7 @@ def fused_attention_applies(q: Tensor, groups: _Groups, softcap: float | None) -
         _FUSED_CPU is not None
         and q.device.type == "cpu"
         and q.dtype == torch.float32
-        and groups.own_bias is None
+        and (groups.own_bias is None or groups.own_slots is not None)
         and softcap is None
     )
 
@@ -346,7 +349,8 @@ def _fused_decode_attend(q: Tensor, prompt_kv: Tensor, own_kv: Tensor, groups: _
     )
     prompt_out = _gather_from_groups(prompt_out, groups)  # [B, kv_heads, rep, hd]
     prompt_lse = _gather_from_groups(prompt_lse[..., None], groups)[..., 0]  # [B, kv_heads, rep]
-    own_out, own_lse = _FUSED_CPU(q, own_kv[:, :, 0], own_kv[:, :, 1], scale=scale)
+    own_mask = groups.own_bias if groups.own_slots is not None else None
+    own_out, own_lse = _FUSED_CPU(q, own_kv[:, :, 0], own_kv[:, :, 1], attn_mask=own_mask, scale=scale)
     both = torch.logaddexp(prompt_lse, own_lse)
     prompt_weight, own_weight = (prompt_lse - both).exp_()[..., None], (own_lse - both).exp_()[..., None]
     return prompt_out.mul_(prompt_weight).add_(own_out.mul_(own_weight))
@@ -363,7 +367,11 @@ def _decode_attend(
     as if each row held a copy of its prompt's cache; with k rows per prompt the prompt's keys and values are read
     once instead of k times, and not copied k times. Scores are q.k * scale, soft-capped where `softcap` is set."""
     step, hd = groups.step, q.shape[-1]
-    if groups.own_bias is None:
+    if groups.own_slots is not None:  # rows at different lengths: each writes its own slot
+        slots = torch.arange(len(own_kv), device=own_kv.device)
+        own_kv[slots, :, :, groups.own_slots] = kv[:, :, 0].unflatten(-1, (2, hd))
+        own_kv = own_kv[:, :, :, : groups.own_bias.shape[-1]]
+    elif groups.own_bias is None:
         own_kv[:, :, :, step] = kv[:, :, 0].unflatten(-1, (2, hd))
         own_kv = own_kv[:, :, :, : step + 1]
     else:  # a static shape: written at the step tensor, read whole
@@ -473,88 +481,3 @@ def _decode_step(weights: Prepared, hidden, cos, sin, prompt_kvs, own_kvs, group
         )
         hidden = body.layer_forward(hidden, layer, shape, cos, sin, attend)
     return _last_logits(weights, hidden)
-
-
-@torch.no_grad()
-def lean_generate(
-    model,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    sampling: SamplingConfig,
-    eos_token_id: int,
-    pad_token_id: int,
-    *,
-    drop_finished: bool = True,
-    weights: Prepared | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Sample completions like `rloo.generation.rollout.generate` (HF generate) with a hand-written KV-cache loop.
-
-    prompt_ids, prompt_mask: `[N, P]` left-padded. Returns completion ids `[N, T]` (T <= max_new_tokens; stops
-    once every row has ended; pad_token_id after a row's EOS) and generation log-probs `[N, T]` float32:
-    log softmax(logits / temperature) of each sampled token (temperature 1 when greedy), 0 after the row ended.
-    drop_finished=False keeps ended rows in the forward, fed pad as generate does (the reference the tests compare
-    against); either way only live rows draw, in row order, so both settings consume the random stream alike.
-    weights: `prepared_weights(model, rows)` made before, for several calls with the same weights; None: made here.
-    rloo.generation.static_decode.static_generate samples the same at static shapes (on a GPU, as CUDA graphs).
-    """
-    if sampling.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
-    weights = weights if weights is not None else prepared_weights(model, len(prompt_ids))
-    body = weights.body
-    num_rows, prompt_len = prompt_ids.shape
-    device, max_new = prompt_ids.device, sampling.max_new_tokens
-    stop_id = eos_token_id if sampling.stop_at_eos else None
-
-    cos_table, sin_table = rotary_tables(body.rotary, prompt_len + max_new, body.embed.dtype)  # [S, rot]
-    next_position = position_ids_for(prompt_mask)[:, -1] + 1  # [N] as generate: the last prompt position + 1
-
-    # one prefill per distinct prompt; its cache is shared by the prompt's rows, each row caching its own completion
-    prompt_kvs, logits, inverse, member, group_size, prompt_bias = _prefill_groups(
-        weights, prompt_ids, prompt_mask, cos_table, sin_table
-    )
-    shape = body.shape
-    own_kvs = [
-        torch.empty(num_rows, shape.kv_heads, 2, max_new, shape.head_dim, dtype=weights.cache_dtype, device=device)
-        for _ in body.layers
-    ]
-
-    completion_ids = torch.full((num_rows, max_new), pad_token_id, dtype=prompt_ids.dtype, device=device)
-    generation_logprobs = torch.zeros(num_rows, max_new, dtype=torch.float32, device=device)
-    outputs = completion_ids, generation_logprobs
-    rows = torch.arange(num_rows, device=device)  # [B] original row of each batch slot
-    live = torch.ones(num_rows, dtype=torch.bool, device=device)  # [B] only without dropping: False once ended
-    num_live = num_rows  # python int: the loop never syncs to count
-    # the slots that draw, in original row order, so the random stream falls on rows as it would without
-    # dropping (and as in generate while no row has ended); None: every slot, already in that order
-    draw = None
-    width = max_new
-    groups = _slot_groups(inverse, member, group_size, prompt_bias, rows)
-    for step in range(max_new):
-        new_tokens, tokens = _draw(logits, rows, draw, sampling, pad_token_id, step, outputs)
-        if step == max_new - 1:
-            break
-
-        ended = None if stop_id is None else new_tokens == stop_id  # [A]
-        num_ended = 0 if ended is None else int(ended.sum())
-        if num_ended:
-            num_live -= num_ended
-            if num_live == 0:
-                width = step + 1
-                break
-            ended_slots = ended.nonzero().squeeze(1) if draw is None else draw[ended]
-            if drop_finished:
-                tokens, rows, next_position, *own_kvs = _drop_rows(
-                    ended_slots, num_live, tokens, rows, next_position, *own_kvs
-                )
-                draw = rows.argsort()
-                groups = _slot_groups(inverse, member, group_size, prompt_bias, rows)
-            else:
-                live[ended_slots] = False
-                draw = live.nonzero().squeeze(1)
-
-        # one decode step: the token just drawn goes into each slot's own cache at position `step`
-        hidden = _embed(body, tokens[:, None])  # [B, 1, D]
-        cos, sin = cos_table[next_position][:, None], sin_table[next_position][:, None]  # [B, 1, rot]
-        logits = _decode_step(weights, hidden, cos, sin, prompt_kvs, own_kvs, groups._replace(step=step))  # [B, V]
-        next_position += 1
-    return completion_ids[:, :width], generation_logprobs[:, :width]

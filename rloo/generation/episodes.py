@@ -1,32 +1,29 @@
-"""Multi-turn episodes (`env=`): the policy samples a turn, the environment answers, and the loop repeats until the
-environment says done, `max_turns` turns or `max_episode_tokens` tokens. Everything after the prompt is one
-completion in rollout layout, `[pad.. prompt | turn 1 | reply 1 | turn 2 ..pad]`: `completion_mask` marks the model's
-own tokens (the loss, the KL and the importance ratios count only them), `episode_mask` every real token (what the
-forward passes attend to). The k episodes of a prompt are one group, as k completions are.
+"""The rollout engine: every row of a rollout or an evaluation pass is an episode. The policy samples a turn, the
+environment answers, and the loop repeats until the environment ends the episode, `max_turns` turns or
+`max_episode_tokens` tokens cut it (`truncated`). A plain completion is the one-turn case: its environment
+(rloo.generation.environment.OneTurn) ends it after the first turn and says nothing.
 
-Where the lean decode serves the policy, each episode keeps one KV cache across its turns, the environment's replies
-prefilled into it (rloo.generation.episode_decode); elsewhere each turn is sampled by HF generate from the whole
-episode so far. A reply enters the episode as the tokenizer's chat template renders it for
-chat prompts (a turn of `reply_role`, with whatever the template puts between turns), and as its text for text
-prompts.
+Everything after the prompt is one completion in rollout layout, `[pad.. prompt | turn 1 | reply 1 | turn 2 ..pad]`:
+`completion_mask` marks the model's own tokens (the loss, the KL and the importance ratios count only them),
+`episode_mask` every real token (what the forward passes attend to). The k episodes of a prompt are one group, as k
+completions are. The turns are drawn by one sampler (rloo.generation.samplers): the lean decode, which keeps each
+episode's KV cache across its turns (finished rows leave the batch; the environment's replies are prefilled into the
+cache they continue), or HF generate over the whole episode so far. A reply enters the episode as the tokenizer's chat
+template renders it for chat prompts (a turn of `reply_role`, with whatever the template puts between turns), and as
+its text for text prompts, cut to the episode's room before it is tokenized.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rloo.data.padding import left_pad
-from rloo.generation.decode import prepared_weights, supports_lean_decode
-from rloo.generation.episode_decode import EpisodeCache
-from rloo.generation.rollout import PhaseTimer, Rollout, sample_completions, scored_rollout
-from rloo.generation.sampling import sample_tokens
+from rloo.generation.environment import OneTurn, Step, reply_text, reply_tokens
+from rloo.generation.samplers import samplers_for
 from rloo.generation.settings import EpisodeSettings, SamplingConfig
-
-_SENTINEL = "rloo-turn-5c1e"
 
 
 @dataclass
@@ -36,11 +33,18 @@ class Episode:
     tokens: list[int] = field(default_factory=list)
     own: list[int] = field(default_factory=list)  # 1: the model's token, 0: the environment's
     logprobs: list[float] = field(default_factory=list)  # the sampler's, 0 on the environment's tokens
-    messages: list[dict] = field(default_factory=list)  # the turns and replies as chat messages
+    messages: list[dict] = field(default_factory=list)  # the turns and replies as chat messages, with their roles
     rewards: list[float] = field(default_factory=list)
+    info: dict[str, float] = field(default_factory=dict)  # the environment's info of its last step (numbers)
     turns: int = 0
-    done: bool = False  # the environment ended it
+    terminated: bool = False  # the environment ended it
+    truncated: bool = False  # max_turns or the token budget cut it (or the environment said so)
     last_turn_ended: bool = False  # the model's last turn ended with its stop token
+    plain: bool = False  # a plain completion: ended only by its stop token (OneTurn ends every one)
+
+    @property
+    def over(self) -> bool:
+        return self.terminated or self.truncated
 
     @property
     def episode_return(self) -> float:
@@ -48,153 +52,148 @@ class Episode:
         budget before its end)."""
         return float(sum(self.rewards))
 
-
-def reply_text(tokenizer, reply: str, role: str, turn_ended: bool, chat: bool) -> str:
-    """The text a reply adds after a model turn: for chat prompts what the template renders between the turn's
-    content and the next assistant turn's first token (the turn's own end token left out where the model sampled
-    it); for text prompts the reply itself."""
-    if not chat:
-        return reply
-    rendered = tokenizer.apply_chat_template(
-        [
-            {"role": "user", "content": "x"},
-            {"role": "assistant", "content": _SENTINEL},
-            {"role": role, "content": reply},
-        ],
-        tokenize=False,
-        add_generation_prompt=True,
-    )
-    after = rendered.split(_SENTINEL, 1)[1]
-    eos = tokenizer.eos_token or ""
-    return after[len(eos) :] if turn_ended and eos and after.startswith(eos) else after
+    @property
+    def replied(self) -> bool:
+        return 0 in self.own
 
 
-def run_episodes(
+@dataclass
+class Sampled:
+    """What a rollout sampled, in rollout layout (rows prompt-major: rows p*k .. p*k+k-1 share a prompt), and the
+    episodes it came from. rloo.generation.rollout scores it into a `Rollout`."""
+
+    prompt_ids: Tensor  # [N, P] left-padded
+    prompt_mask: Tensor  # [N, P]
+    completion_ids: Tensor  # [N, T] pad after the episode
+    completion_mask: Tensor  # [N, T] 1 on the model's tokens, stop tokens included
+    episode_mask: Tensor  # [N, T] 1 on every real token after the prompt (the environment's replies too)
+    ended: Tensor  # [N] bool: the environment ended it, or the model's last turn ended with its stop token
+    generation_logprobs: Tensor  # [N, T] the sampler's log-probs (float32), 0 off the model's tokens
+    episodes: list[Episode]
+
+    @property
+    def input_ids(self) -> Tensor:
+        return torch.cat([self.prompt_ids, self.completion_ids], 1)
+
+    @property
+    def attention_mask(self) -> Tensor:
+        return torch.cat([self.prompt_mask, self.episode_mask], 1)
+
+
+def plain_completion(settings: SamplingConfig) -> EpisodeSettings:
+    """The episode a plain completion is: one turn of at most max_new_tokens."""
+    return EpisodeSettings(max_turns=1, max_episode_tokens=settings.max_new_tokens)
+
+
+def sample_episodes(
     policy,
-    tokenizer,
-    prompt_ids: list[list[int]],
-    environments: list,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
     sampling: SamplingConfig,
-    settings: EpisodeSettings,
     batch_size: int,
-    chat: bool,
-    device,
-) -> list[Episode]:
-    """Every episode to its end, the live ones sampled together each turn. `environments`: one reset
-    GuardedEnvironment per row. Where the lean decode serves the policy, each episode's KV cache continues across
-    its turns (`cached_episodes`); else each turn is sampled from the whole episode so far (HF generate)."""
-    longest = max(len(p) for p in prompt_ids) + settings.max_episode_tokens
-    if sampling.lean_decode and supports_lean_decode(policy, longest):
-        # the weights as the loop reads them, made once for every chunk (as the single-turn rollout does)
-        rows, bf16 = min(batch_size, len(prompt_ids)), sampling.rollout_precision == "bf16"
-        weights = prepared_weights(policy, rows, bf16)
-        return [
-            episode
-            for start in range(0, len(prompt_ids), batch_size)
-            for episode in cached_episodes(
-                weights,
-                tokenizer,
-                prompt_ids[start : start + batch_size],
-                environments[start : start + batch_size],
-                sampling,
-                settings,
-                chat,
-                device,
-            )
-        ]
-    episodes = [Episode() for _ in prompt_ids]
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    eos_token_id: int,
+    pad_token_id: int,
+    *,
+    environments: list | None = None,
+    settings: EpisodeSettings | None = None,
+    tokenizer=None,
+    chat: bool = False,
+) -> Sampled:
+    """One episode for each row of `prompt_ids`, `prompt_mask` `[N, P]`, in chunks of `batch_size` rows, each
+    chunk's episodes played to their ends together. `environments`: one reset environment per row (None: plain
+    completions); `settings`: the episode's shape (None: one turn of max_new_tokens); `tokenizer` decodes the turns
+    for the environments and tokenizes their replies; `chat`: the prompts are chat messages."""
+    settings = settings or plain_completion(sampling)
+    environments = environments if environments is not None else [OneTurn() for _ in range(len(prompt_ids))]
+    episodes = [Episode() for _ in range(len(prompt_ids))]
+    make = samplers_for(
+        policy,
+        sampling,
+        min(batch_size, len(prompt_ids)),
+        prompt_ids.shape[1] + settings.max_episode_tokens,
+        eos_token_id,
+        pad_token_id,
+        episodes=settings.max_turns > 1,
+        capacity=settings.max_episode_tokens if settings.max_turns > 1 else sampling.max_new_tokens,
+    )
+    stop_id = eos_token_id if sampling.stop_at_eos else None
+    for start in range(0, len(prompt_ids), batch_size):
+        part = slice(start, start + batch_size)
+        sampler = make(prompt_ids[part], prompt_mask[part])
+        play(sampler, episodes[part], environments[part], sampling, settings, stop_id, pad_token_id, tokenizer, chat)
+    made = episode_tensors(episodes, pad_token_id, prompt_ids.device)
+    return Sampled(prompt_ids, prompt_mask, **made, episodes=episodes)
+
+
+def play(sampler, episodes, environments, sampling, settings, stop_id, pad_token_id, tokenizer, chat) -> None:
+    """The turn loop: every live episode of the chunk draws a turn, the environments answer it, and the replies of
+    the episodes that go on are fed into the sampler, until none is live."""
     for _ in range(settings.max_turns):
-        live = [i for i, e in enumerate(episodes) if not e.done and len(e.tokens) < settings.max_episode_tokens]
+        live = [i for i, e in enumerate(episodes) if not e.over]
         if not live:
             break
-        room = {i: settings.max_episode_tokens - len(episodes[i].tokens) for i in live}
-        turn_sampling = replace(sampling, max_new_tokens=min(sampling.max_new_tokens, max(room.values())))
-        ids, mask = left_pad([prompt_ids[i] + episodes[i].tokens for i in live], pad)
-        turn_ids, turn_mask, ended, logprobs = sample_completions(
-            policy, ids.to(device), mask.to(device), turn_sampling, eos, pad, batch_size
-        )
+        room = [settings.max_episode_tokens - len(episodes[i].tokens) for i in live]
+        max_new = min(sampling.max_new_tokens, max(room))
+        limits = torch.tensor(room) if min(room) < max_new else None
+        ids, logprobs = sampler.turn(torch.tensor(live), max_new, limits)
+        lengths, ended = turn_lengths(ids, stop_id)
+        ids, logprobs = ids.tolist(), logprobs.tolist()
         for row, i in enumerate(live):
-            take = min(int(turn_mask[row].sum()), room[i])
-            episode = episodes[i]
-            episode.tokens += turn_ids[row, :take].tolist()
-            episode.own += [1] * take
-            episode.logprobs += logprobs[row, :take].tolist()
-            episode.last_turn_ended = bool(ended[row]) and take == int(turn_mask[row].sum())
-            environment_turn(episode, environments[i], tokenizer, settings, chat)
-    return episodes
+            take = min(lengths[row], room[row])
+            episodes[i].tokens += ids[row][:take]
+            episodes[i].own += [1] * take
+            episodes[i].logprobs += logprobs[row][:take]
+            episodes[i].last_turn_ended = ended[row] and take == lengths[row]
+        chunks = [answer(episodes[i], environments[i], tokenizer, settings, chat) for i in live]
+        going_on = [(i, chunk) for i, chunk in zip(live, chunks) if not episodes[i].over]
+        if going_on:
+            sampler.append(torch.tensor([i for i, _ in going_on]), [chunk for _, chunk in going_on])
 
 
-def right_padded(chunks: list[list[int]], pad_token_id: int, device) -> tuple[Tensor, Tensor]:
-    """Token lists as one right-padded chunk `[N, M]` and its `real` mask (EpisodeCache.forward's input)."""
-    width = max(1, max(len(c) for c in chunks))
-    tokens = torch.tensor([c + [pad_token_id] * (width - len(c)) for c in chunks], dtype=torch.long, device=device)
-    real = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in chunks], dtype=torch.bool, device=device)
-    return tokens, real
+def turn_lengths(ids: Tensor, stop_id: int | None) -> tuple[list[int], list[bool]]:
+    """Each row's turn length, up to and with its first stop token (all of it where it has none), and whether it
+    stopped. Tokens before the stop are real even when they equal the pad id: only the position decides."""
+    if stop_id is None:
+        return [ids.shape[1]] * len(ids), [False] * len(ids)
+    is_stop = ids == stop_id
+    ended = is_stop.any(1)
+    first = torch.where(ended, is_stop.int().argmax(1) + 1, ids.shape[1])
+    return first.tolist(), ended.tolist()
 
 
-@torch.no_grad()
-def cached_episodes(weights, tokenizer, prompt_ids, environments, sampling, settings, chat, device) -> list[Episode]:
-    """run_episodes on one EpisodeCache over the policy's `weights` (rloo.generation.decode.prepared_weights): the
-    prompts prefilled once, each turn drawn a token a step (each drawn token fed back at once), each reply prefilled
-    into the same cache as one chunk; only the live rows draw, in row order."""
-    rows, pad, eos = len(prompt_ids), tokenizer.pad_token_id, tokenizer.eos_token_id
-    cache = EpisodeCache(weights, rows, max(map(len, prompt_ids)) + settings.max_episode_tokens + 8, device)
-    logits = cache.forward(*right_padded(prompt_ids, pad, device))
-    episodes = [Episode() for _ in range(rows)]
-    for _ in range(settings.max_turns):
-        drawing = [i for i, e in enumerate(episodes) if not e.done and len(e.tokens) < settings.max_episode_tokens]
-        if not drawing:
-            break
-        turn = {i: [] for i in drawing}
-        for _ in range(sampling.max_new_tokens):
-            drawing = [i for i in drawing if turn[i] is not None]
-            if not drawing:
-                break
-            tokens, logprobs = sample_tokens(logits[drawing], sampling)
-            fed = [[] for _ in range(rows)]
-            for i, token, logprob in zip(drawing, tokens.tolist(), logprobs.tolist()):
-                episode = episodes[i]
-                episode.tokens.append(token)
-                episode.own.append(1)
-                episode.logprobs.append(logprob)
-                turn[i].append(token)
-                fed[i] = [token]
-                stop = (sampling.stop_at_eos and token == eos) or len(episode.tokens) >= settings.max_episode_tokens
-                if stop or len(turn[i]) >= sampling.max_new_tokens:
-                    episode.last_turn_ended = sampling.stop_at_eos and token == eos
-                    turn[i] = None  # this turn is over: its tokens are in `episode`
-            chunk, real = right_padded(fed, pad, device)
-            logits = torch.where(real.any(1, keepdim=True), cache.forward(chunk, real), logits)
-        replies = [[] for _ in range(rows)]
-        for i in turn:  # the rows that took a turn, in row order
-            replies[i] = environment_turn(episodes[i], environments[i], tokenizer, settings, chat)
-        if any(replies):
-            chunk, real = right_padded(replies, pad, device)
-            logits = torch.where(real.any(1, keepdim=True), cache.forward(chunk, real), logits)
-    return episodes
-
-
-def environment_turn(episode: Episode, environment, tokenizer, settings: EpisodeSettings, chat: bool) -> list[int]:
-    """The environment's answer to the episode's last turn: its reward and whether it ends are recorded, and its
-    reply's tokens (within the episode's token budget) appended as the environment's and returned ([] for none)."""
+def answer(episode: Episode, environment, tokenizer, settings: EpisodeSettings, chat: bool) -> list[int]:
+    """The environment's answer to the episode's last turn: its reward, info and whether it ends are recorded, and
+    its reply's tokens (within the episode's token budget) appended as the environment's and returned ([] for none).
+    An episode that reaches max_turns or its budget before the environment ended it is truncated."""
     turn_start = len(episode.own) - 1 - episode.own[::-1].index(0) if 0 in episode.own else -1
-    text = tokenizer.decode(episode.tokens[turn_start + 1 :], skip_special_tokens=True)
+    reads = getattr(environment, "reads_actions", True)
+    text = tokenizer.decode(episode.tokens[turn_start + 1 :], skip_special_tokens=True) if reads else ""
     episode.turns += 1
-    episode.messages.append({"role": "assistant", "content": text})
-    step = environment.step(text)
+    step: Step = environment.step(text)
+    episode.plain = getattr(environment, "plain", False)
+    if reads:
+        episode.messages.append({"role": "assistant", "content": text})
     if step.reward is not None:
         episode.rewards.append(step.reward)
-    episode.done = step.done
-    if step.done or step.reply is None or episode.turns >= settings.max_turns:
+    episode.info = dict(step.info) or episode.info
+    episode.terminated, episode.truncated = step.terminated, step.truncated
+    room = settings.max_episode_tokens - len(episode.tokens)
+    if episode.over:
+        return []
+    if episode.turns >= settings.max_turns or room <= 0:
+        episode.truncated = True
+        return []
+    if step.reply is None:
         return []
     episode.messages.append({"role": settings.reply_role, "content": step.reply})
-    said = tokenizer(
-        reply_text(tokenizer, step.reply, settings.reply_role, episode.last_turn_ended, chat), add_special_tokens=False
-    ).input_ids[: settings.max_episode_tokens - len(episode.tokens)]
+    glued = reply_text(tokenizer, step.reply, settings.reply_role, episode.last_turn_ended, chat)
+    said = reply_tokens(tokenizer, glued, room)
     episode.tokens += said
     episode.own += [0] * len(said)
     episode.logprobs += [0.0] * len(said)
+    if len(episode.tokens) >= settings.max_episode_tokens:  # no room left for another turn
+        episode.truncated = True
+        return []
     return said
 
 
@@ -209,110 +208,39 @@ def episode_tensors(episodes: list[Episode], pad_token_id: int, device) -> dict[
             device
         )
 
+    ended = [e.last_turn_ended or (e.terminated and not e.plain) for e in episodes]
     return {
         "completion_ids": rows([e.tokens for e in episodes], pad_token_id, torch.long),
         "completion_mask": rows([e.own for e in episodes], 0, torch.long),
         "episode_mask": rows([[1] * len(e.tokens) for e in episodes], 0, torch.long),
         "generation_logprobs": rows([e.logprobs for e in episodes], 0.0, torch.float32),
-        "ended": torch.tensor([e.done or e.last_turn_ended for e in episodes], dtype=torch.bool, device=device),
+        "ended": torch.tensor(ended, dtype=torch.bool, device=device),
     }
 
 
-@torch.no_grad()
-def collect_episodes(
-    policy,
-    reference,
-    reward_model,
-    tokenizer,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    k: int,
-    sampling: SamplingConfig,
-    environments: list,
-    settings: EpisodeSettings,
-    chat: bool,
-    forward_batch_size: int,
-    timer: PhaseTimer,
-    shared_prefix: bool = False,
-) -> tuple[Rollout, list[Episode]]:
-    """collect_rollout's record for multi-turn episodes: k episodes per prompt (prompt-major; `environments`, one
-    reset environment per episode, in that order), then the reference's log-probs of the model's tokens and the
-    reward model's scores from forwards over whole episodes."""
-    prompt_ids, prompt_mask = prompt_ids.repeat_interleave(k, 0), prompt_mask.repeat_interleave(k, 0)
-    with timer("generate"):
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-        episodes = run_episodes(
-            policy, tokenizer, prompts, environments, sampling, settings, forward_batch_size, chat, prompt_ids.device
-        )
-        made = episode_tensors(episodes, tokenizer.pad_token_id, prompt_ids.device)
-    sampled = Rollout(
-        prompt_ids,
-        prompt_mask,
-        made["completion_ids"],
-        made["completion_mask"],
-        made["ended"],
-        made["generation_logprobs"],
-        None,
-        None,
-        made["episode_mask"],
-    )
-    rollout = scored_rollout(
-        policy,
-        reference,
-        reward_model,
-        sampled,
-        sampling.temperature,
-        forward_batch_size,
-        timer,
-        k if shared_prefix else 1,
-    )
-    return rollout, episodes
+def close_all(environments: list) -> None:
+    """Every environment's close(), where it has one: all are closed, the first failure raised after."""
+    failure = None
+    for environment in environments:
+        try:
+            close = getattr(environment, "close", None)
+            if callable(close):
+                close()
+        except Exception as error:  # noqa: BLE001 (the rest are still closed)
+            failure = failure or error
+    if failure is not None:
+        raise failure
 
 
-def episode_completions(episodes: list[Episode], tokenizer, chat: bool) -> list:
-    """What reward functions get as an episode's completion: for chat prompts its messages after the prompt (the
-    model's turns as assistant messages, the replies in their role), for text prompts its whole text after the
-    prompt, the environment's replies included."""
-    if chat:
-        return [list(e.messages) for e in episodes]
-    return [tokenizer.decode(e.tokens, skip_special_tokens=True) for e in episodes]
+def reward_completions(sampled: Sampled, tokenizer, chat: bool) -> list:
+    """What reward functions get as each episode's completion: for chat prompts of multi-turn episodes its messages
+    after the prompt (the model's turns as assistant messages, the replies in their role), else its text after the
+    prompt (the environment's replies included)."""
+    if chat and any(e.messages for e in sampled.episodes):
+        return [list(e.messages) for e in sampled.episodes]
+    return tokenizer.batch_decode(sampled.completion_ids, skip_special_tokens=True)
 
 
 def episode_returns(episodes: list[Episode]) -> Tensor:
     """Each episode's return `[N]` (Episode.episode_return): the reward's `env` term."""
     return torch.tensor([e.episode_return for e in episodes])
-
-
-@torch.no_grad()
-def complete_episodes(policy, tokenizer, rows: list[dict], sampling: SamplingConfig, batch_size: int, device, spec):
-    """Held-out evaluation's `complete` for multi-turn episodes: one episode per row in `spec`'s environment
-    (rows as the data module makes them: prompt, prompt_ids, columns, messages). Returns complete's fields (texts:
-    each episode's whole text after the prompt; length: the model's tokens; eos: ended) and the reward functions'
-    `completions`, the environment's `env_return` `[N]`, `turns` `[N]` and whether it `replied` at least once `[N]`."""
-    chat = all(row.get("messages") is not None for row in rows)
-    prompts = [row["messages"] if chat else row["prompt"] for row in rows]
-    environments = [spec.start({"prompt": p, **row.get("columns", {})}) for p, row in zip(prompts, rows)]
-    episodes = run_episodes(
-        policy,
-        tokenizer,
-        [row["prompt_ids"] for row in rows],
-        environments,
-        sampling,
-        spec.episode,
-        batch_size,
-        chat,
-        device,
-    )
-    made = episode_tensors(episodes, tokenizer.pad_token_id, device)
-    ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
-    return {
-        "texts": episode_completions(episodes, tokenizer, False),
-        "completions": episode_completions(episodes, tokenizer, chat),
-        "input_ids": torch.cat([ids.to(device), made["completion_ids"]], 1),
-        "attention_mask": torch.cat([mask.to(device), made["episode_mask"]], 1),
-        "length": made["completion_mask"].sum(1).float(),
-        "eos": made["ended"].float(),
-        "env_return": episode_returns(episodes).to(device),
-        "turns": torch.tensor([float(e.turns) for e in episodes], device=device),
-        "replied": torch.tensor([float(0 in e.own) for e in episodes], device=device),
-    }

@@ -63,7 +63,7 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
 
     env = cfg.get("env")
     length = cfg.data.max_prompt_length + (env.max_episode_tokens if env else cfg.response_length)
-    episodes = "; each turn of an episode sampled from the whole episode so far" if env else ""
+    episodes = "; each turn of an episode sampled from the whole episode so far, prefilled anew" if env else ""
     if not cfg.lean_decode:
         sampler = ("hf_generate", f"lean_decode=false{episodes}")
     elif reason := why_not_lean_decode(policy, length):
@@ -79,11 +79,14 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
                 f"{cfg.precision.trainer} on {cfg.trainer.accelerator})"
             )
         sampler = ("lean_decode", f"KV-cache loop, {decode_steps(cfg)}; {products}")
-        if env:  # rloo.generation.episode_decode
-            steps = "every row each step, no CUDA graphs"
+        if env:  # rloo.generation.lean_sampler: the turns of an episode continue its cache
+            steps = "eager steps that drop finished rows"
+            if decode_replays_graphs(cfg):
+                steps += " (CUDA graphs serve plain completions only: an episode's rows differ in length)"
             sampler = (
-                "episode_kv_cache",
-                f"a KV cache per episode, continued across the environment's replies ({steps}); {products}",
+                "lean_decode",
+                f"KV-cache loop, one cache per episode continued across the environment's replies, {steps}; "
+                f"{products}",
             )
 
     def forward(model) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""One rollout: generate -> truncate at the stop token -> log-probs -> score, into one `Rollout` record.
+"""One rollout: sample episodes (rloo.generation.episodes; a plain completion is a one-turn episode) -> the
+reference's log-probs -> the reward model's scores, into one `Rollout` record.
 
 Every algorithm consumes a `Rollout`. No Lightning or Hydra here: plain torch over transformers models.
 Token layout: prompts are left-padded to P, completions right-padded to T, so row i is
@@ -9,20 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
-from rloo.generation import decode, static_decode
+from rloo.generation.episodes import Sampled, sample_episodes
 from rloo.generation.forward import completion_logprobs, reward_scores
-from rloo.generation.settings import SamplingConfig
+from rloo.generation.settings import EpisodeSettings, SamplingConfig
 from rloo.models.lora import adapters_disabled
-from rloo.models.sharding import ranks_step_together
-from rloo.objectives import token_logprobs
 
 
 @dataclass
@@ -78,37 +77,6 @@ def concatenate(parts: list[Rollout], pad_token_id: int) -> Rollout:
     return Rollout(**{f.name: torch.cat([pad(f.name, getattr(p, f.name)) for p in parts]) for f in fields(Rollout)})
 
 
-def generation_config_for(sampling: SamplingConfig, eos_token_id: int, pad_token_id: int) -> GenerationConfig:
-    """Every field that changes sampling is set here, so nothing comes from the model's own generation_config."""
-    return GenerationConfig(
-        max_new_tokens=sampling.max_new_tokens,
-        min_new_tokens=0,
-        do_sample=not sampling.greedy,
-        temperature=None if sampling.greedy else sampling.temperature,
-        top_k=None if sampling.greedy else sampling.top_k,  # 0 disables; None would let transformers fill in 50
-        top_p=None if sampling.greedy or sampling.top_p >= 1.0 else sampling.top_p,
-        num_beams=1,
-        repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        eos_token_id=eos_token_id if sampling.stop_at_eos else None,
-        pad_token_id=pad_token_id,
-        use_cache=True,
-        output_logits=True,  # the raw logits of each step, for the generation log-probs
-        return_dict_in_generate=True,
-    )
-
-
-@contextlib.contextmanager
-def _own_generation_config(model: PreTrainedModel, config: GenerationConfig):
-    # transformers fills "unset" fields of a passed config from model.generation_config; swap it for ours meanwhile
-    saved = model.generation_config
-    model.generation_config = config
-    try:
-        yield
-    finally:
-        model.generation_config = saved
-
-
 def truncate_after_stop(
     completion_ids: Tensor, stop_token_id: int | None, pad_token_id: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -137,66 +105,14 @@ def generate_with_logprobs(
     pad_token_id: int,
     batch_size: int,
 ) -> tuple[Tensor, Tensor]:
-    """Sampled completions `[N, T]` and the log-probs the sampler gave each token `[N, T]` (float32).
+    """Plain completions `[N, T]` (pad after a row's stop token) and the log-probs the sampler gave each token `[N, T]`
+    (float32, 0 after the stop): the rollout engine's one-turn episodes (rloo.generation.episodes).
 
     The log-probs are log softmax(logits / temperature) of the sampling pass itself (temperature 1 when
     greedy): compared with a training forward they measure the rollout / training mismatch.
     """
-    chunks = []
-    lean = sampling.lean_decode and decode.supports_lean_decode(policy, prompt_ids.shape[1] + sampling.max_new_tokens)
-    # the weights as the lean decode reads them (on CPU in float32, reordered copies; rollout_precision=bf16:
-    # bfloat16 copies): once for every chunk
-    rows, bf16 = min(batch_size, prompt_ids.shape[0]), sampling.rollout_precision == "bf16"
-    weights = decode.prepared_weights(policy, rows, bf16) if lean else None
-    # on a GPU the same steps at static shapes, replayed as CUDA graphs (rloo.generation.fast_paths says which ran)
-    graphs = lean and sampling.cuda_graph and static_decode.why_not_graph(policy) is None
-    lean_sample = static_decode.static_generate if graphs else decode.lean_generate
-    for start in range(0, prompt_ids.shape[0], batch_size):
-        ids, mask = prompt_ids[start : start + batch_size], prompt_mask[start : start + batch_size]
-        if lean:
-            chunks.append(lean_sample(policy, ids, mask, sampling, eos_token_id, pad_token_id, weights=weights))
-        else:
-            chunks.append(_hf_generate_with_logprobs(policy, ids, mask, sampling, eos_token_id, pad_token_id))
-    width = max(c[0].shape[1] for c in chunks)
-    completion_ids = torch.cat([F.pad(ids, (0, width - ids.shape[1]), value=pad_token_id) for ids, _ in chunks])
-    logprobs = torch.cat([F.pad(lp, (0, width - lp.shape[1])) for _, lp in chunks])
-    return completion_ids, logprobs
-
-
-@torch.no_grad()
-def _hf_generate_with_logprobs(policy, ids, mask, sampling, eos_token_id, pad_token_id) -> tuple[Tensor, Tensor]:
-    config = generation_config_for(sampling, eos_token_id, pad_token_id)
-    with _own_generation_config(policy, config):
-        output = policy.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            generation_config=config,
-            synced_gpus=ranks_step_together(policy),
-        )
-    completion = output.sequences[:, ids.shape[1] :]
-    temperature = 1.0 if sampling.greedy else sampling.temperature
-    logits = torch.stack(output.logits, dim=1).float() / temperature  # [B, T, V] raw logits of each step
-    return completion, token_logprobs(logits, completion)
-
-
-def sample_completions(
-    policy: PreTrainedModel,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    sampling: SamplingConfig,
-    eos_token_id: int,
-    pad_token_id: int,
-    batch_size: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Sample, then truncate at the stop token: ids `[N, T]`, mask `[N, T]`, ended `[N]`, generation log-probs
-    `[N, T]`."""
-    raw, logprobs = generate_with_logprobs(
-        policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, batch_size
-    )
-    completion_ids, completion_mask, ended = truncate_after_stop(
-        raw, eos_token_id if sampling.stop_at_eos else None, pad_token_id
-    )
-    return completion_ids, completion_mask, ended, logprobs * completion_mask
+    sampled = sample_episodes(policy, prompt_ids, prompt_mask, sampling, batch_size, eos_token_id, pad_token_id)
+    return sampled.completion_ids, sampled.generation_logprobs
 
 
 def clock() -> float:
@@ -228,6 +144,41 @@ def chunked(fn, batch_size: int, *tensors: Tensor) -> Tensor:
 
 
 @torch.no_grad()
+def sample_rollout(
+    policy: PreTrainedModel,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    k: int,
+    sampling: SamplingConfig,
+    eos_token_id: int,
+    pad_token_id: int,
+    batch_size: int,
+    *,
+    environments: list | None = None,
+    settings: EpisodeSettings | None = None,
+    tokenizer=None,
+    chat: bool = False,
+) -> Sampled:
+    """k episodes of each prompt, prompt-major (rloo.generation.episodes.sample_episodes): plain completions, or,
+    with `environments` (one reset environment per episode, in that order) and `settings`, multi-turn episodes."""
+    prompt_ids = prompt_ids.repeat_interleave(k, dim=0)  # [B*k, P]
+    prompt_mask = prompt_mask.repeat_interleave(k, dim=0)  # [B*k, P]
+    return sample_episodes(
+        policy,
+        prompt_ids,
+        prompt_mask,
+        sampling,
+        batch_size,
+        eos_token_id,
+        pad_token_id,
+        environments=environments,
+        settings=settings,
+        tokenizer=tokenizer,
+        chat=chat,
+    )
+
+
+@torch.no_grad()
 def collect_rollout(
     policy: PreTrainedModel,
     reference: PreTrainedModel | None,
@@ -242,41 +193,24 @@ def collect_rollout(
     timer: PhaseTimer | None = None,
     shared_prefix: bool = False,
 ) -> Rollout:
-    """Repeat each prompt k times, sample, truncate, and compute reference log-probs and scores.
-
-    `timer`, if given, receives the seconds of the phases generate / ref_logprobs / scores. With `shared_prefix`
-    the reference and the reward model run each prompt once for its k completions (body_hidden_states).
-    """
+    """k plain completions per prompt, sampled (`sample_rollout`) and scored (`scored_rollout`)."""
     timer = timer or PhaseTimer()
-    prompt_ids = prompt_ids.repeat_interleave(k, dim=0)  # [B*k, P]
-    prompt_mask = prompt_mask.repeat_interleave(k, dim=0)  # [B*k, P]
     with timer("generate"):
-        completion_ids, completion_mask, ended, generation_logprobs = sample_completions(
-            policy, prompt_ids, prompt_mask, sampling, eos_token_id, pad_token_id, forward_batch_size
+        sampled = sample_rollout(
+            policy, prompt_ids, prompt_mask, k, sampling, eos_token_id, pad_token_id, forward_batch_size
         )
-    return scored_rollout(
-        policy,
-        reference,
-        reward_model,
-        Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, ended, generation_logprobs, None, None, None),
-        sampling.temperature,
-        forward_batch_size,
-        timer,
-        k if shared_prefix else 1,
-    )
+    group = k if shared_prefix else 1
+    return scored_rollout(policy, reference, reward_model, sampled, sampling.temperature, forward_batch_size, timer, group)
 
 
 def scored_rollout(
-    policy, reference, reward_model, sampled: Rollout, temperature: float, forward_batch_size: int, timer, group: int
+    policy, reference, reward_model, sampled: Sampled, temperature: float, forward_batch_size: int, timer, group: int
 ) -> Rollout:
-    """`sampled` (its ids, masks, ends and generation log-probs; episode_mask None: the completion's own) with the
-    reference's log-probs of the completion tokens `[N, T]` (float32, 0 where completion_mask is 0) and the reward
-    model's scores `[N]` (zeros without one), from forwards that attend to the episode's tokens. `group`: rows per
-    shared prompt for the shared-prefix forwards (1: plain rows)."""
+    """`sampled` scored: the reference's log-probs of the model's tokens `[N, T]` (float32, 0 where completion_mask
+    is 0) and the reward model's scores `[N]` (zeros without one), from forwards that attend to every real token of
+    the episode. `group`: rows per shared prompt for the shared-prefix forwards (1: plain rows)."""
     completion_ids, completion_mask = sampled.completion_ids, sampled.completion_mask
-    episode_mask = completion_mask if sampled.episode_mask is None else sampled.episode_mask
-    input_ids = torch.cat([sampled.prompt_ids, completion_ids], 1)
-    attention_mask = torch.cat([sampled.prompt_mask, episode_mask], 1)
+    input_ids, attention_mask = sampled.input_ids, sampled.attention_mask
     # reference None: the policy's base, its LoRA adapters switched off (rloo.models.lora)
     with (
         timer("ref_logprobs"),
@@ -301,4 +235,14 @@ def scored_rollout(
             if reward_model is not None
             else torch.zeros(input_ids.shape[0], device=input_ids.device)
         )  # reward= without model
-    return replace(sampled, ref_logprobs=ref_logprobs.float(), scores=scores, episode_mask=episode_mask)
+    return Rollout(
+        sampled.prompt_ids,
+        sampled.prompt_mask,
+        completion_ids,
+        completion_mask,
+        sampled.ended,
+        sampled.generation_logprobs,
+        ref_logprobs.float(),
+        scores,
+        sampled.episode_mask,
+    )

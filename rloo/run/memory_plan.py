@@ -311,7 +311,7 @@ def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]]
         shared_prefix=paths["policy_forward"][0] == "shared_prefix",
         mlp_recompute=paths.get("policy_activations", ("kept", ""))[0] == "mlp_recompute",
         sampler=paths["sampler"][0],
-        decode_weight_copy=decode_copy_bytes(cfg) if paths["sampler"][0] in ("lean_decode", "episode_kv_cache") else 0,
+        decode_weight_copy=decode_copy_bytes(cfg) if paths["sampler"][0] == "lean_decode" else 0,
         decode_graph=paths["sampler"][0] == "lean_decode" and decode_replays_graphs(cfg),
     )
 

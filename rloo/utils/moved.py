@@ -22,6 +22,7 @@ MOVED = {
     "rloo.forward": "rloo.generation.forward",
     "rloo.fast_paths": "rloo.generation.fast_paths",
     "rloo.rollout": "rloo.generation.rollout",
+    "rloo.environments.toy": "rloo.toy.topic_recall",
     "rloo.models": "rloo.models.loading",
     "rloo.lora": "rloo.models.lora",
     "rloo.sharding": "rloo.models.sharding",
