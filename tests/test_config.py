@@ -562,3 +562,23 @@ def test_a_bf16_rollout_says_how_it_samples_and_evaluation_stays_float32():
     sampler, why = fast_paths(cfg, tiny_model("llama"), None)["sampler"]
     assert sampler == "lean_decode" and "from bfloat16 copies of the weights" in why
     assert "held-out evaluation in float32" in why
+
+
+def test_an_episode_budget_beyond_the_policys_positions_is_refused_before_loading(tiny_run_assets):
+    """env=: the episode runs to env.max_episode_tokens after the prompt (turns and replies), not response_length."""
+    import json
+
+    from rloo.config.checks import check_context
+
+    policy = tiny_run_assets / "policy"
+    positions = json.loads((policy / "config.json").read_text())["max_position_embeddings"]
+    fits = composed("env=topic_recall", "reward=env", f"env.max_episode_tokens={positions - 8}", "response_length=4")
+    check_context(fits, str(policy), 8, "data.train (a.jsonl)")
+    over = composed("env=topic_recall", "reward=env", f"env.max_episode_tokens={positions - 7}", "response_length=4")
+    with pytest.raises(ConfigError) as caught:
+        check_context(over, str(policy), 8, "data.train (a.jsonl)")
+    assert str(caught.value) == (
+        f"env.max_episode_tokens={positions - 7} after the longest prompt of data.train (a.jsonl) (8 tokens) needs "
+        f"{positions + 1} positions; model.policy='{policy}' has {positions} (max_position_embeddings): "
+        "lower env.max_episode_tokens or data.max_prompt_length"
+    )

@@ -4,6 +4,7 @@ algorithm of the shared step trains on episodes."""
 
 import copy
 import math
+import threading
 import time
 
 import pytest
@@ -386,3 +387,72 @@ def test_an_episode_run_killed_and_resumed_ends_bit_identical(finished_run):
     a = load_file(base / "episodes-straight" / "policy" / "model.safetensors")
     b = load_file(killed / "policy" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- the environment protocol: ends, info, close, concurrency, long replies ----------------------------------------
+class Gymlike(Scripted):
+    """Gymnasium's split end: (reply, reward, terminated, truncated, info); it cuts every episode at its 2nd turn."""
+
+    closed: list = []
+
+    def step(self, action):
+        self.turns += 1
+        if self.turns == 2:
+            return None, 0.5, False, True, {"guesses": 2.0}
+        return " next\n\nTL;DR:", None, False, False, {"guesses": 1.0}
+
+    def close(self):
+        Gymlike.closed.append(self)
+
+
+def test_terminated_truncated_info_and_close_reach_the_episode(policy, tokenizer):
+    Gymlike.closed = []
+    environments = spec(Gymlike).start_all([{"prompt": "x"}] * 3)
+    prompt = tokenizer("POST: my dog\n\nTL;DR:", add_special_tokens=False).input_ids
+    episodes = run_episodes(policy, tokenizer, [prompt] * 3, environments, sampling(4), EpisodeSettings(5, 200), 3)
+    for episode in episodes:
+        assert episode.turns == 2 and episode.truncated and not episode.terminated and episode.info == {"guesses": 2.0}
+    from rloo.generation.episodes import close_all
+
+    close_all(environments)
+    assert len(Gymlike.closed) == 3
+
+
+class Slow(Scripted):
+    """Counts how many of its calls run at once."""
+
+    running, most = 0, 0
+
+    def step(self, action):
+        with LOCK:
+            Slow.running += 1
+            Slow.most = max(Slow.most, Slow.running)
+        time.sleep(0.2)
+        with LOCK:
+            Slow.running -= 1
+        return None, 1.0, True
+
+
+LOCK = threading.Lock()
+
+
+def test_the_environment_calls_of_one_turn_run_concurrently(policy, tokenizer):
+    Slow.most = 0
+    environments = spec(Slow).start_all([{"prompt": "x"}] * 6)
+    prompt = tokenizer("POST: my dog\n\nTL;DR:", add_special_tokens=False).input_ids
+    episodes = run_episodes(policy, tokenizer, [prompt] * 6, environments, sampling(3), EpisodeSettings(2, 50), 6)
+    assert all(e.terminated and e.episode_return == 1.0 for e in episodes)
+    assert Slow.most > 1  # calls overlapped (each still under its own guard)
+
+
+def test_a_huge_reply_is_cut_before_it_is_tokenized(tokenizer, monkeypatch):
+    from rloo.generation.environment import longest_token_chars, reply_tokens
+
+    seen = []
+    original = type(tokenizer).__call__
+    monkeypatch.setattr(type(tokenizer), "__call__", lambda self, text, **k: seen.append(len(text)) or original(
+        self, text, **k))
+    reply = " dog" * 250_000  # 1 MB
+    tokens = reply_tokens(tokenizer, reply, 20)
+    assert tokens == original(tokenizer, reply[:400], add_special_tokens=False).input_ids[:20]
+    assert seen == [22 * longest_token_chars(tokenizer)] and seen[0] < 10_000

@@ -147,6 +147,22 @@ class OnlineRLModule(LightningModule):
             metrics["reward/masked"] = float((~torch.isfinite(rollout.scores)).sum())
         return metrics
 
+    def episode_metrics(self) -> dict[str, float]:
+        """With env=: the last rollout's model turns per episode, the fraction cut by max_turns or the token budget
+        (env/truncated), and the means of what the environment's info reported (env/<name>)."""
+        episodes = self.last_episodes
+        if self.environment is None or not episodes:
+            return {}
+        metrics = {
+            "env/turns": sum(e.turns for e in episodes) / len(episodes),
+            "env/truncated": sum(e.truncated for e in episodes) / len(episodes),
+            "env/replied": sum(e.replied for e in episodes) / len(episodes),
+        }
+        for name in sorted({name for e in episodes for name in e.info}):
+            values = [e.info[name] for e in episodes if name in e.info]
+            metrics[f"env/{name}"] = sum(values) / len(values)
+        return metrics
+
     def policy_forward(self, rollout: Rollout, with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
         """log pi(y_t | .) `[n, T]` (with gradient) and the per-token entropy `[n, T]` of the policy as it is now
         (None without `with_entropy`)."""

@@ -94,6 +94,7 @@ def common_metrics(module, rollout: Rollout) -> dict[str, float | Tensor]:
         metrics["memory/peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     metrics.update({f"time/{phase}": seconds for phase, seconds in timings.items() if phase != "step"})
     metrics.update(module.reward_metrics(rollout))
+    metrics.update(module.episode_metrics())
     if module.last_grad_norm is not None:
         metrics["policy/grad_norm"] = module.last_grad_norm
     return metrics

@@ -454,7 +454,8 @@ def check_causal_lm(path: Path, where: str) -> None:
 
 
 def check_context(cfg: DictConfig, policy: str | None, longest_prompt: int, data: str) -> None:
-    """The longest prompt of the data and a completion of response_length fit the policy's positions
+    """The longest prompt of the data and a completion of response_length (with env=, an episode of
+    env.max_episode_tokens) fit the policy's positions
     (max_position_embeddings of a local policy's config.json): beyond them its position embeddings or rotary tables
     run out. Checked once the prompts are tokenized, before any model loads."""
     import json
@@ -463,11 +464,14 @@ def check_context(cfg: DictConfig, policy: str | None, longest_prompt: int, data
     if config is None or not config.is_file():
         return
     context = json.loads(config.read_text()).get("max_position_embeddings")
-    if isinstance(context, int) and longest_prompt + cfg.response_length > context:
+    env = cfg.get("env")
+    # an episode runs to its budget: the model's turns and the environment's replies
+    key, after = ("env.max_episode_tokens", env.max_episode_tokens) if env else ("response_length", cfg.response_length)
+    if isinstance(context, int) and longest_prompt + after > context:
         raise ConfigError(
-            f"response_length={cfg.response_length} after the longest prompt of {data} ({longest_prompt} tokens) "
-            f"needs {longest_prompt + cfg.response_length} positions; model.policy={str(policy)!r} has {context} "
-            "(max_position_embeddings): lower response_length or data.max_prompt_length"
+            f"{key}={after} after the longest prompt of {data} ({longest_prompt} tokens) "
+            f"needs {longest_prompt + after} positions; model.policy={str(policy)!r} has {context} "
+            f"(max_position_embeddings): lower {key} or data.max_prompt_length"
         )
 
 

@@ -15,6 +15,7 @@ its text for text prompts, cut to the episode's room before it is tokenized.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +25,8 @@ from torch import Tensor
 from rloo.generation.environment import OneTurn, Step, reply_text, reply_tokens
 from rloo.generation.samplers import samplers_for
 from rloo.generation.settings import EpisodeSettings, SamplingConfig
+
+MAX_CONCURRENT_STEPS = 16  # environment calls of one turn running at once
 
 
 @dataclass
@@ -144,7 +147,12 @@ def play(sampler, episodes, environments, sampling, settings, stop_id, pad_token
             episodes[i].own += [1] * take
             episodes[i].logprobs += logprobs[row][:take]
             episodes[i].last_turn_ended = ended[row] and take == lengths[row]
-        chunks = [answer(episodes[i], environments[i], tokenizer, settings, chat) for i in live]
+        texts = [turn_text(episodes[i], environments[i], tokenizer) for i in live]
+        steps = step_all([environments[i] for i in live], texts)
+        chunks = [
+            answer(episodes[i], environments[i], step, text, tokenizer, settings, chat)
+            for i, step, text in zip(live, steps, texts)
+        ]
         going_on = [(i, chunk) for i, chunk in zip(live, chunks) if not episodes[i].over]
         if going_on:
             sampler.append(torch.tensor([i for i, _ in going_on]), [chunk for _, chunk in going_on])
@@ -161,17 +169,31 @@ def turn_lengths(ids: Tensor, stop_id: int | None) -> tuple[list[int], list[bool
     return first.tolist(), ended.tolist()
 
 
-def answer(episode: Episode, environment, tokenizer, settings: EpisodeSettings, chat: bool) -> list[int]:
-    """The environment's answer to the episode's last turn: its reward, info and whether it ends are recorded, and
-    its reply's tokens (within the episode's token budget) appended as the environment's and returned ([] for none).
-    An episode that reaches max_turns or its budget before the environment ended it is truncated."""
+def turn_text(episode: Episode, environment, tokenizer) -> str:
+    """The episode's last turn as text, for its environment (none where it reads no actions: a plain completion)."""
+    if not getattr(environment, "reads_actions", True):
+        return ""
     turn_start = len(episode.own) - 1 - episode.own[::-1].index(0) if 0 in episode.own else -1
-    reads = getattr(environment, "reads_actions", True)
-    text = tokenizer.decode(episode.tokens[turn_start + 1 :], skip_special_tokens=True) if reads else ""
+    return tokenizer.decode(episode.tokens[turn_start + 1 :], skip_special_tokens=True)
+
+
+def step_all(environments: list, texts: list[str]) -> list[Step]:
+    """Each environment's step on its text, the calls of one turn run concurrently (at most MAX_CONCURRENT_STEPS at
+    once; each still under its own guard); a failure is raised as the first failing row's, in row order."""
+    if len(environments) < 2 or not all(getattr(e, "reads_actions", True) for e in environments):
+        return [environment.step(text) for environment, text in zip(environments, texts)]
+    with ThreadPoolExecutor(min(MAX_CONCURRENT_STEPS, len(environments)), thread_name_prefix="rloo-env") as pool:
+        futures = [pool.submit(environment.step, text) for environment, text in zip(environments, texts)]
+        return [future.result() for future in futures]
+
+
+def answer(episode: Episode, environment, step: Step, text: str, tokenizer, settings: EpisodeSettings, chat: bool):
+    """What the environment's `step` said to the episode's last turn (`text`): its reward, info and whether it ends are
+    recorded, and its reply's tokens (within the episode's token budget) appended as the environment's and returned
+    ([] for none). An episode that reaches max_turns or its budget before the environment ended it is truncated."""
     episode.turns += 1
-    step: Step = environment.step(text)
     episode.plain = getattr(environment, "plain", False)
-    if reads:
+    if getattr(environment, "reads_actions", True):
         episode.messages.append({"role": "assistant", "content": text})
     if step.reward is not None:
         episode.rewards.append(step.reward)
