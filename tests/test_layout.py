@@ -21,7 +21,9 @@ CORE = {
     "rloo.generation.sampling",
     "rloo.generation.decode",
     "rloo.generation.episodes",
-    "rloo.generation.episode_decode",
+    "rloo.generation.lean_sampler",
+    "rloo.generation.samplers",
+    "rloo.generation.environment",
     "rloo.environments.base",
     "rloo.rewards.scoring",
     "rloo.utils.resume",
@@ -67,6 +69,18 @@ def test_only_the_benchmark_imports_the_benchmark():
         if not name.startswith("rloo.bench") and any(t.startswith("rloo.bench") for t in targets)
     }
     assert offenders == set()
+
+
+def test_the_generation_layer_imports_nothing_above_it():
+    """rloo.generation (the rollout engine, its samplers and the environment protocol) builds on the layers below it:
+    no module of it imports the environments, the rewards, the algorithms, evaluation or the run's shell."""
+    above = ("rloo.environments", "rloo.rewards", "rloo.algorithms", "rloo.evaluation", "rloo.run", "rloo.toy")
+    offenders = {
+        name: sorted(t for t in targets if t.startswith(above))
+        for name, targets in graph().items()
+        if name.startswith("rloo.generation") and any(t.startswith(above) for t in targets)
+    }
+    assert offenders == {}
 
 
 def test_there_is_no_import_cycle():

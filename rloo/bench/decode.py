@@ -118,7 +118,8 @@ def measure(
     from transformers import AutoModelForCausalLM
 
     from rloo.bench.presets import get_preset, model_config, random_prompts
-    from rloo.generation.lean_sampler import lean_generate, prepared_weights
+    from rloo.generation.decode import prepared_weights
+    from rloo.generation.lean_sampler import lean_generate
     from rloo.generation.settings import SamplingConfig
     from rloo.generation.static_decode import static_generate, why_not_graph
 
