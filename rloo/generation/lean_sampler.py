@@ -180,18 +180,18 @@ class LeanSampler:
         extra = [t for t in (offsets, limit) if t is not None]
         for step in range(max_new):
             new_tokens, tokens = _draw(logits, turn_rows, draw, sampling, pad, step, outputs)
-            drawn = torch.arange(len(tokens), device=device) if draw is None else draw  # [A] the slots that drew
             if step == max_new - 1:  # every live row ends here, its last token pending
+                drawn = torch.arange(len(tokens), device=device) if draw is None else draw  # [A] the slots that drew
                 own_len.index_add_(0, drawn, torch.full_like(drawn, step))
                 pending.index_copy_(0, drawn, new_tokens)
                 break
             ended = None if self.stop_id is None else new_tokens == self.stop_id  # [A]
             if limit is not None:
-                at_limit = limit.index_select(0, drawn) <= step + 1
+                at_limit = (limit if draw is None else limit.index_select(0, draw)) <= step + 1
                 ended = at_limit if ended is None else ended | at_limit
             num_ended = 0 if ended is None else int(ended.sum())
             if num_ended:
-                ended_slots = drawn[ended]
+                ended_slots = ended.nonzero().squeeze(1) if draw is None else draw[ended]
                 own_len.index_add_(0, ended_slots, torch.full_like(ended_slots, step))
                 pending.index_copy_(0, ended_slots, new_tokens[ended])
                 num_live -= num_ended
