@@ -12,8 +12,8 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from rloo.algorithms.policy_gradient import PolicyGradientModule
-from rloo.environments.base import EnvironmentSpec, GuardedEnvironment, Step, load_environment
 from rloo.data.padding import left_pad
+from rloo.environments.base import EnvironmentSpec, GuardedEnvironment, Step, load_environment
 from rloo.generation.environment import reply_text
 from rloo.generation.episodes import Episode, episode_tensors, sample_episodes
 from rloo.generation.rollout import Rollout
@@ -287,8 +287,14 @@ def test_the_continued_cache_gives_a_full_forwards_logits(tokenizer, family):
     ids, mask = left_pad(prompts, tokenizer.pad_token_id)
     greedy = sampling(3, greedy=True, stop_at_eos=False)
     sampler = LeanSampler(
-        prepared_weights(model, 2), ids, mask, greedy, tokenizer.eos_token_id, tokenizer.pad_token_id,
-        capacity=4, keeps_rows=True,  # a small cache: it grows on the way
+        prepared_weights(model, 2),
+        ids,
+        mask,
+        greedy,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        capacity=4,
+        keeps_rows=True,  # a small cache: it grows on the way
     )
     sequences = [list(p) for p in prompts]
 
@@ -319,15 +325,18 @@ def test_finished_rows_leave_the_episode_batch(policy, tokenizer, monkeypatch):
 
     widths = []
     step = lean_sampler._decode_step
-    monkeypatch.setattr(lean_sampler, "_decode_step", lambda w, hidden, *a: widths.append(len(hidden)) or step(
-        w, hidden, *a))
+    monkeypatch.setattr(
+        lean_sampler, "_decode_step", lambda w, hidden, *a: widths.append(len(hidden)) or step(w, hidden, *a)
+    )
     head = policy.get_output_embeddings()  # EOS about one draw in eight: rows end at different steps
-    head.bias = torch.nn.Parameter(torch.zeros(head.out_features).index_fill_(0, torch.tensor(tokenizer.eos_token_id), 4))
+    eos = torch.tensor(tokenizer.eos_token_id)
+    head.bias = torch.nn.Parameter(torch.zeros(head.out_features).index_fill_(0, eos, 4))
     prompt = tokenizer("POST: my dog and a car\n\nTL;DR:", add_special_tokens=False).input_ids
     environments = [spec(Scripted).start({"prompt": "x"}) for _ in range(8)]
     torch.manual_seed(0)
-    episodes = run_episodes(policy, tokenizer, [prompt] * 8, environments, sampling(12, temperature=1.5),
-                            EpisodeSettings(3, 200), 8)
+    episodes = run_episodes(
+        policy, tokenizer, [prompt] * 8, environments, sampling(12, temperature=1.5), EpisodeSettings(3, 200), 8
+    )
     assert all(e.turns == 3 for e in episodes)
     assert widths[0] == 8 and min(widths) < 8  # rows left the batch as they ended
     assert any(a > b for a, b in zip(widths, widths[1:]))
@@ -341,8 +350,13 @@ def test_an_episodes_sampler_log_probs_equal_the_training_forwards(policy, token
     prompt = tokenizer("POST: my dog and a car\n\nTL;DR:", add_special_tokens=False).input_ids
     environments = [spec(Scripted).start({"prompt": "x"}) for _ in range(3)]
     episodes = run_episodes(
-        policy, tokenizer, [prompt, prompt[2:], prompt], environments, sampling(5, temperature=0.7),
-        EpisodeSettings(3, 40), 3,
+        policy,
+        tokenizer,
+        [prompt, prompt[2:], prompt],
+        environments,
+        sampling(5, temperature=0.7),
+        EpisodeSettings(3, 40),
+        3,
     )
     made = episode_tensors(episodes, tokenizer.pad_token_id, "cpu")
     ids, mask = torch.tensor([prompt, [tokenizer.pad_token_id] * 2 + prompt[2:], prompt]), torch.ones(3, len(prompt))
@@ -450,8 +464,9 @@ def test_a_huge_reply_is_cut_before_it_is_tokenized(tokenizer, monkeypatch):
 
     seen = []
     original = type(tokenizer).__call__
-    monkeypatch.setattr(type(tokenizer), "__call__", lambda self, text, **k: seen.append(len(text)) or original(
-        self, text, **k))
+    monkeypatch.setattr(
+        type(tokenizer), "__call__", lambda self, text, **k: seen.append(len(text)) or original(self, text, **k)
+    )
     reply = " dog" * 250_000  # 1 MB
     tokens = reply_tokens(tokenizer, reply, 20)
     assert tokens == original(tokenizer, reply[:400], add_special_tokens=False).input_ids[:20]

@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-import rloo.generation.decode
 from rloo.generation import static_decode
 from rloo.generation.lean_sampler import LeanSampler, lean_generate
 from rloo.generation.rollout import truncate_after_stop

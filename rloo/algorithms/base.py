@@ -101,8 +101,14 @@ class OnlineRLModule(LightningModule):
             close_all(environments or [])
         group = cfg.k if cfg.shared_prefix else 1
         rollout = scored_rollout(
-            self.policy, self.reference, reward_model, sampled, cfg.sampling.temperature, cfg.generation_batch_size,
-            timer, group,
+            self.policy,
+            self.reference,
+            reward_model,
+            sampled,
+            cfg.sampling.temperature,
+            cfg.generation_batch_size,
+            timer,
+            group,
         )
         self.last_episodes = sampled.episodes
         if self.reward is not None:  # the functions of reward= get TRL's arguments: completions decoded, and the

@@ -21,7 +21,8 @@ from rloo.generation.settings import SamplingConfig
 from rloo.judges import Judge, judge_pairs
 
 INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)
-MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy", "replied", "truncated")  # per-row values summarised alike
+# per-row values summarised alike
+MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy", "replied", "truncated")
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,8 @@ def evaluate_policy(
         "outcome": torch.tensor(outcome, device=scores.device),
     }
     if "turns" in done:  # a multi-turn episode's model turns, whether the environment replied (a tool call), and
-        per_row |= {key: done[key] for key in ("turns", "replied", "truncated")}  # whether max_turns or the budget cut it
+        # whether max_turns or the budget cut it
+        per_row |= {key: done[key] for key in ("turns", "replied", "truncated")}
     if reward is not None and (reward.functions or "env_return" in done):
         columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
         values = reward.function_values(reward_prompts(rows), done.get("completions", done["texts"]), columns)

@@ -28,7 +28,6 @@ from torch import Tensor
 from rloo import families
 from rloo.families.base import DecodeBody, Proj
 from rloo.generation.sampling import position_ids_for, sample_tokens
-from rloo.generation.settings import SamplingConfig
 from rloo.models.loading import FP32Head
 from rloo.models.sharding import weights_partitioned
 

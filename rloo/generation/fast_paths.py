@@ -85,8 +85,7 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
                 steps += " (CUDA graphs serve plain completions only: an episode's rows differ in length)"
             sampler = (
                 "lean_decode",
-                f"KV-cache loop, one cache per episode continued across the environment's replies, {steps}; "
-                f"{products}",
+                f"KV-cache loop, one cache per episode continued across the environment's replies, {steps}; {products}",
             )
 
     def forward(model) -> tuple[str, str]:

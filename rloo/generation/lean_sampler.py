@@ -213,8 +213,15 @@ class LeanSampler:
             # one decode step: the token just drawn goes into each slot's own cache
             hidden = _embed(self.weights.body, tokens[:, None])  # [B, 1, D]
             cos, sin = self.tables[0][position][:, None], self.tables[1][position][:, None]  # [B, 1, rot]
-            logits = _decode_step(self.weights, hidden, cos, sin, self.prompt_kvs, own_kvs, self._step_groups(
-                groups, base + step if offsets is None else step, offsets))
+            logits = _decode_step(
+                self.weights,
+                hidden,
+                cos,
+                sin,
+                self.prompt_kvs,
+                own_kvs,
+                self._step_groups(groups, base + step if offsets is None else step, offsets),
+            )
             position += 1
         return completion_ids[:, :width], logprobs[:, :width]
 

@@ -200,7 +200,8 @@ def collect_rollout(
             policy, prompt_ids, prompt_mask, k, sampling, eos_token_id, pad_token_id, forward_batch_size
         )
     group = k if shared_prefix else 1
-    return scored_rollout(policy, reference, reward_model, sampled, sampling.temperature, forward_batch_size, timer, group)
+    temperature = sampling.temperature
+    return scored_rollout(policy, reference, reward_model, sampled, temperature, forward_batch_size, timer, group)
 
 
 def scored_rollout(

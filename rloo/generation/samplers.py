@@ -92,8 +92,8 @@ class HFSampler:
         else:
             whole = [self.prompt_ids[i][self.prompt_mask[i].bool()].tolist() + self.after[i] for i in index]
             ids, mask = (t.to(self.prompt_ids.device) for t in left_pad(whole, self.pad))
-        sampling = self.sampling if max_new == self.sampling.max_new_tokens else replace(
-            self.sampling, max_new_tokens=max_new
+        sampling = (
+            self.sampling if max_new == self.sampling.max_new_tokens else replace(self.sampling, max_new_tokens=max_new)
         )
         completion, logprobs = hf_generate_with_logprobs(self.policy, ids, mask, sampling, self.eos, self.pad)
         for row, i in enumerate(index):  # up to and with the stop token: what the next turn continues from
@@ -112,8 +112,17 @@ def lean_serves(policy, sampling: SamplingConfig, sequence_length: int) -> bool:
     return sampling.lean_decode and decode.supports_lean_decode(policy, sequence_length)
 
 
-def samplers_for(policy, sampling: SamplingConfig, rows: int, sequence_length: int, eos_token_id, pad_token_id,
-                 *, episodes: bool, capacity: int):
+def samplers_for(
+    policy,
+    sampling: SamplingConfig,
+    rows: int,
+    sequence_length: int,
+    eos_token_id,
+    pad_token_id,
+    *,
+    episodes: bool,
+    capacity: int,
+):
     """A maker of the sampler for each chunk of one rollout or evaluation pass: `make(prompt_ids, prompt_mask)`. The
     lean decode where it serves the policy over rows of `sequence_length` tokens, its weights prepared once here for
     every chunk (on CPU in float32, reordered copies; rollout_precision=bf16: bfloat16 copies); else HF generate.
@@ -124,6 +133,13 @@ def samplers_for(policy, sampling: SamplingConfig, rows: int, sequence_length: i
     # on a GPU a plain completion's steps at static shapes, replayed as CUDA graphs (rloo.generation.fast_paths)
     graphs = sampling.cuda_graph and not episodes and static_decode.why_not_graph(policy) is None
     return lambda ids, mask: LeanSampler(
-        weights, ids, mask, sampling, eos_token_id, pad_token_id, capacity=capacity, keeps_rows=episodes,
+        weights,
+        ids,
+        mask,
+        sampling,
+        eos_token_id,
+        pad_token_id,
+        capacity=capacity,
+        keeps_rows=episodes,
         graphs=graphs,
     )
