@@ -9,9 +9,9 @@
 (`terminated`) whether the episode ends, `truncated` whether the environment cut it short, `info` a dict of numbers
 (their means logged as env/<name>). An episode's return is the sum of its rewards (0 where it gave none, as when
 max_turns or the token budget cut it off before its end): the reward term `env` (`reward=env`, or
-`'env + 0.5*m:f'`). One instance per episode, built with `env.kwargs`; every call runs under the user-code guard (rloo.rewards.user_code:
-`env.timeout_s`, SIGTERM), and anything it raises or returns wrongly stops the run in one line naming the class and
-what it did (EnvironmentFailed).
+`'env + 0.5*m:f'`). One instance per episode, built with `env.kwargs`; every call runs under the user-code guard
+(rloo.rewards.user_code: `env.timeout_s`, SIGTERM), and anything it raises or returns wrongly stops the run in one
+line naming the class and what it did (EnvironmentFailed).
 """
 
 from __future__ import annotations
