@@ -4,6 +4,7 @@ algorithm of the shared step trains on episodes."""
 
 import copy
 import math
+import re
 import threading
 import time
 
@@ -13,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 
 from rloo.algorithms.policy_gradient import PolicyGradientModule
 from rloo.data.padding import left_pad
-from rloo.environments.base import EnvironmentSpec, GuardedEnvironment, Step, load_environment
+from rloo.environments.base import EnvironmentSpec, GuardedEnvironment, Step, environment_class
 from rloo.generation.environment import reply_text
 from rloo.generation.episodes import Episode, episode_tensors, sample_episodes
 from rloo.generation.rollout import Rollout
@@ -52,7 +53,7 @@ class Malformed(Scripted):
 
 def spec(cls, timeout_s=5.0, max_turns=3, max_episode_tokens=40) -> EnvironmentSpec:
     return EnvironmentSpec(
-        f"tests.test_episodes:{cls.__name__}", cls, {}, timeout_s, EpisodeSettings(max_turns, max_episode_tokens)
+        f"tests.test_episodes.{cls.__name__}", cls, timeout_s, EpisodeSettings(max_turns, max_episode_tokens)
     )
 
 
@@ -200,15 +201,15 @@ def test_a_chat_reply_enters_through_the_template():
 @pytest.mark.parametrize(
     "cls, said",
     [
-        (Raises, "environment tests.test_episodes:Raises failed in step(action_text): ValueError: no such move"),
+        (Raises, "environment tests.test_episodes.Raises failed in step(action_text): ValueError: no such move"),
         (
             Hangs,
-            "environment tests.test_episodes:Hangs failed in step(action_text): TimeoutError: no result after "
+            "environment tests.test_episodes.Hangs failed in step(action_text): TimeoutError: no result after "
             "0.3 s (env.timeout_s)",
         ),
         (
             Malformed,
-            "environment tests.test_episodes:Malformed: step returned str, not (reply, reward, done) or "
+            "environment tests.test_episodes.Malformed: step returned str, not (reply, reward, done) or "
             "(reply, reward, terminated, truncated[, info])",
         ),
     ],
@@ -225,7 +226,7 @@ def test_a_reward_must_be_a_finite_number_or_none():
         def step(self, action):
             return Step(None, float("nan"), True)
 
-    environment = GuardedEnvironment("m:NanReward", NanReward, {}, 1.0)
+    environment = GuardedEnvironment("m.NanReward", NanReward, 1.0)
     with pytest.raises(EnvironmentFailed, match=r"step's reward is nan: a finite number or None"):
         environment.step("a")
 
@@ -241,19 +242,42 @@ def test_env_settings_that_cannot_run_are_refused_before_anything_loads():
     with pytest.raises(ConfigError, match=r"^env=topic_recall: a model's turn ends at its stop token"):
         validate_train_config(compose_train_config(["env=topic_recall", "stop_token=null"]))
     with pytest.raises(ConfigError, match=r"is not a class with reset\(row\) and step\(action_text\)"):
-        load_environment("rloo.toy.topic_recall:MORE")
+        environment_class("rloo.toy.topic_recall.MORE")
 
 
 def test_an_environment_module_that_is_missing_or_fails_as_it_imports_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "broken_env.py").write_text("raise RuntimeError('no simulator on this machine')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError) as caught:
-        load_environment("broken_env:Game")
+        environment_class("broken_env.Game")
     assert str(caught.value) == (
-        "env.target: importing 'broken_env' for 'broken_env:Game' raised RuntimeError: no simulator on this machine"
+        "env.environment._target_: importing 'broken_env' for 'broken_env:Game' raised RuntimeError: no simulator "
+        "on this machine"
     )
-    with pytest.raises(ConfigError, match=r"^env.target: cannot import 'no_such_env' for 'no_such_env:G'"):
-        load_environment("no_such_env:G")
+    with pytest.raises(
+        ConfigError, match=r"^env.environment._target_: cannot import 'no_such_env' for 'no_such_env:G'"
+    ):
+        environment_class("no_such_env.G")
+
+
+def test_the_environment_is_hydras_to_build_and_the_old_keys_name_the_new_form():
+    """env.environment is instantiated by Hydra as a _partial_ factory (keyword arguments beside _target_, overridable
+    on the command line); env.target and env.kwargs, the old form, are one line naming it."""
+    from rloo.config.checks import validate_train_config
+    from rloo.run.assemble import environment_from_config
+    from rloo.run.cli import compose_train_config
+    from rloo.toy.topic_recall import TopicRecall
+
+    cfg = compose_train_config(["env=topic_recall", "reward=env", "env.environment.turns=2"])
+    validate_train_config(cfg)
+    spec = environment_from_config(cfg)
+    one, two = spec.factory(), spec.factory()
+    assert type(one) is TopicRecall and one is not two and one.turns == 2
+    old = "env.target is not a config key of python -m rloo.train: it is now env.environment._target_"
+    with pytest.raises(ConfigError, match="^" + re.escape(old)):
+        validate_train_config(compose_train_config(["env=topic_recall", "reward=env", "+env.target=m:C"]))
+    with pytest.raises(ConfigError, match=r"^env=topic_recall: env.environment needs _target_"):
+        validate_train_config(compose_train_config(["env=topic_recall", "reward=env", "~env.environment._target_"]))
 
 
 # ---- every algorithm of the shared step trains on episodes ----------------------------------------------------------

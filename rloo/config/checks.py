@@ -325,9 +325,14 @@ def validate_environment(cfg: DictConfig) -> None:
     env = cfg.get("env")
     if not env:
         return
-    from rloo.environments.base import load_environment
+    from rloo.environments.base import environment_class
 
-    load_environment(env.target)
+    if not isinstance(env.get("environment"), DictConfig) or "_target_" not in env.environment:
+        raise ConfigError(
+            f"env={env.name}: env.environment needs _target_: the environment class (package.module.Class), which "
+            "Hydra instantiates once per episode (_partial_: true), its keyword arguments beside _target_"
+        )
+    environment_class(env.environment._target_)
     if cfg.stop_token != "eos":
         raise ConfigError(f"env={env.name}: a model's turn ends at its stop token: set stop_token=eos")
     if cfg.algorithm in ("ppo", "dpo"):

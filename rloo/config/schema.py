@@ -93,8 +93,7 @@ class DataKeys:
 @dataclass
 class EnvKeys:
     name: str = key(FIXED)
-    target: str = key(FIXED)
-    kwargs: dict = group(FIXED)
+    environment: dict = group(FIXED)  # Hydra's _target_ (the class), _partial_: true, its keyword arguments
     max_turns: int = key(FIXED, low=1)
     max_episode_tokens: int = key(FIXED, low=1)
     reply_role: str = key(FIXED, choices=REPLY_ROLES)
@@ -218,6 +217,8 @@ def _dataclass_of(annotation) -> type | None:
 
 
 RENAMED_KEYS = {  # old key -> what replaced it
+    "env.target": "env.environment._target_ (package.module.Class), with env.environment._partial_=true",
+    "env.kwargs": "the environment's keyword arguments beside env.environment._target_",
     "overlong_cache": "overlong_buffer, a fraction of response_length (DAPO's 4,096 of 20,480 is 0.2)",
 }
 

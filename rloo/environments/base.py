@@ -1,4 +1,5 @@
-"""An environment, as `env.target` names it: a Python class with
+"""An environment, as `env.environment` names it (Hydra's `_target_`, built by its instantiate as a `_partial_`
+factory, the class's keyword arguments beside `_target_`): a Python class with
 
     reset(row)           a new episode for one data row: {"prompt": as the data has it, **its other columns}
     step(action_text)    the model's turn as text -> (reply, reward, done), or
@@ -9,7 +10,7 @@
 (`terminated`) whether the episode ends, `truncated` whether the environment cut it short, `info` a dict of numbers
 (their means logged as env/<name>). An episode's return is the sum of its rewards (0 where it gave none, as when
 max_turns or the token budget cut it off before its end): the reward term `env` (`reward=env`, or
-`'env + 0.5*m:f'`). One instance per episode, built with `env.kwargs`; every call runs under the user-code guard
+`'env + 0.5*m:f'`). One instance per episode; every call runs under the user-code guard
 (rloo.rewards.user_code: `env.timeout_s`, SIGTERM), and anything it raises or returns wrongly stops the run in one
 line naming the class and what it did (EnvironmentFailed).
 """
@@ -27,24 +28,25 @@ from rloo.rewards.user_code import Interrupted, call_guarded, import_user_module
 from rloo.utils.errors import ConfigError, EnvironmentFailed
 
 
-def load_environment(target: str) -> Callable:
-    """The class `module:Class` names; a one-line ConfigError where it does not import or is not a class."""
-    module_name, _, name = str(target).partition(":")
+def environment_class(target: str, key: str = "env.environment._target_") -> type:
+    """The class a dotted `_target_` names (`package.module.Class`, as Hydra's instantiate reads it), imported; a
+    one-line ConfigError naming `key` where it does not import or is not a class with reset and step."""
+    module_name, _, name = str(target).rpartition(".")
     if not module_name or not name:
-        raise ConfigError(f"env.target={target!r}: give the environment class as module:Class")
-    module = import_user_module(str(target), "env.target")
+        raise ConfigError(f"{key}={target!r}: give the environment class as package.module.Class")
+    module = import_user_module(f"{module_name}:{name}", key)
     found = getattr(module, name, None)
     if not isinstance(found, type) or not all(callable(getattr(found, m, None)) for m in ("reset", "step")):
-        raise ConfigError(f"env.target={target!r} is not a class with reset(row) and step(action_text)")
+        raise ConfigError(f"{key}={target!r} is not a class with reset(row) and step(action_text)")
     return found
 
 
 class GuardedEnvironment:
     """One episode's environment, every call under guard: a failure, a timeout or a malformed step is one line."""
 
-    def __init__(self, target: str, cls: Callable, kwargs: dict, timeout_s: float, should_stop=None):
+    def __init__(self, target: str, factory: Callable, timeout_s: float, should_stop=None):
         self.target, self.timeout_s, self.should_stop = target, timeout_s, should_stop
-        self.instance = self._call(cls, (), dict(kwargs), "building it")
+        self.instance = self._call(factory, (), {}, "building it")
 
     def _call(self, function, args: tuple, kwargs: dict, doing: str):
         try:
@@ -105,9 +107,8 @@ class GuardedEnvironment:
 class EnvironmentSpec:
     """`env=` as the run uses it: the class, how to build and guard it, and the shape of an episode."""
 
-    target: str
-    cls: Callable
-    kwargs: dict
+    target: str  # the class's dotted name, for messages
+    factory: Callable  # () -> one new environment (Hydra's instantiate of env.environment, _partial_)
     timeout_s: float
     episode: EpisodeSettings
     should_stop: Callable | None = None  # set by rloo.train: whether SIGTERM came
@@ -127,6 +128,6 @@ class EnvironmentSpec:
 
     def start(self, row: dict) -> GuardedEnvironment:
         """A new environment for one episode of `row`, reset."""
-        environment = GuardedEnvironment(self.target, self.cls, self.kwargs, self.timeout_s, self.should_stop)
+        environment = GuardedEnvironment(self.target, self.factory, self.timeout_s, self.should_stop)
         environment.reset(row)
         return environment

@@ -195,17 +195,21 @@ def build_module(
 
 
 def environment_from_config(cfg: DictConfig):
-    """`env=` as an EnvironmentSpec (rloo.environments.base), or None for single-turn completions."""
+    """`env=` as an EnvironmentSpec (rloo.environments.base), or None for single-turn completions. The environment is
+    Hydra's to build: `env.environment` instantiated as a `_partial_` factory, one instance per episode."""
     env = cfg.get("env")
     if not env:
         return None
-    from rloo.environments.base import EnvironmentSpec, load_environment
+    from hydra.utils import instantiate
+
+    from rloo.environments.base import EnvironmentSpec, environment_class
     from rloo.generation.settings import EpisodeSettings
 
+    target = env.environment._target_
+    environment_class(target)  # a one-line error where it does not import
     return EnvironmentSpec(
-        env.target,
-        load_environment(env.target),
-        OmegaConf.to_container(env.kwargs, resolve=True) if env.get("kwargs") else {},
+        target,
+        instantiate(env.environment, _partial_=True),
         env.timeout_s,
         EpisodeSettings(env.max_turns, env.max_episode_tokens, env.reply_role),
     )
