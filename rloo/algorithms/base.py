@@ -23,6 +23,8 @@ from rloo.algorithms.metrics import common_metrics, log_metrics
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.algorithms.run_state import RunState
 from rloo.algorithms.schedule import MicroBatch, StrategyAdapter, micro_batches, mini_batch_indices
+from rloo.data.chat import observed_prompts
+from rloo.data.padding import left_pad
 from rloo.generation.episodes import close_all, episode_returns, reward_completions
 from rloo.generation.forward import completion_logprobs_and_entropy
 from rloo.generation.rollout import PhaseTimer, Rollout, clock, sample_rollout, scored_rollout
@@ -69,6 +71,8 @@ class OnlineRLModule(LightningModule):
         )
         self.environment = None  # env=: rloo.environments.base.EnvironmentSpec; set by the builder
         self.last_episodes: list = []  # the last rollout's episodes (rloo.generation.episodes.Episode)
+        # rollout=module:function: (prompts, module) -> (Sampled, extra fields); set by the builder
+        self.external_rollout = None
 
     # ---- the pieces of a step, in the order a step uses them -------------------------------------------------
     def collect(self, batch: dict[str, Tensor], timer: PhaseTimer, sampler=None) -> Rollout:
@@ -78,28 +82,34 @@ class OnlineRLModule(LightningModule):
         the frozen reference, for offline pairs)."""
         cfg, spec = self.config, self.environment
         reward_model = self.reward_model if self.reward is None or self.reward.uses_model else None
-        prompts = self.data_prompts(batch) if spec or self.reward else None
+        prompts = self.data_prompts(batch) if spec or self.reward or self.external_rollout else None
         chat = prompts is not None and is_conversational(prompts)
-        environments = self.start_environments(batch, prompts, timer) if spec is not None else None
+        environments = self.start_environments(batch, prompts, timer) if spec is not None else []
+        prompts, prompt_ids, prompt_mask, repeats = self.episode_prompts(batch, prompts, environments)
+        extras = {}  # an external rollout's fields for the reward functions
         try:
             with timer("generate"):
-                sampled = sample_rollout(
-                    sampler or self.policy,
-                    batch["prompt_ids"],
-                    batch["prompt_mask"],
-                    cfg.k,
-                    cfg.sampling,
-                    self.tokenizer.eos_token_id,
-                    self.tokenizer.pad_token_id,
-                    cfg.generation_batch_size,
-                    environments=environments,
-                    settings=None if spec is None else spec.episode,
-                    tokenizer=self.tokenizer,
-                    chat=chat,
-                )
+                if self.external_rollout is not None:  # rollout=module:function samples in the policy's place
+                    sampled, extras = self.external_rollout(prompts, self)
+                else:
+                    sampled = sample_rollout(
+                        sampler or self.policy,
+                        prompt_ids,
+                        prompt_mask,
+                        repeats,
+                        cfg.sampling,
+                        self.tokenizer.eos_token_id,
+                        self.tokenizer.pad_token_id,
+                        cfg.generation_batch_size,
+                        environments=environments or None,
+                        settings=None if spec is None else spec.episode,
+                        tokenizer=self.tokenizer,
+                        chat=chat,
+                    )
         finally:
-            close_all(environments or [])
-        group = cfg.k if cfg.shared_prefix else 1
+            close_all(environments)
+        # a group's rows share one prompt, unless observations or an external rollout made them differ
+        group = cfg.k if cfg.shared_prefix and repeats == cfg.k and not self.external_rollout else 1
         rollout = scored_rollout(
             self.policy,
             self.reference,
@@ -115,8 +125,11 @@ class OnlineRLModule(LightningModule):
             with timer("reward_functions"):  # prompts as the data has them (chat messages, or text decoded)
                 rows = [row for row in batch.get("columns", []) for _ in range(cfg.k)]  # each prompt's, k times
                 columns = {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}
+                if environments:  # TRL's reward functions may read the episodes' environments
+                    columns["environments"] = [e.user_environment for e in environments]
+                columns |= extras
                 scores = self.reward(
-                    [p for p in prompts for _ in range(cfg.k)],
+                    prompts,
                     reward_completions(sampled, self.tokenizer, chat),
                     rollout.scores,
                     columns,
@@ -124,6 +137,20 @@ class OnlineRLModule(LightningModule):
                 )
                 rollout.scores = scores.to(rollout.scores.device)
         return rollout
+
+    def episode_prompts(self, batch: dict, prompts: list | None, environments: list):
+        """Each episode's prompt as the reward functions get it, and the prompt ids to sample from with how often each
+        row repeats: the batch's prompts k times each, or, where an environment's reset returned a first
+        observation, each episode's own prompt with it appended (rloo.data.chat.observed_prompts), once each."""
+        k = self.config.k
+        every = None if prompts is None else [p for p in prompts for _ in range(k)]
+        if not any(getattr(e, "observation", None) is not None for e in environments):
+            return every, batch["prompt_ids"], batch["prompt_mask"], k
+        ids = [i[m.bool()].tolist() for i, m in zip(batch["prompt_ids"], batch["prompt_mask"]) for _ in range(k)]
+        tools = self.environment.tools
+        every, ids = observed_prompts(every, ids, [e.observation for e in environments], self.tokenizer, tools)
+        prompt_ids, prompt_mask = left_pad(ids, self.tokenizer.pad_token_id)
+        return every, prompt_ids.to(batch["prompt_ids"].device), prompt_mask.to(batch["prompt_ids"].device), 1
 
     def data_prompts(self, batch: dict) -> list:
         """Each prompt of the batch as the data has it: its chat messages, or its text (decoded)."""

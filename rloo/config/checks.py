@@ -209,6 +209,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     check_targets(cfg)
     validate_reward(cfg)
     validate_environment(cfg)
+    validate_external_rollout(cfg)
     validate_verifiable_eval(cfg)
     validate_lora(cfg)
     validate_strategy(cfg)
@@ -327,6 +328,9 @@ def validate_environment(cfg: DictConfig) -> None:
         return
     from rloo.environments.base import environment_class
 
+    for name in ("_target_", "functions"):
+        if isinstance(env.get("environment"), DictConfig) and OmegaConf.is_missing(env.environment, name):
+            raise ConfigError(f"env={env.name}: give env.environment.{name} (see conf/env/{env.name}.yaml)")
     if not isinstance(env.get("environment"), DictConfig) or "_target_" not in env.environment:
         raise ConfigError(
             f"env={env.name}: env.environment needs _target_: the environment class (package.module.Class), which "
@@ -338,6 +342,26 @@ def validate_environment(cfg: DictConfig) -> None:
     if cfg.algorithm in ("ppo", "dpo"):
         raise ConfigError(
             f"env={env.name} runs with the algorithms of the shared policy-gradient step, not algo={cfg.algorithm}"
+        )
+
+
+def validate_external_rollout(cfg: DictConfig) -> None:
+    """rollout=module:function: it imports and is callable; it samples plain rollouts of the shared step (an
+    environment's episodes are the engine's)."""
+    target = cfg.get("rollout")
+    if target is None:
+        return
+    from rloo.rewards.scoring import load_function
+
+    load_function(str(target), "rollout")
+    if cfg.get("env"):
+        raise ConfigError(
+            f"rollout={target} samples the rollouts itself, and env={cfg.env.name} has the engine "
+            "sample episodes: choose one"
+        )
+    if cfg.algorithm in ("ppo", "dpo"):
+        raise ConfigError(
+            f"rollout={target} serves the algorithms of the shared policy-gradient step, not algo={cfg.algorithm}"
         )
 
 

@@ -122,6 +122,7 @@ class RunKeys(SamplingKeys):
     reward: str = key(FIXED)
     reward_errors: str = key(APPLIED, choices=REWARD_ERRORS)
     reward_timeout_s: float = key(APPLIED, low=0)
+    rollout: str | None = key(FIXED)  # module:function: an external rollout (rloo.generation.external)
     fp32_lm_head: bool = key(FIXED)
     rollout_precision: str = key(APPLIED, choices=ROLLOUT_PRECISIONS)
     mlp_recompute: bool = key(APPLIED)

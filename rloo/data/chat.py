@@ -37,10 +37,11 @@ def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[
 
 
 def render_prompt(
-    value, tokenizer, where: str, system_prompt: str | None = None
+    value, tokenizer, where: str, system_prompt: str | None = None, tools: list[dict] | None = None
 ) -> tuple[str, str | None, list | None]:
     """(the prompt text the model sees, the reference from a trailing assistant message or None, and for chat
-    messages the messages it was rendered from: the reference left out, `system_prompt` applied; None for text)."""
+    messages the messages it was rendered from: the reference left out, `system_prompt` applied; None for text).
+    `tools`: the JSON schemas of an environment's tools, which the chat template shows the model."""
     if isinstance(value, str):
         return value, None, None
     if not is_messages(value):
@@ -58,7 +59,24 @@ def render_prompt(
         raise ConfigError(
             f"{where} holds chat messages but the tokenizer has no chat template: set model.chat_template"
         )
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), reference, messages
+    return render_messages(tokenizer, messages, tools), reference, messages
+
+
+def render_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """Chat messages as the prompt text the model sees: the template's rendering with its generation prompt (and the
+    tools' schemas, where given, as the tool-calling template shows them)."""
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+
+
+def with_observation(prompt, observation: str):
+    """A prompt with an environment's first observation appended: to the last message's content for chat messages
+    (TRL's environment convention), to the text for a text prompt."""
+    if isinstance(prompt, str):
+        return prompt + observation
+    last = dict(prompt[-1])
+    last["content"] = last["content"] + observation
+    return [*prompt[:-1], last]
 
 
 def template_system_prompt(tokenizer) -> str | None:
@@ -124,3 +142,20 @@ def completion_text(completion) -> str:
 def prompt_text(prompt) -> str:
     """A prompt's text in either form: the string, or its messages' contents joined by newlines."""
     return prompt if isinstance(prompt, str) else "\n".join(str(m.get("content") or "") for m in prompt)
+
+
+def observed_prompts(prompts: list, prompt_ids: list[list[int]], observations: list, tokenizer, tools=None):
+    """Each episode's prompt (as the data has it) and its token ids with its environment's first observation appended
+    (rloo.data.chat.with_observation: for chat messages to the last message, TRL's convention, rendered again through
+    the template with the tools); an episode without one keeps its own."""
+    out_prompts, out_ids = [], []
+    for prompt, ids, observation in zip(prompts, prompt_ids, observations):
+        if observation is None:
+            out_prompts.append(prompt)
+            out_ids.append(list(ids))
+            continue
+        prompt = with_observation(prompt, observation)
+        text = prompt if isinstance(prompt, str) else render_messages(tokenizer, prompt, tools)
+        out_prompts.append(prompt)
+        out_ids.append(tokenizer(text, add_special_tokens=False).input_ids)
+    return out_prompts, out_ids

@@ -110,6 +110,7 @@ def tokenize_prompts(
     truncate: bool,
     key: str = "data",
     system_prompt: str | None = None,
+    tools: list[dict] | None = None,
 ) -> tuple[list[dict], int, int]:
     """Render and tokenize every row; empty prompts are dropped, prompts over max_prompt_length dropped or
     left-truncated; chat messages get `system_prompt` (rloo.data.chat.with_system_prompt; None: as they are).
@@ -134,6 +135,7 @@ def tokenize_prompts(
             tokenizer,
             f"{key}.prompt_column={spec.prompt_column!r} at row {index} of {spec.path}",
             system_prompt,
+            tools,
         )
         if spec.reference_column is not None:
             reference = example[spec.reference_column]
@@ -255,6 +257,7 @@ class PromptDataModule(LightningDataModule):
         num_workers: int,
         log=print,
         system_prompt: str | None = None,
+        tools: list[dict] | None = None,
     ):
         super().__init__()
         self.tokenizer, self.train_spec, self.validation_spec = tokenizer, train, validation
@@ -262,6 +265,7 @@ class PromptDataModule(LightningDataModule):
         self.prompts_per_rollout, self.num_rollouts = prompts_per_rollout, num_rollouts
         self.seed, self.shuffle, self.num_workers, self.log_fn = seed, shuffle, num_workers, log
         self.system_prompt = system_prompt  # data.system_prompt: every chat row's system message (None: as given)
+        self.tools = tools  # an environment's tool schemas, which chat prompts show the model (None: no tools)
         self.train_rows: list[dict] | None = None
         self.validation_rows: list[dict] | None = None
         self.first_rollout = 0  # a resumed run starts at the prompts of this rollout (rloo.utils.resume)
@@ -287,7 +291,13 @@ class PromptDataModule(LightningDataModule):
             self.truncate_prompts,
             f"data.{name}",
             self.system_prompt,
+            self.tools,
         )
+        if self.tools and not all(row["messages"] is not None for row in rows):
+            raise ConfigError(
+                f"data.{name} ({spec.path}) holds text prompts, and the environment's tools reach the model through "
+                "the chat template: give chat-message prompts"
+            )
         action = "truncated" if self.truncate_prompts else "dropped"
         self.log_fn(
             f"data: {name}: {len(rows)} prompts from {spec.path}; {over} longer than "

@@ -36,8 +36,11 @@ def environment_class(target: str, key: str = "env.environment._target_") -> typ
         raise ConfigError(f"{key}={target!r}: give the environment class as package.module.Class")
     module = import_user_module(f"{module_name}:{name}", key)
     found = getattr(module, name, None)
-    if not isinstance(found, type) or not all(callable(getattr(found, m, None)) for m in ("reset", "step")):
-        raise ConfigError(f"{key}={target!r} is not a class with reset(row) and step(action_text)")
+    if not isinstance(found, type) or not callable(getattr(found, "reset", None)):
+        raise ConfigError(
+            f"{key}={target!r} is not a class with reset(row) and step(action_text), nor one written for TRL's "
+            "environment_factory (reset and tool methods)"
+        )
     return found
 
 
@@ -47,6 +50,7 @@ class GuardedEnvironment:
     def __init__(self, target: str, factory: Callable, timeout_s: float, should_stop=None):
         self.target, self.timeout_s, self.should_stop = target, timeout_s, should_stop
         self.instance = self._call(factory, (), {}, "building it")
+        self.observation: str | None = None  # what reset returned: text appended to the prompt
 
     def _call(self, function, args: tuple, kwargs: dict, doing: str):
         try:
@@ -56,8 +60,15 @@ class GuardedEnvironment:
         except BaseException as error:  # noqa: BLE001 (the environment's failure, said in one line)
             raise EnvironmentFailed(f"environment {self.target} failed {doing}: {one_line(error)}") from None
 
-    def reset(self, row: dict) -> None:
-        self._call(self.instance.reset, (row,), {}, "in reset(row)")
+    def reset(self, row: dict) -> str | None:
+        """A new episode of `row`; its first observation (text appended to the prompt), or None."""
+        observation = self._call(self.instance.reset, (row,), {}, "in reset(row)")
+        if observation is not None and not isinstance(observation, str):
+            raise EnvironmentFailed(
+                f"environment {self.target}: reset returned {type(observation).__name__}: text (an observation "
+                "appended to the prompt) or None"
+            )
+        return observation
 
     def step(self, action: str) -> Step:
         result = self._call(self.instance.step, (action,), {}, "in step(action_text)")
@@ -75,8 +86,14 @@ class GuardedEnvironment:
         return self._checked(*fields)
 
     def _checked(self, reply, reward, terminated, truncated, info) -> Step:
-        if reply is not None and not isinstance(reply, str):
-            raise EnvironmentFailed(f"environment {self.target}: step's reply is {type(reply).__name__}: text or None")
+        messages = isinstance(reply, list) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in reply
+        )
+        if reply is not None and not isinstance(reply, str) and not messages:
+            raise EnvironmentFailed(
+                f"environment {self.target}: step's reply is {type(reply).__name__}: text, chat messages "
+                "({'role', 'content'} with text) or None"
+            )
         if reward is not None and (
             not isinstance(reward, numbers.Real) or isinstance(reward, bool) or not math.isfinite(reward)
         ):
@@ -96,6 +113,29 @@ class GuardedEnvironment:
             {str(k): float(v) for k, v in info.items()},
         )
 
+    @property
+    def user_environment(self):
+        """The user's own environment object (inside rloo's TRL tool adapter, the class TRL's factory made): what
+        reward functions that take `environments` get."""
+        return getattr(self.instance, "rloo_wraps", self.instance)
+
+    @property
+    def get_reward(self):
+        """The environment's own get_reward(), under guard, where it has one (else None: the engine skips it)."""
+        own = getattr(self.instance, "get_reward", None)
+        if not callable(own):
+            return None
+
+        def guarded() -> float | None:
+            reward = self._call(own, (), {}, "in get_reward()")
+            if reward is not None and (
+                not isinstance(reward, numbers.Real) or isinstance(reward, bool) or not math.isfinite(reward)
+            ):
+                raise EnvironmentFailed(f"environment {self.target}: get_reward returned {reward!r}: a finite number")
+            return None if reward is None else float(reward)
+
+        return guarded
+
     def close(self) -> None:
         """The environment's own close(), where it has one (a sandbox, a connection), under the same guard."""
         close = getattr(self.instance, "close", None)
@@ -112,6 +152,7 @@ class EnvironmentSpec:
     timeout_s: float
     episode: EpisodeSettings
     should_stop: Callable | None = None  # set by rloo.train: whether SIGTERM came
+    tools: list[dict] | None = None  # the JSON schemas of a tool environment's tools, which chat prompts show
 
     def start_all(self, rows: list[dict]) -> list[GuardedEnvironment]:
         """A new, reset environment for each of `rows`; where one fails, those already made are closed."""
@@ -127,7 +168,7 @@ class EnvironmentSpec:
         return made
 
     def start(self, row: dict) -> GuardedEnvironment:
-        """A new environment for one episode of `row`, reset."""
+        """A new environment for one episode of `row`, reset (its first observation kept as `observation`)."""
         environment = GuardedEnvironment(self.target, self.factory, self.timeout_s, self.should_stop)
-        environment.reset(row)
+        environment.observation = environment.reset(row)
         return environment

@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from rloo.data.chat import observed_prompts
 from rloo.data.padding import left_pad
 from rloo.evaluation.intervals import PROPORTIONS, Z_95, proportion_interval, win_rate_summary
 from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
@@ -42,7 +43,7 @@ def reward_prompts(rows: list[dict]) -> list:
     them (TRL's conversational form), else the prompt texts."""
     if rows and all(row.get("messages") is not None for row in rows):
         return [row["messages"] for row in rows]
-    return [row["prompt"] for row in rows]
+    return [row.get("prompt") for row in rows]
 
 
 def sampled_correctness(
@@ -62,7 +63,8 @@ def sampled_correctness(
     repeated = [row for row in rows for _ in range(n)]
     done = complete(policy, tokenizer, repeated, verifiable.sampling, batch_size, device, environment)
     columns = {name: [value for value in values for _ in range(n)] for name, values in columns.items()}
-    values = reward.function_values(reward_prompts(repeated), done.get("completions", done["texts"]), columns)
+    columns |= {"environments": done["environments"]} if "environments" in done else {}
+    values = reward.function_values(done["prompts"], done["completions"], columns)
     values |= {"env": done["env_return"].cpu()} if "env_return" in done else {}
     correct = reward.function_total(values) >= verifiable.correct_at
     correct = correct.reshape(len(rows), n).tolist()
@@ -93,13 +95,14 @@ def complete(
     functions' completions, the prompt/completion tensors in rollout layout, length (the model's tokens) and eos;
     with an environment also its return, turns, whether it replied, whether the episode was cut (truncated), its
     messages and info."""
-    ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
-    ids, mask = ids.to(device), mask.to(device)
     chat = all(row.get("messages") is not None for row in rows)
-    environments = None
+    prompts, prompt_ids, environments = reward_prompts(rows), [row["prompt_ids"] for row in rows], []
     if environment is not None:
-        prompts = reward_prompts(rows)
         environments = environment.start_all([{"prompt": p, **row.get("columns", {})} for p, row in zip(prompts, rows)])
+        observations = [e.observation for e in environments]  # appended to the prompts where given
+        prompts, prompt_ids = observed_prompts(prompts, prompt_ids, observations, tokenizer, environment.tools)
+    ids, mask = left_pad(prompt_ids, tokenizer.pad_token_id)
+    ids, mask = ids.to(device), mask.to(device)
     try:
         sampled = sample_episodes(
             policy,
@@ -109,16 +112,17 @@ def complete(
             batch_size,
             tokenizer.eos_token_id,
             tokenizer.pad_token_id,
-            environments=environments,
+            environments=environments or None,
             settings=None if environment is None else environment.episode,
             tokenizer=tokenizer,
             chat=chat,
         )
     finally:
-        close_all(environments or [])
+        close_all(environments)
     texts = tokenizer.batch_decode(sampled.completion_ids, skip_special_tokens=True)
     done = {
         "texts": texts,
+        "prompts": prompts,  # as the reward functions get them (with an environment's first observation)
         "completions": reward_completions(sampled, tokenizer, chat),
         "input_ids": sampled.input_ids,
         "attention_mask": sampled.attention_mask,
@@ -133,6 +137,7 @@ def complete(
             "replied": torch.tensor([float(e.replied) for e in episodes], device=device),
             "truncated": torch.tensor([float(e.truncated) for e in episodes], device=device),
             "messages": [list(e.messages) for e in episodes],
+            "environments": [e.user_environment for e in environments],
         }
     return done
 
@@ -188,7 +193,8 @@ def evaluate_policy(
         per_row |= {key: done[key] for key in ("turns", "replied", "truncated")}
     if reward is not None and (reward.functions or "env_return" in done):
         columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
-        values = reward.function_values(reward_prompts(rows), done.get("completions", done["texts"]), columns)
+        columns |= {"environments": done["environments"]} if "environments" in done else {}
+        values = reward.function_values(done["prompts"], done["completions"], columns)
         values |= {"env": done["env_return"].cpu()} if "env_return" in done else {}
         for name, value in values.items():
             per_row[f"reward/{name}"] = value.to(scores.device)

@@ -2,11 +2,13 @@
 with. An environment, one instance per episode:
 
     reset(row) -> str | None     a new episode for one data row ({"prompt": as the data has it, **its columns});
-                                 it may return a first observation, which the episode's first turn sees after the
-                                 prompt (as the environment's turn)
-    step(action_text) -> Step    the model's turn as text -> what the environment says: a reply (text or None),
-                                 a reward (a number or None), whether the episode ended (terminated) or was cut
-                                 short (truncated), and info (numbers, logged as their means)
+                                 it may return a first observation, appended to the prompt (for chat prompts to
+                                 the last user message, as TRL does) before the first turn
+    step(action_text) -> Step    the model's turn as text -> what the environment says: a reply (text, chat
+                                 messages such as tool results, or None), a reward (a number or None), whether the
+                                 episode ended (terminated) or was cut short (truncated), and info (numbers, logged
+                                 as their means)
+    get_reward() -> float        optional: the finished episode's reward (ended or cut), added to its return
     close()                      optional: runs once the episode is over, also when the run fails
 
 `step` may return a `Step` or a tuple (reply, reward, done) or (reply, reward, terminated, truncated[, info]). The
@@ -25,7 +27,7 @@ _SENTINEL = "rloo-turn-5c1e"
 class Step:
     """What an environment said to one turn."""
 
-    reply: str | None
+    reply: str | list[dict] | None  # text, or chat messages ({"role": "tool", "name": ..., "content": ...})
     reward: float | None
     terminated: bool
     truncated: bool = False
@@ -49,18 +51,15 @@ class OneTurn:
         pass
 
 
-def reply_text(tokenizer, reply: str, role: str, turn_ended: bool, chat: bool) -> str:
+def reply_text(tokenizer, reply: str | list[dict], role: str, turn_ended: bool, chat: bool) -> str:
     """The text a reply adds after a model turn: for chat prompts what the template renders between the turn's
     content and the next assistant turn's first token (the turn's own end token left out where the model sampled
-    it); for text prompts the reply itself."""
+    it), the reply a message of `role` (or its own messages, tool results say); for text prompts the reply's text."""
+    messages = [{"role": role, "content": reply}] if isinstance(reply, str) else list(reply)
     if not chat:
-        return reply
+        return "\n".join(str(m.get("content", "")) for m in messages)
     rendered = tokenizer.apply_chat_template(
-        [
-            {"role": "user", "content": "x"},
-            {"role": "assistant", "content": _SENTINEL},
-            {"role": role, "content": reply},
-        ],
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}, *messages],
         tokenize=False,
         add_generation_prompt=True,
     )

@@ -200,23 +200,27 @@ def answer(episode: Episode, environment, step: Step, text: str, tokenizer, sett
     episode.info = dict(step.info) or episode.info
     episode.terminated, episode.truncated = step.terminated, step.truncated
     room = settings.max_episode_tokens - len(episode.tokens)
-    if episode.over:
-        return []
-    if episode.turns >= settings.max_turns or room <= 0:
+    if not episode.over and (episode.turns >= settings.max_turns or room <= 0):
         episode.truncated = True
-        return []
-    if step.reply is None:
-        return []
-    episode.messages.append({"role": settings.reply_role, "content": step.reply})
-    glued = reply_text(tokenizer, step.reply, settings.reply_role, episode.last_turn_ended, chat)
-    said = reply_tokens(tokenizer, glued, room)
-    episode.tokens += said
-    episode.own += [0] * len(said)
-    episode.logprobs += [0.0] * len(said)
-    if len(episode.tokens) >= settings.max_episode_tokens:  # no room left for another turn
-        episode.truncated = True
-        return []
-    return said
+    said = (
+        []
+        if episode.over or step.reply is None
+        else reply_tokens(
+            tokenizer, reply_text(tokenizer, step.reply, settings.reply_role, episode.last_turn_ended, chat), room
+        )
+    )
+    if said:
+        replies = [{"role": settings.reply_role, "content": step.reply}] if isinstance(step.reply, str) else step.reply
+        episode.messages += [dict(m) for m in replies]
+        episode.tokens += said
+        episode.own += [0] * len(said)
+        episode.logprobs += [0.0] * len(said)
+        episode.truncated = len(episode.tokens) >= settings.max_episode_tokens  # no room left for another turn
+    if episode.over and callable(final := getattr(environment, "get_reward", None)):
+        reward = final()  # the finished episode's reward (TRL's get_reward), ended or cut
+        if reward is not None:
+            episode.rewards.append(reward)
+    return [] if episode.over else said
 
 
 def episode_tensors(episodes: list[Episode], pad_token_id: int, device) -> dict[str, Tensor]:

@@ -172,17 +172,26 @@ def deepspeed_settings(cfg: DictConfig) -> dict:
 
 
 def build_module(
-    cfg: DictConfig, policy, reference, reward_model, tokenizer, total_rollouts: int, value_model, reward=None
+    cfg: DictConfig,
+    policy,
+    reference,
+    reward_model,
+    tokenizer,
+    total_rollouts: int,
+    value_model,
+    reward=None,
+    environment=None,
 ):
     """The LightningModule of `cfg.algorithm` (rloo/algorithms/registry.py; `value_model`: a loader, called for an
     algorithm that trains one), scoring with `reward` (reward_from_config(cfg): None where the reward model alone
-    scores)."""
+    scores), its episodes in `environment` (environment_from_config(cfg); None: plain completions)."""
     spec = ALGORITHMS[cfg.algorithm]
     module_class, _ = spec.load()
     models = (policy, reference, reward_model) + ((value_model(),) if spec.value_model else ())
     module = module_class(*models, tokenizer, algorithm_config(cfg, total_rollouts))
     module.reward = reward
-    module.environment = environment_from_config(cfg)
+    module.environment = environment
+    module.external_rollout = external_rollout_from_config(cfg)
     if cfg.activation_checkpointing:  # after the module put the policy in eval mode
         from rloo.models.loading import use_activation_checkpointing
 
@@ -194,25 +203,54 @@ def build_module(
     return module
 
 
-def environment_from_config(cfg: DictConfig):
+def environment_from_config(cfg: DictConfig, tokenizer=None):
     """`env=` as an EnvironmentSpec (rloo.environments.base), or None for single-turn completions. The environment is
-    Hydra's to build: `env.environment` instantiated as a `_partial_` factory, one instance per episode."""
+    Hydra's to build: `env.environment` instantiated as a `_partial_` factory, one instance per episode. A class
+    written for TRL's environment_factory (reset and tool methods, no step) or FunctionTools (tools=[...]) runs
+    through rloo's tool-calling adapter (rloo.environments.tools), its tools' schemas shown in the chat prompts."""
     env = cfg.get("env")
     if not env:
         return None
     from hydra.utils import instantiate
 
     from rloo.environments.base import EnvironmentSpec, environment_class
+    from rloo.environments.tools import ToolCalling, is_tool_environment, tool_schemas
     from rloo.generation.settings import EpisodeSettings
 
     target = env.environment._target_
-    environment_class(target)  # a one-line error where it does not import
-    return EnvironmentSpec(
-        target,
-        instantiate(env.environment, _partial_=True),
-        env.timeout_s,
-        EpisodeSettings(env.max_turns, env.max_episode_tokens, env.reply_role),
-    )
+    made = instantiate(env.environment, _partial_=True)
+    tools = None
+    if is_tool_environment(environment_class(target)):
+        probe = made()  # one instance, for its tools' schemas
+        tools = tool_schemas(probe)
+        close = getattr(probe, "close", None)
+        if callable(close):
+            close()
+
+        def factory(made=made):
+            return ToolCalling(made(), tokenizer)
+    else:
+        factory = made
+    episode = EpisodeSettings(env.max_turns, env.max_episode_tokens, env.reply_role)
+    return EnvironmentSpec(target, factory, env.timeout_s, episode, tools=tools)
+
+
+def external_rollout_from_config(cfg: DictConfig):
+    """rollout=module:function as the module's sampler: the function called on each rollout's prompts, its output
+    checked and made the engine's record (rloo.generation.external); None where the policy samples."""
+    if cfg.get("rollout") is None:
+        return None
+    from rloo.generation.external import sampled_from_external
+    from rloo.rewards.scoring import load_function
+
+    function, name = load_function(str(cfg.rollout), "rollout"), str(cfg.rollout)
+
+    def external(prompts: list, module):
+        tokenizer, device = module.tokenizer, module.device
+        output = function(prompts, module)
+        return sampled_from_external(output, len(prompts), tokenizer.eos_token_id, tokenizer.pad_token_id, device, name)
+
+    return external
 
 
 def reward_from_config(cfg: DictConfig):

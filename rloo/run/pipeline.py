@@ -172,7 +172,7 @@ def build(plan: RunPlan, record: "RunRecord") -> RunPieces:
     import lightning as L
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # after the bootstrap: cold and warm runs match
-    tokenizer, datamodule, reward = build_data(plan, trainer, evaluation, model_src, data_src)
+    tokenizer, datamodule, reward, environment = build_data(plan, trainer, evaluation, model_src, data_src)
     memory, (policy, reference, reward_model) = build_models(cfg, model_src, tokenizer)
     from rloo.models.loading import load_value_model
 
@@ -185,6 +185,7 @@ def build(plan: RunPlan, record: "RunRecord") -> RunPieces:
         plan.rollouts,
         value_model=lambda: load_value_model(cfg.value_model or model_src["reward_model"], tokenizer),
         reward=reward,
+        environment=environment,
     )
     if module.environment is not None:  # a guarded call stops waiting on SIGTERM
         module.environment.should_stop = lambda: trainer.received_sigterm
@@ -285,10 +286,11 @@ def build_data(plan: RunPlan, trainer, evaluation, model_src: dict, data_src: di
     from rloo.judges import build_judge
     from rloo.models.loading import load_tokenizer
     from rloo.rewards.scoring import check_columns
-    from rloo.run.assemble import reward_from_config
+    from rloo.run.assemble import environment_from_config, reward_from_config
 
     cfg = plan.cfg
     tokenizer = load_tokenizer(model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"])
+    environment = environment_from_config(cfg, tokenizer)  # env=: its class (and a tool environment's tools)
     datamodule = PromptDataModule(
         tokenizer,
         SplitSpec(**data_src["train"]),
@@ -302,18 +304,21 @@ def build_data(plan: RunPlan, trainer, evaluation, model_src: dict, data_src: di
         num_workers=cfg.data.num_workers,
         log=plan.log,
         system_prompt=cfg.data.get("system_prompt"),
+        tools=None if environment is None else environment.tools,
     )
     datamodule.first_rollout = plan.resumed_rollouts
     datamodule.setup("fit")
     reward = reward_from_config(cfg)  # reward= beyond the reward model alone, built once
     if reward is not None:  # the columns reward functions ask for are in the data; a guarded call stops on SIGTERM
         reward.should_stop = lambda: trainer.received_sigterm
-        check_columns(reward, list(datamodule.train_rows[0]["columns"]), f"data.train ({data_src['train']['path']})")
+        available = list(datamodule.train_rows[0]["columns"]) + (["environments"] if environment is not None else [])
+        if cfg.get("rollout") is None:  # an external rollout's own fields reach the functions too: known only then
+            check_columns(reward, available, f"data.train ({data_src['train']['path']})")
     evaluation.rows = datamodule.eval_rows(cfg.eval.num_prompts)
     longest = max(len(row["prompt_ids"]) for row in datamodule.train_rows + evaluation.rows)
     check_context(cfg, model_src["policy"], longest, f"data.train/validation ({data_src['train']['path']})")
     evaluation.judge = build_judge(cfg.get("judge"), model_src["reward_model"], model_src["tokenizer"])
-    return tokenizer, datamodule, reward
+    return tokenizer, datamodule, reward, environment
 
 
 def build_models(cfg: DictConfig, model_src: dict, tokenizer):
