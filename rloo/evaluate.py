@@ -43,7 +43,8 @@ def run(cfg: DictConfig) -> dict:
     from rloo.evaluation.heldout import complete, evaluate_policy, summarize_eval
     from rloo.judges import build_judge
     from rloo.models.loading import load_policy, load_reward_model, load_tokenizer
-    from rloo.run.assemble import precision_arguments, quiet_lightning_logs, resolve_sources
+    from rloo.rewards.scoring import ENV, Reward, RewardTerm
+    from rloo.run.assemble import environment_from_config, precision_arguments, quiet_lightning_logs, resolve_sources
     from rloo.utils import atomic
     from rloo.utils.ownership import own_output_dir
 
@@ -62,6 +63,7 @@ def run(cfg: DictConfig) -> dict:
     tokenizer = load_tokenizer(
         policy_src if own_tokenizer else model_src["tokenizer"], model_src["pad_token"], model_src["chat_template"]
     )
+    environment = environment_from_config(cfg, tokenizer)  # env=: held-out episodes (its tools in the prompts)
     spec = SplitSpec(**data_src["validation"])
     rows, over, empty = tokenize_prompts(
         load_split(spec, "data.validation"),
@@ -71,6 +73,7 @@ def run(cfg: DictConfig) -> dict:
         cfg.data.truncate_prompts,
         "data.validation",
         cfg.data.get("system_prompt"),
+        None if environment is None else environment.tools,
     )
     note, _ = system_prompt_note(rows, tokenizer, cfg.data.get("system_prompt"), f"data.validation ({spec.path})")
     if note is not None:
@@ -106,7 +109,7 @@ def run(cfg: DictConfig) -> dict:
     with fabric.autocast():
         if opponent_src is not None:
             opponent = load_policy(opponent_src, tokenizer).to(fabric.device).eval()
-            done = complete(opponent, tokenizer, rows, sampling, cfg.eval.batch_size, fabric.device)
+            done = complete(opponent, tokenizer, rows, sampling, cfg.eval.batch_size, fabric.device, environment)
             others = done["texts"]
             opponent_measured = {
                 "opponent_mean_length": done["length"].mean().item(),
@@ -124,7 +127,9 @@ def run(cfg: DictConfig) -> dict:
             reward_model,
             fabric.device,
             others,
+            reward=None if environment is None else Reward([RewardTerm(1.0, ENV)], "raise"),
             judge_timeout_s=cfg.eval.judge_timeout_s,
+            environment=environment,
         )
     atomic.write_text(
         out / "verdicts.jsonl", "".join(json.dumps(row, allow_nan=False) + "\n" for row in samples), "the verdicts"
@@ -168,6 +173,8 @@ def print_summary(summary: dict, log=print) -> None:
         )
     if "score" in summary:
         log(f"  reward-model score {summary['score']:.3f}")
+    if "reward/env" in summary:  # env=: the episodes' mean return, turns and the fraction cut short
+        log(f"  return {summary['reward/env']:.3f}, {summary['turns']:.2f} turns, truncated {summary['truncated']:.3f}")
     log(f"  mean length {summary['mean_length']:.2f} tokens, EOS {summary['eos_frac']:.3f}")
     log(f"  outputs: {summary['output_dir']}  (verdicts.jsonl, summary.json)")
 

@@ -203,3 +203,20 @@ def test_sigterm_while_a_plugin_judge_hangs_ends_the_evaluation_within_seconds(f
     assert "rloo.evaluate: stopped by SIGTERM" in output and "Traceback" not in output
     assert not (tmp_path / "eval" / "verdicts.jsonl").exists() and not (tmp_path / "eval" / "summary.json").exists()
     assert not [p for p in (tmp_path / "eval").iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.slow
+def test_evaluate_runs_episodes_in_an_environment(finished_run):
+    """python -m rloo.evaluate env=topic_recall: held-out greedy episodes, their mean return (reward/env) with turns
+    and the fraction cut short, and each episode's turns with their roles in verdicts.jsonl."""
+    base, _ = finished_run
+    result = evaluate(base / "eval_env", base / "cache", "env=topic_recall", "eval.num_prompts=8", "judge=none")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary, records = outputs(base / "eval_env")
+    assert len(records) == 8 and 1 <= summary["turns"] <= 3 and 0 <= summary["truncated"] <= 1
+    returns = [r["rewards"]["env"] for r in records]
+    assert abs(summary["reward/env"] - statistics.fmean(returns)) < 1e-9
+    for record in records:
+        roles = [m["role"] for m in record["messages"]]
+        assert roles[0] == "assistant" and roles.count("assistant") == record["turns"]
+    assert "return" in result.stdout and "turns" in result.stdout

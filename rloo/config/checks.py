@@ -239,6 +239,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         # on-policy path: advantages come from the same forward as the loss, one micro-batch of whole groups at a time
         _require(micro % k == 0, "micro_batch_size", f"a multiple of k={k} when each rollout is used once", micro)
     validate_judge_config(cfg)
+    validate_environment(cfg)
     per_step = rollout * world_size
     _require(
         cfg.total_episodes >= per_step,
@@ -339,7 +340,7 @@ def validate_environment(cfg: DictConfig) -> None:
     environment_class(env.environment._target_)
     if cfg.stop_token != "eos":
         raise ConfigError(f"env={env.name}: a model's turn ends at its stop token: set stop_token=eos")
-    if cfg.algorithm in ("ppo", "dpo"):
+    if cfg.get("algorithm") in ("ppo", "dpo"):  # (rloo.evaluate has no algorithm)
         raise ConfigError(
             f"env={env.name} runs with the algorithms of the shared policy-gradient step, not algo={cfg.algorithm}"
         )
