@@ -37,14 +37,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         "mode",
         nargs="?",
         default="speed",
-        choices=("speed", "quality", "stability", "logprobs", "strategies", "gpu", "decode"),
+        choices=("speed", "quality", "stability", "logprobs", "strategies", "gpu", "decode", "episodes"),
         help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock; "
         "stability: the bf16 mismatch, peer-like vs rloo defaults; logprobs: peak memory of the "
         "log-prob pass, whole vs chunked LM head, at a 50k vocabulary; strategies: peak memory per rank and "
         "time of real rloo.train runs in one process, under ddp and under fsdp2; gpu: the GPU check (decode "
         "tokens/s, step time, planned vs measured memory at 1B-sized Pythia and Llama in bf16, the embedded task's "
         "bf16 mismatch; reduced sizes on CPU); decode: the lean decode's ms per token and read rate against "
-        "torch.sum's, and its per-op profile (default preset long-160m)",
+        "torch.sum's, and its per-op profile (default preset long-160m); episodes: rloo's episode rollout against TRL "
+        "1.16's GRPOTrainer with environment_factory on the calculator task (SmolLM2-135M, --trl-python)",
     )
     parser.add_argument(
         "overrides",
@@ -501,6 +502,18 @@ def main(argv=None) -> None:
         preset = args.presets.split(",")[0]
         strategies.run(out_dir.resolve(), preset, overrides=args.overrides)
         print(f"bench: wrote {out_dir / 'strategies.json'} and {out_dir / 'strategies.md'}")
+        return
+    if args.mode == "episodes":
+        from rloo.bench import episodes
+
+        report = episodes.run(out_dir.resolve(), args.trl_python, args.steps)
+        report |= {"date": now.isoformat(timespec="seconds"), "machine": machine()}
+        (out_dir / "episodes.json").write_text(json.dumps(report, indent=2))
+        table = f"{report['machine']['cpu']}, torch.sum {report['read_rate_gb_s']} GB/s\n\n" + episodes.markdown(report)
+        (out_dir / "episodes.md").write_text(table)
+        print("\n" + table + f"\nbench: wrote {out_dir / 'episodes.json'} and {out_dir / 'episodes.md'}")
+        if any("error" in side for side in report["sides"]):
+            raise SystemExit(f"error: bench episodes: a side failed (see {out_dir / 'episodes.md'})")
         return
     if args.mode == "decode":
         from rloo.bench import decode
