@@ -23,7 +23,8 @@ from rloo.judges import Judge, judge_pairs
 
 INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)
 # per-row values summarised alike
-MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy", "replied", "truncated")
+MEANS_WITH_INTERVALS = ("reward/", "pass@", "majority_vote", "accuracy", "replied", "truncated", "turns")
+EPISODE_RECORD = {"turns": int, "replied": bool, "truncated": bool}  # an episode's fields in eval_samples.jsonl
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,8 @@ def sampled_correctness(
     repeated = [row for row in rows for _ in range(n)]
     done = complete(policy, tokenizer, repeated, verifiable.sampling, batch_size, device, environment)
     columns = {name: [value for value in values for _ in range(n)] for name, values in columns.items()}
-    columns |= {"environments": done["environments"]} if "environments" in done else {}
-    values = reward.function_values(done["prompts"], done["completions"], columns)
-    values |= {"env": done["env_return"].cpu()} if "env_return" in done else {}
+    values = reward.function_values(done["prompts"], done["completions"], columns | done["environments"])
+    values |= done["returns"]
     correct = reward.function_total(values) >= verifiable.correct_at
     correct = correct.reshape(len(rows), n).tolist()
     answer_of = verifiable.answer or (lambda text: text.strip())
@@ -129,17 +129,21 @@ def complete(
         "length": sampled.completion_mask.sum(1).float(),
         "eos": sampled.ended.float(),
     }
-    if environment is not None:
-        episodes = sampled.episodes
-        done |= {
-            "env_return": episode_returns(episodes).to(device),
-            "turns": torch.tensor([float(e.turns) for e in episodes], device=device),
-            "replied": torch.tensor([float(e.replied) for e in episodes], device=device),
-            "truncated": torch.tensor([float(e.truncated) for e in episodes], device=device),
-            "messages": [list(e.messages) for e in episodes],
-            "environments": [e.user_environment for e in environments],
-        }
-    return done
+    # what an environment adds (none for plain completions): each episode's return (the reward term env), its model
+    # turns, whether the environment replied (a tool call) and whether max_turns or the budget cut it, its messages,
+    # and the environment objects for reward functions that take `environments`
+    episodes = sampled.episodes if environment is not None else []
+    per_episode = {
+        "turns": [float(e.turns) for e in episodes],
+        "replied": [float(e.replied) for e in episodes],
+        "truncated": [float(e.truncated) for e in episodes],
+    }
+    return done | {
+        "returns": {"env": episode_returns(episodes)} if episodes else {},
+        "episode": {key: torch.tensor(v, device=device) for key, v in per_episode.items() if episodes},
+        "messages": [list(e.messages) for e in episodes],
+        "environments": {"environments": [e.user_environment for e in environments]} if environments else {},
+    }
 
 
 @torch.no_grad()
@@ -188,14 +192,11 @@ def evaluate_policy(
         "eos": done["eos"],
         "outcome": torch.tensor(outcome, device=scores.device),
     }
-    if "turns" in done:  # a multi-turn episode's model turns, whether the environment replied (a tool call), and
-        # whether max_turns or the budget cut it
-        per_row |= {key: done[key] for key in ("turns", "replied", "truncated")}
-    if reward is not None and (reward.functions or "env_return" in done):
+    per_row |= done["episode"]  # an episode's turns, replied and truncated (none for plain completions)
+    if reward is not None and (reward.functions or done["returns"]):
         columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
-        columns |= {"environments": done["environments"]} if "environments" in done else {}
-        values = reward.function_values(done["prompts"], done["completions"], columns)
-        values |= {"env": done["env_return"].cpu()} if "env_return" in done else {}
+        values = reward.function_values(done["prompts"], done["completions"], columns | done["environments"])
+        values |= done["returns"]
         for name, value in values.items():
             per_row[f"reward/{name}"] = value.to(scores.device)
         if verifiable is not None:
@@ -248,12 +249,7 @@ def sample_record(i: int, row: dict, text: str, verdict, per_row: dict, opponent
     }
     if "accuracy" in per_row:
         record["correct"] = bool(per_row["accuracy"][i])
-    if "turns" in per_row:  # a multi-turn episode
-        record |= {
-            "turns": int(per_row["turns"][i]),
-            "replied": bool(per_row["replied"][i]),
-            "truncated": bool(per_row["truncated"][i]),
-        }
+    record |= {key: cast(per_row[key][i]) for key, cast in EPISODE_RECORD.items() if key in per_row}
     if read:  # the row's data columns the reward functions read (its answer, say): why it scored what it did
         record["columns"] = {name: strict_json(row["columns"][name]) for name in read}
     return record
@@ -271,8 +267,6 @@ def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> d
         f"{prefix}mean_length": per_row["length"].mean().item(),
         f"{prefix}eos_frac": per_row["eos"].mean().item(),
     }
-    if "turns" in per_row:
-        summary[f"{prefix}turns"] = per_row["turns"].mean().item()
     for key in [k for k in per_row if k.startswith(MEANS_WITH_INTERVALS)]:  # mean and its 95% interval over rows
         values = per_row[key][torch.isfinite(per_row[key])].double()  # not a failure (nan) nor a None (-inf)
         if len(values):
