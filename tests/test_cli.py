@@ -12,7 +12,10 @@ ENTRY_POINTS = ["rloo.train", "rloo.evaluate", "rloo.sft", "rloo.reward", "rloo.
 
 
 def run_module(module: str, *args: str) -> int:
+    """`python -m module args` in this process. A package's __main__ that an earlier test imported is dropped first:
+    runpy executes it afresh (and warns where it finds it in sys.modules already)."""
     sys.argv = [module, *args]
+    sys.modules.pop(f"{module}.__main__", None)
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=False)
     except SystemExit as exit:

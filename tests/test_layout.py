@@ -24,6 +24,8 @@ CORE = {
     "rloo.generation.lean_sampler",
     "rloo.generation.samplers",
     "rloo.generation.environment",
+    "rloo.generation.external",
+    "rloo.environments.tools",
     "rloo.environments.base",
     "rloo.rewards.scoring",
     "rloo.utils.resume",

@@ -105,9 +105,6 @@ class LeanSampler:
         """Every slot-indexed tensor, moved together."""
         return [self.rows, self.position, self.own_len, self.pending, self.logits, *self.own_kvs]
 
-    def _set_state(self, state: list[Tensor]) -> None:
-        self.rows, self.position, self.own_len, self.pending, self.logits, *self.own_kvs = state
-
     def _slots_of(self, rows: Tensor) -> Tensor:
         slot_of = torch.empty_like(self.rows)
         slot_of[self.rows] = torch.arange(len(self.rows), device=self.rows.device)
