@@ -24,7 +24,6 @@ from rloo.algorithms.optim import adamw_with_schedule
 from rloo.algorithms.run_state import RunState
 from rloo.algorithms.schedule import MicroBatch, StrategyAdapter, micro_batches, mini_batch_indices
 from rloo.data.chat import observed_prompts
-from rloo.data.padding import left_pad
 from rloo.generation.episodes import close_all, episode_returns, reward_completions
 from rloo.generation.forward import completion_logprobs_and_entropy
 from rloo.generation.rollout import PhaseTimer, Rollout, clock, sample_rollout, scored_rollout
@@ -147,10 +146,10 @@ class OnlineRLModule(LightningModule):
         if not any(getattr(e, "observation", None) is not None for e in environments):
             return every, batch["prompt_ids"], batch["prompt_mask"], k
         ids = [i[m.bool()].tolist() for i, m in zip(batch["prompt_ids"], batch["prompt_mask"]) for _ in range(k)]
-        tools = self.environment.tools
-        every, ids = observed_prompts(every, ids, [e.observation for e in environments], self.tokenizer, tools)
-        prompt_ids, prompt_mask = left_pad(ids, self.tokenizer.pad_token_id)
-        return every, prompt_ids.to(batch["prompt_ids"].device), prompt_mask.to(batch["prompt_ids"].device), 1
+        observations, tools = [e.observation for e in environments], self.environment.tools
+        every, prompt_ids, prompt_mask = observed_prompts(every, ids, observations, self.tokenizer, tools)
+        device = batch["prompt_ids"].device
+        return every, prompt_ids.to(device), prompt_mask.to(device), 1
 
     def data_prompts(self, batch: dict) -> list:
         """Each prompt of the batch as the data has it: its chat messages, or its text (decoded)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from rloo.data.padding import left_pad
 from rloo.utils.errors import ConfigError
 
 # probe contents no real conversation holds, to see what a template adds around them
@@ -145,17 +146,15 @@ def prompt_text(prompt) -> str:
 
 
 def observed_prompts(prompts: list, prompt_ids: list[list[int]], observations: list, tokenizer, tools=None):
-    """Each episode's prompt (as the data has it) and its token ids with its environment's first observation appended
-    (rloo.data.chat.with_observation: for chat messages to the last message, TRL's convention, rendered again through
-    the template with the tools); an episode without one keeps its own."""
+    """Each episode's prompt (as the data has it) and its token ids, left-padded (`[N, P]` ids and mask), with its
+    environment's first observation appended (with_observation: for chat messages to the last message, TRL's
+    convention, rendered again through the template with the tools); an episode without one keeps its own."""
     out_prompts, out_ids = [], []
     for prompt, ids, observation in zip(prompts, prompt_ids, observations):
-        if observation is None:
-            out_prompts.append(prompt)
-            out_ids.append(list(ids))
-            continue
-        prompt = with_observation(prompt, observation)
-        text = prompt if isinstance(prompt, str) else render_messages(tokenizer, prompt, tools)
+        if observation is not None:
+            prompt = with_observation(prompt, observation)
+            text = prompt if isinstance(prompt, str) else render_messages(tokenizer, prompt, tools)
+            ids = tokenizer(text, add_special_tokens=False).input_ids
         out_prompts.append(prompt)
-        out_ids.append(tokenizer(text, add_special_tokens=False).input_ids)
-    return out_prompts, out_ids
+        out_ids.append(list(ids))
+    return (out_prompts, *left_pad(out_ids, tokenizer.pad_token_id))

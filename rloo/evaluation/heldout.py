@@ -12,7 +12,6 @@ from typing import Callable
 import torch
 
 from rloo.data.chat import observed_prompts
-from rloo.data.padding import left_pad
 from rloo.evaluation.intervals import PROPORTIONS, Z_95, proportion_interval, win_rate_summary
 from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
 from rloo.generation.episodes import close_all, episode_returns, reward_completions, sample_episodes
@@ -20,6 +19,7 @@ from rloo.generation.forward import reward_scores
 from rloo.generation.rollout import chunked
 from rloo.generation.settings import SamplingConfig
 from rloo.judges import Judge, judge_pairs
+from rloo.rewards.scoring import is_conversational
 
 INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)
 # per-row values summarised alike
@@ -95,14 +95,13 @@ def complete(
     functions' completions, the prompt/completion tensors in rollout layout, length (the model's tokens) and eos;
     with an environment also its return, turns, whether it replied, whether the episode was cut (truncated), its
     messages and info."""
-    chat = all(row.get("messages") is not None for row in rows)
-    prompts, prompt_ids, environments = reward_prompts(rows), [row["prompt_ids"] for row in rows], []
+    prompts, environments = reward_prompts(rows), []
     if environment is not None:
         environments = environment.start_all([{"prompt": p, **row.get("columns", {})} for p, row in zip(prompts, rows)])
-        observations = [e.observation for e in environments]  # appended to the prompts where given
-        prompts, prompt_ids = observed_prompts(prompts, prompt_ids, observations, tokenizer, environment.tools)
-    ids, mask = left_pad(prompt_ids, tokenizer.pad_token_id)
-    ids, mask = ids.to(device), mask.to(device)
+    observations = [e.observation for e in environments] or [None] * len(rows)  # appended to the prompts where given
+    tools = None if environment is None else environment.tools
+    prompts, ids, mask = observed_prompts(prompts, [row["prompt_ids"] for row in rows], observations, tokenizer, tools)
+    ids, mask, chat = ids.to(device), mask.to(device), is_conversational(prompts)
     try:
         sampled = sample_episodes(
             policy,

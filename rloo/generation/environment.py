@@ -18,6 +18,7 @@ torch-free data; what guards a user's environment (timeouts, one-line errors) li
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 _SENTINEL = "rloo-turn-5c1e"
@@ -68,16 +69,15 @@ def reply_text(tokenizer, reply: str | list[dict], role: str, turn_ended: bool, 
     return after[len(eos) :] if turn_ended and eos and after.startswith(eos) else after
 
 
-_LONGEST_TOKEN: dict[int, int] = {}
+_LONGEST_TOKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its longest token's length
 
 
 def longest_token_chars(tokenizer) -> int:
-    """The most characters one token of the tokenizer's vocabulary decodes to (at least 1), measured once."""
-    key = id(tokenizer)
-    if key not in _LONGEST_TOKEN:
-        vocab = tokenizer.get_vocab()
-        _LONGEST_TOKEN[key] = max([1, *(len(t) for t in vocab)])
-    return _LONGEST_TOKEN[key]
+    """The most characters one token of the tokenizer's vocabulary decodes to (at least 1), measured once per
+    tokenizer."""
+    if tokenizer not in _LONGEST_TOKEN:
+        _LONGEST_TOKEN[tokenizer] = max([1, *(len(t) for t in tokenizer.get_vocab())])
+    return _LONGEST_TOKEN[tokenizer]
 
 
 def reply_tokens(tokenizer, text: str, room: int) -> list[int]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rloo.generation.environment import OneTurn, Step, reply_text, reply_tokens
-from rloo.generation.samplers import samplers_for
+from rloo.generation.samplers import samplers_for, truncate_after_stop
 from rloo.generation.settings import EpisodeSettings, SamplingConfig
 
 MAX_CONCURRENT_STEPS = 16  # environment calls of one turn running at once
@@ -139,8 +139,8 @@ def play(sampler, episodes, environments, sampling, settings, stop_id, pad_token
         max_new = min(sampling.max_new_tokens, max(room))
         limits = torch.tensor(room) if min(room) < max_new else None
         ids, logprobs = sampler.turn(torch.tensor(live), max_new, limits)
-        lengths, ended = turn_lengths(ids, stop_id)
-        ids, logprobs = ids.tolist(), logprobs.tolist()
+        _, mask, ended = truncate_after_stop(ids, stop_id, pad_token_id)
+        lengths, ended, ids, logprobs = mask.sum(1).tolist(), ended.tolist(), ids.tolist(), logprobs.tolist()
         for row, i in enumerate(live):
             take = min(lengths[row], room[row])
             episodes[i].tokens += ids[row][:take]
@@ -156,17 +156,6 @@ def play(sampler, episodes, environments, sampling, settings, stop_id, pad_token
         going_on = [(i, chunk) for i, chunk in zip(live, chunks) if not episodes[i].over]
         if going_on:
             sampler.append(torch.tensor([i for i, _ in going_on]), [chunk for _, chunk in going_on])
-
-
-def turn_lengths(ids: Tensor, stop_id: int | None) -> tuple[list[int], list[bool]]:
-    """Each row's turn length, up to and with its first stop token (all of it where it has none), and whether it
-    stopped. Tokens before the stop are real even when they equal the pad id: only the position decides."""
-    if stop_id is None:
-        return [ids.shape[1]] * len(ids), [False] * len(ids)
-    is_stop = ids == stop_id
-    ended = is_stop.any(1)
-    first = torch.where(ended, is_stop.int().argmax(1) + 1, ids.shape[1])
-    return first.tolist(), ended.tolist()
 
 
 def turn_text(episode: Episode, environment, tokenizer) -> str:

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from rloo.generation.episodes import Sampled, sample_episodes
 from rloo.generation.forward import completion_logprobs, reward_scores
+from rloo.generation.samplers import truncate_after_stop  # noqa: F401 (re-exported: rollout.truncate_after_stop)
 from rloo.generation.settings import EpisodeSettings, SamplingConfig
 from rloo.models.lora import adapters_disabled
 
@@ -75,25 +76,6 @@ def concatenate(parts: list[Rollout], pad_token_id: int) -> Rollout:
         return value
 
     return Rollout(**{f.name: torch.cat([pad(f.name, getattr(p, f.name)) for p in parts]) for f in fields(Rollout)})
-
-
-def truncate_after_stop(
-    completion_ids: Tensor, stop_token_id: int | None, pad_token_id: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Pad everything after the first stop token (which is kept). Returns ids `[N, T]`, mask `[N, T]`, ended `[N]`.
-
-    Tokens before the stop are real even when they equal the pad id (a policy may sample it): only the
-    position decides. Rows that never stop keep all T tokens (generate pads only rows that have ended).
-    """
-    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
-    if stop_token_id is None:
-        is_stop = torch.zeros_like(completion_ids, dtype=torch.bool)
-    else:
-        is_stop = completion_ids == stop_token_id
-    ended = is_stop.any(1)
-    first_stop = torch.where(ended, is_stop.int().argmax(1), completion_ids.shape[1])  # [N]
-    mask = positions[None, :] <= first_stop[:, None]  # up to and including the stop token
-    return torch.where(mask, completion_ids, pad_token_id), mask.long(), ended
 
 
 def generate_with_logprobs(

@@ -96,11 +96,10 @@ class HFSampler:
             self.sampling if max_new == self.sampling.max_new_tokens else replace(self.sampling, max_new_tokens=max_new)
         )
         completion, logprobs = hf_generate_with_logprobs(self.policy, ids, mask, sampling, self.eos, self.pad)
-        for row, i in enumerate(index):  # up to and with the stop token: what the next turn continues from
-            tokens = completion[row].tolist()
-            if self.sampling.stop_at_eos and self.eos in tokens:
-                tokens = tokens[: tokens.index(self.eos) + 1]
-            self.after[i] += tokens if limits is None else tokens[: int(limits[row])]
+        lengths = truncate_after_stop(completion, self.eos if self.sampling.stop_at_eos else None, self.pad)[1].sum(1)
+        for row, i in enumerate(index):  # up to and with the stop token (within its room): what the next turn reads
+            take = int(lengths[row]) if limits is None else min(int(lengths[row]), int(limits[row]))
+            self.after[i] += completion[row, :take].tolist()
         return completion, logprobs
 
     def append(self, rows: Tensor, chunks: list[list[int]]) -> None:
@@ -143,3 +142,22 @@ def samplers_for(
         keeps_rows=episodes,
         graphs=graphs,
     )
+
+
+def truncate_after_stop(
+    completion_ids: Tensor, stop_token_id: int | None, pad_token_id: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Pad everything after the first stop token (which is kept). Returns ids `[N, T]`, mask `[N, T]`, ended `[N]`.
+
+    Tokens before the stop are real even when they equal the pad id (a policy may sample it): only the
+    position decides. Rows that never stop keep all T tokens (generate pads only rows that have ended).
+    """
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    if stop_token_id is None:
+        is_stop = torch.zeros_like(completion_ids, dtype=torch.bool)
+    else:
+        is_stop = completion_ids == stop_token_id
+    ended = is_stop.any(1)
+    first_stop = torch.where(ended, is_stop.int().argmax(1), completion_ids.shape[1])  # [N]
+    mask = positions[None, :] <= first_stop[:, None]  # up to and including the stop token
+    return torch.where(mask, completion_ids, pad_token_id), mask.long(), ended
