@@ -93,3 +93,24 @@ def faulty_rank(prompts, completions):
 def reads_every_column(prompts, completions, **kwargs):
     """TRL's convention: every data column arrives by keyword."""
     return [float(len(kwargs)) for _ in completions]
+
+
+_pause_calls = 0
+
+
+def pauses(prompts, completions):
+    """0 for every completion (it adds nothing to the reward), except that at its RLOO_TEST_PAUSE_CALL-th call each
+    process touches `RLOO_TEST_PAUSE_FILE.<its rank>` and sleeps RLOO_TEST_PAUSE_S seconds: a point inside a rollout,
+    on every rank, where a test sends a signal. Without RLOO_TEST_PAUSE_FILE it is a plain 0."""
+    import os
+    import time
+    from pathlib import Path
+
+    global _pause_calls
+    _pause_calls += 1
+    marker = os.environ.get("RLOO_TEST_PAUSE_FILE")
+    if marker and _pause_calls == int(os.environ.get("RLOO_TEST_PAUSE_CALL", "2")):
+        rank = os.environ.get("SLURM_PROCID") or os.environ.get("LOCAL_RANK") or "0"
+        Path(f"{marker}.{rank}").touch()
+        time.sleep(float(os.environ.get("RLOO_TEST_PAUSE_S", "3")))
+    return [0.0] * len(completions)

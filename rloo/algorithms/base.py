@@ -28,7 +28,7 @@ from rloo.generation.episodes import close_all, episode_returns, reward_completi
 from rloo.generation.forward import completion_logprobs_and_entropy
 from rloo.generation.rollout import PhaseTimer, Rollout, clock, sample_rollout, scored_rollout
 from rloo.models.lora import ADAPTER_MARK, has_adapters
-from rloo.models.sharding import shard_model
+from rloo.models.sharding import GATHERS, gather_fits, shard_model, whole_bytes
 from rloo.objectives import (
     apply_missing_eos_penalty,
     group_reward_std,
@@ -72,6 +72,7 @@ class OnlineRLModule(LightningModule):
         self.last_episodes: list = []  # the last rollout's episodes (rloo.generation.episodes.Episode)
         # rollout=module:function: (prompts, module) -> (Sampled, extra fields); set by the builder
         self.external_rollout = None
+        self.sampler_note: tuple[str, str] | None = None  # the sampler, where the run changes it from the planned one
 
     # ---- the pieces of a step, in the order a step uses them -------------------------------------------------
     def collect(self, batch: dict[str, Tensor], timer: PhaseTimer, sampler=None) -> Rollout:
@@ -265,8 +266,7 @@ class OnlineRLModule(LightningModule):
         after the last micro-batch of a mini-batch only."""
         if share is None:
             share = len(micro.index) / (self.config.rollout_batch_size // self.config.num_mini_batches)
-        self.strategy.before_backward(micro.last_of_mini_batch)
-        with self.optimizers().toggle_model(sync_grad=micro.last_of_mini_batch):  # DDP's switch
+        with self.strategy.backward_sync(micro.last_of_mini_batch):
             self.manual_backward(loss * share)
 
     def penalised_scores(self, rollout: Rollout) -> Tensor:
@@ -414,8 +414,38 @@ class OnlineRLModule(LightningModule):
         rank. Other strategies wrap the module themselves."""
         from lightning.pytorch.strategies import ModelParallelStrategy
 
-        if isinstance(self.trainer.strategy, ModelParallelStrategy) and not hasattr(self.policy, "unshard"):
+        strategy = self.trainer.strategy
+        if isinstance(strategy, ModelParallelStrategy) and not hasattr(self.policy, "unshard"):
             shard_model(self.policy, self.device_mesh["data_parallel"])
+        if isinstance(strategy, ModelParallelStrategy) or getattr(strategy, "zero_stage_3", False):
+            self.decide_rollout_gather()
+
+    def decide_rollout_gather(self) -> None:
+        """Partitioned policy weights (fsdp2, ZeRO-3) and the lean decode: each rollout gathers the policy's weights
+        whole for it (rloo.models.sharding.whole_weights) where the copy, and the decode's own copy of the linear
+        weights where it makes one, fit in the memory free on every rank (the smallest room decides, so all ranks
+        agree); else HF generate steps through the sharded model, and the log and summary.json say why."""
+        from rloo.generation.fast_paths import decode_copies_weights
+        from rloo.utils.memory import free_bytes
+
+        if not self.config.sampling.lean_decode:
+            return
+        needed = whole_bytes(self.policy) * (2 if decode_copies_weights(self.policy, self.config.sampling) else 1)
+        free = free_bytes(self.device, self.trainer.num_devices)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            room = torch.tensor([free], dtype=torch.float64, device=self.device)
+            torch.distributed.all_reduce(room, op=torch.distributed.ReduceOp.MIN)
+            free = int(room.item())
+        fits = gather_fits(needed, free)
+        setattr(self.policy, GATHERS, fits)
+        if not fits:
+            why = (
+                f"lean_decode=true, but the policy's weights gathered whole for it ({needed / 2**20:,.0f} MiB with "
+                f"the decode's copy) would not fit in the {free / 2**20:,.0f} MiB free on the fullest rank: HF "
+                "generate steps through the sharded model, gathering every block for every token"
+            )
+            self.sampler_note = ("hf_generate", why)
+            log.warning(f"rloo: sampler: hf_generate ({why})")
 
     def configure_optimizers(self):
         cfg = self.config

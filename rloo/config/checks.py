@@ -121,7 +121,7 @@ def algorithm_config(cfg: DictConfig, total_rollouts: int):
 # parameters partitioned across ranks. fsdp2: Lightning's ModelParallelStrategy with the policy sharded block by
 # block (rloo.models.sharding), on GPUs or on CPU (gloo); the others are Lightning's own and need GPUs
 SHARDED_STRATEGIES = ("fsdp2", "fsdp", "deepspeed_stage_3", "deepspeed_stage_3_offload")
-CPU_STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp2")
+CPU_STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp2", "deepspeed_stage_2", "deepspeed_stage_3")
 
 
 def validate_strategy(cfg: DictConfig) -> None:
@@ -131,12 +131,14 @@ def validate_strategy(cfg: DictConfig) -> None:
     accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
     if strategy.startswith(("fsdp", "deepspeed")) and strategy not in CPU_STRATEGIES and accelerator == "cpu":
         raise ConfigError(
-            f"trainer.strategy={strategy} needs GPUs (trainer=gpu); on CPU use trainer.strategy=ddp or fsdp2"
+            f"trainer.strategy={strategy} needs GPUs (trainer=gpu); on CPU use trainer.strategy=ddp, fsdp2, "
+            "deepspeed_stage_2 or deepspeed_stage_3"
         )
-    if strategy in SHARDED_STRATEGIES and cfg.lean_decode:
+    if strategy == "fsdp" and cfg.lean_decode:
         raise ConfigError(
-            f"lean_decode=true cannot run under trainer.strategy={strategy}: the lean decode reads whole "
-            "weights, which this strategy partitions across ranks; set lean_decode=false (HF generate)"
+            "lean_decode=true cannot run under trainer.strategy=fsdp: the lean decode reads whole weights, which "
+            "Lightning's FSDP partitions and rloo does not gather; set lean_decode=false (HF generate) or use "
+            "trainer.strategy=fsdp2"
         )
     if strategy in SHARDED_STRATEGIES and OmegaConf.select(cfg, "model.lora"):
         raise ConfigError(
@@ -153,7 +155,7 @@ def check_strategy_installed(cfg: DictConfig) -> None:
     if strategy.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(
             f"trainer.strategy={strategy} needs DeepSpeed, which is not installed: "
-            "pip install -e '.[deepspeed]' on a GPU machine, or use trainer.strategy=ddp | fsdp2"
+            "pip install -e '.[deepspeed]', or use trainer.strategy=ddp | fsdp2"
         )
 
 

@@ -25,6 +25,7 @@ from torch import Tensor
 from rloo.generation.environment import OneTurn, Step, reply_text, reply_tokens
 from rloo.generation.samplers import samplers_for, truncate_after_stop
 from rloo.generation.settings import EpisodeSettings, SamplingConfig
+from rloo.models.sharding import sampling_weights
 
 MAX_CONCURRENT_STEPS = 16  # environment calls of one turn running at once
 
@@ -109,21 +110,24 @@ def sample_episodes(
     settings = settings or plain_completion(sampling)
     environments = environments if environments is not None else [OneTurn() for _ in range(len(prompt_ids))]
     episodes = [Episode() for _ in range(len(prompt_ids))]
-    make = samplers_for(
-        policy,
-        sampling,
-        min(batch_size, len(prompt_ids)),
-        prompt_ids.shape[1] + settings.max_episode_tokens,
-        eos_token_id,
-        pad_token_id,
-        episodes=settings.max_turns > 1,
-        capacity=settings.max_episode_tokens if settings.max_turns > 1 else sampling.max_new_tokens,
-    )
     stop_id = eos_token_id if sampling.stop_at_eos else None
-    for start in range(0, len(prompt_ids), batch_size):
-        part = slice(start, start + batch_size)
-        sampler = make(prompt_ids[part], prompt_mask[part])
-        play(sampler, episodes[part], environments[part], sampling, settings, stop_id, pad_token_id, tokenizer, chat)
+    with sampling_weights(policy, sampling.lean_decode):  # sharded: gathered whole once for the whole pass
+        make = samplers_for(
+            policy,
+            sampling,
+            min(batch_size, len(prompt_ids)),
+            prompt_ids.shape[1] + settings.max_episode_tokens,
+            eos_token_id,
+            pad_token_id,
+            episodes=settings.max_turns > 1,
+            capacity=settings.max_episode_tokens if settings.max_turns > 1 else sampling.max_new_tokens,
+        )
+        for start in range(0, len(prompt_ids), batch_size):
+            part = slice(start, start + batch_size)
+            sampler = make(prompt_ids[part], prompt_mask[part])
+            play(
+                sampler, episodes[part], environments[part], sampling, settings, stop_id, pad_token_id, tokenizer, chat
+            )
     made = episode_tensors(episodes, pad_token_id, prompt_ids.device)
     return Sampled(prompt_ids, prompt_mask, **made, episodes=episodes)
 

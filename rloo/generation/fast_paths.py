@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+# strategies whose partitioned policy the rollout gathers whole for the lean decode (rloo.models.sharding.whole_weights)
+GATHERING_STRATEGIES = ("fsdp2", "deepspeed_stage_3", "deepspeed_stage_3_offload")
+
 
 def decode_reorders_weights(cfg: DictConfig) -> bool:
     """Whether the lean decode runs its linear layers through oneDNN from reordered float32 weights
@@ -35,6 +38,14 @@ def rollout_bf16_products(cfg: DictConfig) -> str:
         f"{where}, through F.linear (oneDNN has no bfloat16 kernels for this CPU: no AVX-512 BF16 or AMX); "
         "held-out evaluation in float32"
     )
+
+
+def decode_copies_weights(policy, sampling) -> bool:
+    """Whether the lean decode samples from its own copy of the policy's linear weights: bfloat16 copies
+    (rollout_precision=bf16), or float32 weights reordered for oneDNN (on CPU)."""
+    from rloo.generation.decode import onednn_applies
+
+    return sampling.rollout_precision == "bf16" or onednn_applies(next(iter(policy.parameters())).detach())
 
 
 def decode_replays_graphs(cfg: DictConfig) -> bool:
@@ -79,6 +90,13 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
                 f"{cfg.precision.trainer} on {cfg.trainer.accelerator})"
             )
         sampler = ("lean_decode", f"KV-cache loop, {decode_steps(cfg)}; {products}")
+        strategy = str(cfg.trainer.get("strategy", "auto"))
+        gathered = (
+            f"; under {strategy} the policy's weights gathered whole once per rollout for it, partitioned again "
+            "before the update"
+            if strategy in GATHERING_STRATEGIES
+            else ""
+        )
         if env:  # rloo.generation.lean_sampler: the turns of an episode continue its cache
             steps = "eager steps that drop finished rows"
             if decode_replays_graphs(cfg):
@@ -87,6 +105,7 @@ def fast_paths(cfg: DictConfig, policy, reward_model) -> dict[str, tuple[str, st
                 "lean_decode",
                 f"KV-cache loop, one cache per episode continued across the environment's replies, {steps}; {products}",
             )
+        sampler = (sampler[0], sampler[1] + gathered)
 
     def forward(model) -> tuple[str, str]:
         if not cfg.shared_prefix:

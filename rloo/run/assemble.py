@@ -5,6 +5,7 @@ LightningModule of the chosen algorithm."""
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from datetime import timedelta
 
@@ -135,7 +136,8 @@ def lightning_strategy(cfg: DictConfig, trainer_args: dict, processes: int):
     - fsdp2: Lightning's ModelParallelStrategy, data parallel over all `processes` (the module shards the policy in
       configure_model), saving whole checkpoints through the run's atomic checkpoint writer;
     - deepspeed_*: Lightning's DeepSpeedStrategy of that name, with deepspeed_settings(cfg) in its config (DeepSpeed
-      clips inside its own step; the Trainer's clipping cannot reach it under manual optimisation);
+      clips inside its own step; the Trainer's clipping cannot reach it under manual optimisation); on CPU
+      processes the same strategy allowed there (rloo.run.deepspeed_cpu);
     - any other strategy Lightning registers (ddp, ddp_spawn, fsdp, ...; auto over several processes is Lightning's
       ddp) with the run's collective timeout (trainer.collective_timeout_s): a rank that hangs ends the run within it.
     A strategy given as an object goes to Lightning as it is."""
@@ -155,7 +157,13 @@ def lightning_strategy(cfg: DictConfig, trainer_args: dict, processes: int):
     if name not in StrategyRegistry:
         return strategy  # Lightning names what it does not know
     entry = StrategyRegistry[name]
-    built = entry["strategy"](**entry["init_params"], **timeout)
+    strategy_class = entry["strategy"]
+    if name.startswith("deepspeed") and cfg.trainer.accelerator == "cpu":  # on CPU processes, over gloo
+        from rloo.run.deepspeed_cpu import CPUDeepSpeedStrategy
+
+        os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported, here and in the ranks launched
+        strategy_class = CPUDeepSpeedStrategy
+    built = strategy_class(**entry["init_params"], **timeout)
     if name.startswith("deepspeed"):
         built.config.update(deepspeed_settings(cfg))
     return built

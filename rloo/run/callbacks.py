@@ -258,15 +258,33 @@ class SigtermBetweenRollouts(Callback):
     more happens inside the handler. Lightning's own handler also broadcasts from inside the signal handler, a
     collective at whatever point the rank stands: where another rank waits in a different collective, both wait
     until the collective timeout. The ranks agree where they all meet: Lightning broadcasts the first rank's mark as
-    each rollout starts, and each rank stops at the end of the rollout it is in."""
+    each rollout starts, and each rank stops at the end of the rollout it is in.
+
+    Under SLURM, its pre-kill signal (rloo.run.preemption) marks the run the same way, on any number of processes,
+    and `preempted` says the stop was a preemption: the first rank then requeues the job."""
+
+    def __init__(self):
+        self.preempted = False
+        self.previous_requeue_handler = None
 
     def on_train_start(self, trainer, module) -> None:
         import signal
         import threading
 
-        if trainer.world_size < 2 or threading.current_thread() is not threading.main_thread():
+        from rloo.run.preemption import on_slurm, watch_requeue_signal
+
+        if threading.current_thread() is not threading.main_thread():
             return
         connector = trainer._signal_connector  # what trainer.received_sigterm reads (Lightning has no setter)
+        if on_slurm():
+
+            def on_requeue_signal() -> None:
+                self.preempted = True
+                connector.received_sigterm = True
+
+            self.previous_requeue_handler = watch_requeue_signal(on_requeue_signal)
+        if trainer.world_size < 2:
+            return
 
         def on_sigterm(signum, frame) -> None:
             if not connector.received_sigterm and trainer.strategy.launcher is not None:
@@ -274,6 +292,15 @@ class SigtermBetweenRollouts(Callback):
             connector.received_sigterm = True
 
         signal.signal(signal.SIGTERM, on_sigterm)  # Lightning restores the previous handler when fit ends
+
+    def teardown(self, trainer, module, stage: str) -> None:
+        import signal
+
+        from rloo.run.preemption import REQUEUE_SIGNAL
+
+        if self.previous_requeue_handler is not None:
+            signal.signal(REQUEUE_SIGNAL, self.previous_requeue_handler)
+            self.previous_requeue_handler = None
 
 
 class InterruptedCheckpoint(Checkpoint):
@@ -305,7 +332,7 @@ class ExportPolicy(Callback):
     def on_train_end(self, trainer, module) -> None:
         self.ran = True
         policy = module.policy
-        if weights_partitioned(policy):  # FSDP2: the whole weights gathered into a plain copy on rank 0 (a collective)
+        if weights_partitioned(policy):  # FSDP2, ZeRO-3: the whole weights gathered into a plain copy on rank 0
             policy = whole_copy(policy)
         bad = (
             [name for name, p in policy.named_parameters() if not torch.isfinite(p).all()]

@@ -15,6 +15,7 @@ from pathlib import Path
 from rloo.config.checks import SHARDED_STRATEGIES, autocast_dtype, world_size
 from rloo.families import architecture_from_config, family_named, gpt_neox, known_model_types, llama
 from rloo.families.base import Architecture
+from rloo.generation.fast_paths import GATHERING_STRATEGIES
 from rloo.generation.forward import LOGIT_CHUNK_ELEMENTS
 
 MIB = 2**20
@@ -228,6 +229,9 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     items["KV cache"] = cache
     if shape.decode_weight_copy:  # rloo.generation.decode._linear: every linear weight and the head, while sampling
         items["decode weights"] = (linear + arch.vocab_size * arch.hidden_size) * shape.decode_weight_copy
+    if shape.sampler == "lean_decode" and shape.strategy in GATHERING_STRATEGIES and world > 1:
+        # rloo.models.sharding.whole_weights: the partitioned policy gathered whole on each rank for the rollout
+        items["gathered policy"] = policy_params * weight
     if shape.decode_graph:  # the graphs' memory pool: one step's buffers at the largest bucket, kept between replays
         step_values = arch.vocab_size + 8 * arch.hidden_size + 2 * arch.intermediate_size + arch.kv_width
         scores = 3 * arch.heads * (prompt + response) * 4  # float32 scores, probabilities and their copy, per row
@@ -241,7 +245,7 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
         for key in ("policy weights", "reference weights", "reward model weights", "AdamW state", "ZeRO-3 buffers")
     )
     update = mib["gradients"] + mib["activations"] + mib["logit chunks"]
-    rollout = mib["KV cache"] + mib.get("decode weights", 0.0) + mib.get("decode graph pool", 0.0)
+    rollout = sum(mib.get(key, 0.0) for key in ("KV cache", "decode weights", "decode graph pool", "gathered policy"))
     mib["peak"] = static + max(update, rollout)
     return mib
 

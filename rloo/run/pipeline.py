@@ -148,10 +148,11 @@ def prepare(cfg: DictConfig) -> RunPlan | dict:
     if cfg.resume is not None:  # before anything is written or loaded
         compare_with_resumed_run(cfg, out, log)
     resume_point, resumed_rollouts = prepare_resume(cfg.resume, out, updates, log)
-    config_name = (
-        "config.yaml" if not (out / "config.yaml").exists() else f"config.resumed-{time.strftime('%H-%M-%S')}.yaml"
-    )
-    atomic.write_text(out / config_name, OmegaConf.to_yaml(cfg, resolve=True), "the resolved config")
+    if not further_rank():  # the run dir's one writer (another rank or node would add a config.resumed-*.yaml)
+        config_name = (
+            "config.yaml" if not (out / "config.yaml").exists() else f"config.resumed-{time.strftime('%H-%M-%S')}.yaml"
+        )
+        atomic.write_text(out / config_name, OmegaConf.to_yaml(cfg, resolve=True), "the resolved config")
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     if resume_point:  # the rows a resumed run logs again move aside: metrics.csv stays one timeline
@@ -216,6 +217,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
         SampleTable,
         SigtermBetweenRollouts,
     )
+    from rloo.run.preemption import cluster_plugins
     from rloo.utils import atomic
     from rloo.utils.resume import continued_wandb_run
 
@@ -253,8 +255,12 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
         *checkpoint_callbacks(cfg, out),
         *([ProgressLines(cfg.progress_every, plan.log)] if not terminal and cfg.progress_every else []),
     ]
+    if str(cfg.trainer.strategy).startswith("deepspeed") and cfg.trainer.accelerator == "cpu":
+        from rloo.run.deepspeed_cpu import build_cpu_ops
+
+        build_cpu_ops(plan.log)  # before the ranks start: under rloo's lock, never a silent wait on a stale one
     precision = precision_arguments(cfg.precision.trainer, cfg.trainer.accelerator)
-    plugins = precision.pop("plugins", []) + [atomic.checkpoint_io()]
+    plugins = precision.pop("plugins", []) + [atomic.checkpoint_io(), *cluster_plugins()]
     trainer = L.Trainer(
         **plan.trainer_args,
         **precision,
@@ -414,8 +420,14 @@ class RunRecord:
             "policy_dir": str(out / "policy") if (out / "policy").exists() else None,
             "bootstrap": pieces.bootstrap_report,
             "data": pieces.datamodule.counts,  # prompts kept, and dropped for their length or as empty, per split
-            "fast_paths": {name: {"ran": chosen, "why": why} for name, (chosen, why) in pieces.paths.items()},
+            "fast_paths": {name: {"ran": chosen, "why": why} for name, (chosen, why) in self.ran_paths().items()},
         }
+
+    def ran_paths(self) -> dict[str, tuple[str, str]]:
+        """The fast paths as planned before fit, with the sampler as the module decided it once sharded (a gathered
+        copy of the policy that would not fit: rloo.algorithms.base.OnlineRLModule.decide_rollout_gather)."""
+        note = getattr(self.pieces.module, "sampler_note", None)
+        return self.pieces.paths | ({"sampler": note} if note else {})
 
     def write_before_fit(self, status: str, during: str) -> None:
         """summary.json before the trainer runs: the status and where it stopped, over what an earlier session of the

@@ -76,10 +76,17 @@ def checkpoint_names(out: Path) -> str:
 
 
 def stopped_by_sigterm(plan, module) -> None:
-    """Exit as a process ended by SIGTERM (128 + 15), which schedulers read as preempted, never as success."""
+    """Exit as a process ended by SIGTERM (128 + 15), which schedulers read as preempted, never as success. Stopped
+    by SLURM's pre-kill signal (rloo.run.preemption): the first rank requeues the job, and its line says so."""
     if not module.trainer.is_global_zero:  # one line for the run
         sys.exit(SIGTERM_EXIT_CODE)
-    plan.log(stop_line("SIGTERM", plan, module))
+    if any(getattr(callback, "preempted", False) for callback in module.trainer.callbacks):
+        from rloo.run.preemption import REQUEUE_SIGNAL, requeue
+
+        line = stop_line(f"SLURM's pre-kill signal ({REQUEUE_SIGNAL.name})", plan, module)
+        plan.log(f"{line.split('; continue with')[0]}; {requeue()}")
+    else:
+        plan.log(stop_line("SIGTERM", plan, module))
     sys.exit(SIGTERM_EXIT_CODE)
 
 

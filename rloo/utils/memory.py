@@ -39,3 +39,20 @@ def current_rss_mb() -> float:
         return pages * resource.getpagesize() / (1024 * 1024)
     except OSError:
         return peak_rss_mb()
+
+
+def free_bytes(device, processes_here: int = 1) -> int:
+    """Memory free for one process on `device`: a GPU's free memory, or on CPU the host's MemAvailable shared among
+    the `processes_here` processes of this run on the host (0 where the system does not say)."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // max(processes_here, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

@@ -18,6 +18,7 @@ import os
 import pickle
 import random
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,11 +34,50 @@ class ResumePoint:
     checkpoint: Path
 
 
+def is_deepspeed_checkpoint(path: Path) -> bool:
+    """A checkpoint Lightning's DeepSpeedStrategy wrote: a dir `<name>.ckpt/` naming its tag in `latest`, the tag dir
+    holding the model states (with the run's state) and each rank's optimiser states."""
+    return path.is_dir() and (path / "latest").is_file()
+
+
+def inspect_deepspeed_checkpoint(path: Path) -> dict | str:
+    """The run state a DeepSpeed checkpoint dir holds (its model states file), or why it is not whole: a write that
+    was cut leaves a file missing or truncated, an optimiser state of some rank absent."""
+    tag = path / (path / "latest").read_text().strip()
+    # ZeRO-2 writes the model states once, ZeRO-3 one part per rank (each with the run's state)
+    states = next(
+        (
+            f
+            for f in (tag / "mp_rank_00_model_states.pt", tag / "zero_pp_rank_0_mp_rank_00_model_states.pt")
+            if f.is_file()
+        ),
+        None,
+    )
+    if states is None:
+        return "is a DeepSpeed checkpoint without its model states (its write was cut)"
+    checkpoint = torch.load(states, map_location="cpu", mmap=True, weights_only=True)
+    optimiser_states = sorted(tag.glob("*_optim_states.pt"))
+    ranks = checkpoint.get("dp_world_size")
+    if len(optimiser_states) != ranks:
+        return f"is a DeepSpeed checkpoint with {len(optimiser_states)} of {ranks} ranks' optimiser states"
+    model_states = sorted(tag.glob("zero_pp_rank_*_model_states.pt"))
+    if model_states and len(model_states) != ranks:
+        return f"is a DeepSpeed checkpoint with {len(model_states)} of {ranks} ranks' model states"
+    for part in (
+        optimiser_states + model_states
+    ):  # not unpickled here: a truncated file has no zip directory (it is at the end)
+        if not zipfile.is_zipfile(part):
+            return f"is a DeepSpeed checkpoint whose {part.name} is cut short"
+    return checkpoint
+
+
 def run_dir_of(spec: str | None) -> str | None:
     """The run dir a `resume=` value continues in (None: a fresh run dir); used for hydra.run.dir."""
     if spec in (None, "auto"):
         return None
     path = Path(spec).expanduser()
+    if is_deepspeed_checkpoint(path) and path.parent.name == "checkpoints":
+        return str(path.parent.parent)
     if path.is_dir():
         return str(path)
     if path.parent.name == "checkpoints":
@@ -50,6 +90,8 @@ def check_resume_argument(spec: str | None) -> None:
     if spec in (None, "auto", "null"):
         return
     path = Path(spec).expanduser()
+    if is_deepspeed_checkpoint(path):
+        return
     if path.is_dir():
         if not (path / "checkpoints").is_dir():
             if (path / "config.yaml").is_file() or (path / "summary.json").is_file():  # a run dir all the same
@@ -72,7 +114,12 @@ def checkpoint_order(path: Path) -> tuple[int, int]:
 def inspect_checkpoint(path: Path, updates_per_rollout: int) -> tuple[int, str | None]:
     """(rollouts done, None) for a whole checkpoint; (-1, why not) otherwise. Loads lazily (mmap)."""
     try:  # weights_only: tensors and plain values only, so a planted pickle is refused, never run
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        if is_deepspeed_checkpoint(path):
+            checkpoint = inspect_deepspeed_checkpoint(path)
+            if isinstance(checkpoint, str):
+                return -1, checkpoint
+        else:
+            checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except pickle.UnpicklingError as error:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
         what = found.group(1) if found else "an object that is not a tensor or a plain value"
@@ -93,7 +140,7 @@ def find_resume_point(spec: str | None, run_dir: Path, updates_per_rollout: int,
     """The checkpoint `resume=` asks for, or None for a fresh start (resume=null, or auto with none yet)."""
     if spec is None:
         return None
-    if spec == "auto" or Path(spec).expanduser().is_dir():
+    if spec == "auto" or (Path(spec).expanduser().is_dir() and not is_deepspeed_checkpoint(Path(spec).expanduser())):
         directory = run_dir if spec == "auto" else Path(spec).expanduser()
         candidates = []
         for candidate in (directory / "checkpoints").glob("*.ckpt"):
