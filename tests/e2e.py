@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,3 +119,41 @@ def one_rollout(assets: Path, run_dir: Path, *overrides: str) -> dict:
         "sample_every=0",
     ]
     return run(compose_train_config(preflight([*settings, *overrides])))
+
+
+# ---- training processes in the background, for tests that signal or kill them --------------------------------
+def start(run_dir: Path, cache_dir: Path, *overrides: str, env: dict | None = None) -> tuple[subprocess.Popen, Path]:
+    """`python -m rloo.train` in the background, its output to a file (a pipe nobody reads would fill and block)."""
+    log = run_dir.with_name(run_dir.name + f".{time.monotonic_ns()}.out")
+    environment = {**os.environ, "RLOO_CACHE_DIR": str(cache_dir), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rloo.train", f"hydra.run.dir={run_dir}", *FAST, "logger=csv", *overrides],
+        cwd=ROOT,
+        env={**environment, **(env or {})},
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # the test can reach every rank through the process group
+    )
+    return process, log
+
+
+def finish(process: subprocess.Popen, log: Path) -> tuple[int, str, float]:
+    started = time.monotonic()
+    code = process.wait(timeout=HANG_GUARD_S)
+    return code, log.read_text(), time.monotonic() - started
+
+
+def wait_for(condition, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def group_alive(process: subprocess.Popen) -> bool:
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -110,16 +110,17 @@ def test_a_hanging_function_fails_at_its_timeout_and_stops_waiting_on_sigterm():
     import time
 
     def slow(prompts, completions):
-        time.sleep(30)
+        time.sleep(300)
 
+    # bounds on a hang, not on speed: far above any delay a loaded machine adds, far below the 300 s sleep
     started = time.monotonic()
     values, error = call_reward_function("tests.x:slow", slow, ["p"], ["a"], timeout_s=0.5)
     assert error == "reward function tests.x:slow raised TimeoutError: no result after 0.5 s (reward_timeout_s)"
-    assert values.isnan().all() and time.monotonic() - started < 5
+    assert values.isnan().all() and time.monotonic() - started < 60
     stop_after = time.monotonic() + 0.3
     with pytest.raises(Interrupted):
-        call_reward_function("f", slow, ["p"], ["a"], timeout_s=60, should_stop=lambda: time.monotonic() > stop_after)
-    assert time.monotonic() - started < 10
+        call_reward_function("f", slow, ["p"], ["a"], timeout_s=240, should_stop=lambda: time.monotonic() > stop_after)
+    assert time.monotonic() - started < 120
 
 
 def test_a_reward_module_that_fails_as_it_imports_is_one_line(tmp_path, monkeypatch):
@@ -180,13 +181,15 @@ def test_sigterm_while_a_reward_function_hangs_ends_the_run_within_seconds(finis
     base, _ = finished_run
     run, mark = base / "fn-hang-sigterm", base / "hang-entered"
     monkeypatch.setenv("RLOO_TEST_HANG_MARK", str(mark))
-    process = start(run, base / "cache", "reward=tests.reward_functions:hangs", "eval.before=false")
+    process = start(
+        run, base / "cache", "reward=tests.reward_functions:hangs", "eval.before=false", "reward_timeout_s=1800"
+    )
     wait_for(mark.exists, process)
     sent = time.monotonic()
     process.send_signal(signal.SIGTERM)
     returncode, output = finish(process)
     assert returncode == 128 + signal.SIGTERM, output[-3000:]
-    assert time.monotonic() - sent < 60  # the reward timeout is 60 s: it did not wait for it
+    assert time.monotonic() - sent < 600  # the reward timeout is 1800 s: it did not wait for it (a hang bound)
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
 
 

@@ -73,12 +73,13 @@ def test_500_until_retries_run_out(server, caplog):
 
 def test_timeout_is_retried(server):
     url, state = server
-    state.respond = lambda i, body, headers: answer("Comparison: x.\nPreferred: B", delay=2.0 if i == 0 else 0.0)
+    state.respond = lambda i, body, headers: answer("Comparison: x.\nPreferred: B", delay=10.0 if i == 0 else 0.0)
     started = time.monotonic()
     verdict = judge_one(make_judge(url, timeout=0.25))
     assert verdict.outcome == (1.0 if verdict.swapped else 0.0) and verdict.error is None
     assert state.count == 2
-    assert time.monotonic() - started < 1.5  # it gave up on the slow answer rather than waiting for it
+    # it gave up on the slow answer rather than waiting for it: a bound on that wait, not on speed
+    assert time.monotonic() - started < 8
 
 
 def test_retry_after_is_honoured_and_other_4xx_not_retried(server):

@@ -221,11 +221,11 @@ def test_a_hanging_judge_fails_at_its_timeout_and_stops_waiting_on_sigterm():
         JudgeFailed, match=r"judge Hangs raised TimeoutError: no result after 0.5 s \(eval.judge_timeout_s\)"
     ):
         judge_pairs(plugin_judges.Hangs(), *PAIRS, timeout_s=0.5)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # a bound on a hang (the judge never returns), not on speed
     stop_after = time.monotonic() + 0.3
     with pytest.raises(Interrupted):
-        judge_pairs(plugin_judges.Hangs(), *PAIRS, timeout_s=60, should_stop=lambda: time.monotonic() > stop_after)
-    assert time.monotonic() - started < 10
+        judge_pairs(plugin_judges.Hangs(), *PAIRS, timeout_s=600, should_stop=lambda: time.monotonic() > stop_after)
+    assert time.monotonic() - started < 300
 
 
 def test_a_keyboard_interrupt_inside_a_judge_still_stops_the_run():

@@ -99,6 +99,25 @@ def test_sharding_divides_what_each_strategy_shards():
     assert "ZeRO-3 buffers" not in single and "ZeRO-3 buffers" not in zero2
 
 
+@pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed_stage_3"])
+def test_a_partitioned_policy_is_counted_whole_once_more_while_the_rollout_samples_from_it(strategy):
+    """rloo.models.sharding.whole_weights: the lean decode samples from the policy's weights gathered whole on each
+    rank, so the rollout phase holds them beside this rank's part; HF generate gathers block by block instead."""
+    arch = architecture(PRESETS["pythia-160m"])
+    linear, rest = arch.body_params()
+    shape = Shape(strategy=strategy, world_size=8, **full_model_shape())  # bf16-mixed: float32 weights
+    gathered = estimate(arch, shape)
+    assert gathered["gathered policy"] * 2**20 == (linear + rest + arch.head_params()) * 4
+    stepping = estimate(arch, replace(shape, sampler="hf_generate"))
+    assert "gathered policy" not in stepping
+    assert "gathered policy" not in estimate(arch, Shape(strategy="ddp", world_size=8, **full_model_shape()))
+    rollout = gathered["KV cache"] + gathered.get("decode weights", 0) + gathered["gathered policy"]
+    update = gathered["gradients"] + gathered["activations"] + gathered["logit chunks"]
+    assert gathered["peak"] - stepping["peak"] == pytest.approx(
+        max(rollout, update) - max(stepping["KV cache"], update), abs=1e-6
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_the_estimate_is_within_25_percent_of_the_measured_peak_at_pythia_160m(lora, tmp_path):

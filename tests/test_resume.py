@@ -423,3 +423,42 @@ def test_a_resume_composes_the_runs_own_overrides_before_the_command_lines(tmp_p
     assert with_the_runs_own_overrides(["k=2"]) == ["k=2"]  # a fresh run: as it is
     (run / ".hydra" / "overrides.yaml").unlink()  # a run from before the record: as it is
     assert with_the_runs_own_overrides([f"resume={run}"]) == [f"resume={run}"]
+
+
+def deepspeed_checkpoint(directory, ranks: int = 2, rollouts: int = 1, steps: int = 2, zero3: bool = False):
+    """A checkpoint dir in the layout Lightning's DeepSpeedStrategy writes (`latest` names the tag dir; the model
+    states, once under ZeRO-2 or one per rank under ZeRO-3, hold the run's state; one optimiser state per rank)."""
+    tag = directory / "checkpoint"
+    tag.mkdir(parents=True)
+    (directory / "latest").write_text("checkpoint")
+    state = {"rloo_rollouts": rollouts, "global_step": steps, "dp_world_size": ranks}
+    names = [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(ranks)] if zero3 else []
+    for name in names or ["mp_rank_00_model_states.pt"]:
+        torch.save(state, tag / name)
+    for rank in range(ranks):
+        torch.save({"step": torch.zeros(1)}, tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    return directory
+
+
+@pytest.mark.parametrize("zero3", [False, True])
+def test_a_deepspeed_checkpoint_dir_resumes_only_when_every_part_of_it_is_there(tmp_path, zero3):
+    from rloo.utils.resume import check_resume_argument, inspect_checkpoint, run_dir_of
+
+    run = tmp_path / "run"
+    whole = deepspeed_checkpoint(run / "checkpoints" / "step2.ckpt", zero3=zero3)
+    check_resume_argument(str(whole))  # a checkpoint, not a run dir without checkpoints/
+    assert run_dir_of(str(whole)) == str(run)
+    assert inspect_checkpoint(whole, updates_per_rollout=2) == (1, None)
+    assert find_resume_point("auto", run, 2, log=lambda line: None).checkpoint == whole
+
+    tag = whole / "checkpoint"
+    optimiser = tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    optimiser.write_bytes(optimiser.read_bytes()[:40])  # a write cut short
+    assert inspect_checkpoint(whole, 2) == (-1, f"is a DeepSpeed checkpoint whose {optimiser.name} is cut short")
+    optimiser.unlink()
+    assert inspect_checkpoint(whole, 2) == (-1, "is a DeepSpeed checkpoint with 1 of 2 ranks' optimiser states")
+    for states in tag.glob("*model_states.pt"):
+        states.unlink()
+    assert "without its model states" in inspect_checkpoint(whole, 2)[1]
+    skipped = []
+    assert find_resume_point("auto", run, 2, log=skipped.append) is None and "step2.ckpt" in skipped[0]

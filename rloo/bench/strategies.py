@@ -1,10 +1,14 @@
 """python -m rloo.bench strategies: memory per rank and time of real `python -m rloo.train` runs under each CPU
-strategy (one process; ddp and fsdp2 on 2 gloo processes), at one preset's architecture with random weights.
+strategy (one process; ddp, fsdp2 and DeepSpeed ZeRO-2 / ZeRO-3 on 2 gloo processes), at one preset's architecture
+with random weights, in one invocation on one host.
 
-Every run has the same per-rank work: `rollout_batch_size` completions per rank and rollout, HF generate
-(lean_decode=false, as fsdp2 needs), one thread per process. Memory: the peak resident size up to the last training
-step (memory/peak_rss_mb, averaged over ranks), and rank 0's over the whole run (summary.json), which includes the
-final checkpoint and export.
+Every run has the same per-rank work: `rollout_batch_size` completions per rank and rollout, the lean decode (under
+fsdp2 and ZeRO-3 from the policy's weights gathered once per rollout), one thread per process; one fsdp2 row samples
+with HF generate through the sharded model instead (lean_decode=false: each step gathers every block), the path a run
+takes where the gathered copy would not fit. Memory: the peak resident size up to the last training step
+(memory/peak_rss_mb, averaged over ranks), and rank 0's over the whole run (summary.json), which includes the final
+checkpoint and export. The DeepSpeed rows need deepspeed installed (`pip install -e ".[deepspeed]"`); without it they
+are left out, and the table says so.
 """
 
 from __future__ import annotations
@@ -17,7 +21,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-STRATEGIES = (("single process", "auto", 1), ("ddp", "ddp", 2), ("fsdp2", "fsdp2", 2))
+STRATEGIES = (  # label, trainer.strategy, processes, overrides
+    ("single process", "auto", 1, []),
+    ("ddp", "ddp", 2, []),
+    ("fsdp2, HF generate", "fsdp2", 2, ["lean_decode=false"]),
+    ("fsdp2", "fsdp2", 2, []),
+    ("deepspeed_stage_2", "deepspeed_stage_2", 2, []),
+    ("deepspeed_stage_3", "deepspeed_stage_3", 2, []),
+)
 MMAP_THRESHOLD = "131072"  # bytes: every allocation above it is its own mapping, returned to the system when freed
 
 
@@ -59,8 +70,13 @@ def run(out_dir, preset_name: str = "pythia-160m", rollouts: int = 2, overrides:
     paths = write_inputs(preset_name, out / "inputs")
     per_rank = preset.prompts_per_step * preset.k
     results = []
-    for label, strategy, processes in STRATEGIES:
-        run_dir = out / f"run-{strategy}"
+    import importlib.util
+
+    has_deepspeed = importlib.util.find_spec("deepspeed") is not None
+    for label, strategy, processes, extra in STRATEGIES:
+        if strategy.startswith("deepspeed") and not has_deepspeed:
+            continue
+        run_dir = out / f"run-{label.replace(', ', '-').replace(' ', '-')}"
         command = [
             sys.executable,
             "-m",
@@ -83,7 +99,7 @@ def run(out_dir, preset_name: str = "pythia-160m", rollouts: int = 2, overrides:
             f"total_episodes={per_rank * processes * rollouts}",
             "eval.before=false",
             "eval.after=false",
-            "lean_decode=false",
+            *extra,
             "checkpoint_every=0",
             f"trainer.strategy={strategy}",
             f"trainer.devices={processes}",
@@ -108,28 +124,43 @@ def run(out_dir, preset_name: str = "pythia-160m", rollouts: int = 2, overrides:
                 "fit_seconds": summary["fit_seconds"],
                 "episodes": summary["episodes"],
                 "seconds_per_rollout": summary["fit_seconds"] / summary["rollouts"],
+                "sampler": summary["fast_paths"]["sampler"]["ran"],
             }
         )
+    host = host_line()
     single = results[0]["training_peak_rss_mb"]
+    ddp = next(r for r in results if r["strategy"] == "ddp")
     lines = [
-        f"Strategies on CPU at {preset_name} architecture (random weights, fp32), {per_rank} completions per rank "
-        f"and rollout, {rollouts} rollouts, HF generate, 1 thread per process, "
-        f"MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}. "
-        "Training peak: the peak RSS of "
-        "each rank up to its last training step, averaged over ranks (memory/peak_rss_mb); whole run: rank 0's, "
-        "including the final checkpoint and export, which gather whole weights on rank 0:",
+        f"{host}. Strategies on CPU at {preset_name} architecture (random weights, fp32), {per_rank} completions "
+        f"per rank and rollout, {rollouts} rollouts, 1 thread per process, MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}. "
+        "Training peak: the peak RSS of each rank up to its last training step, averaged over ranks "
+        "(memory/peak_rss_mb); whole run: rank 0's, including the final checkpoint and export, which gather whole "
+        "weights on rank 0" + ("" if has_deepspeed else "; DeepSpeed rows left out: deepspeed is not installed") + ":",
         "",
-        "| strategy | processes | training peak MiB per rank | vs one process | whole run, rank 0 MiB | "
-        "s per rollout | episodes |",
-        "|---|---|---|---|---|---|---|",
+        "| strategy | processes | sampler | training peak MiB per rank | vs one process | vs ddp | "
+        "whole run, rank 0 MiB | s per rollout | vs ddp |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['strategy']} | {r['processes']} | {r['training_peak_rss_mb']:,.0f} | "
-            f"{r['training_peak_rss_mb'] / single:.2f} | {r['peak_rss_mb_rank0']:,.0f} | "
-            f"{r['seconds_per_rollout']:.1f} | {r['episodes']} |"
+            f"| {r['strategy']} | {r['processes']} | {r['sampler']} | {r['training_peak_rss_mb']:,.0f} | "
+            f"{r['training_peak_rss_mb'] / single:.2f} | {r['training_peak_rss_mb'] / ddp['training_peak_rss_mb']:.2f} "
+            f"| {r['peak_rss_mb_rank0']:,.0f} | {r['seconds_per_rollout']:.1f} | "
+            f"{r['seconds_per_rollout'] / ddp['seconds_per_rollout']:.2f} |"
         )
-    (out / "strategies.json").write_text(json.dumps({"preset": preset_name, "results": results}, indent=2))
+    report = {"preset": preset_name, "host": host, "results": results}
+    (out / "strategies.json").write_text(json.dumps(report, indent=2))
     (out / "strategies.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return results
+
+
+def host_line() -> str:
+    """The CPU and its read rate (torch.sum over 256 MiB), measured here, before the runs."""
+    import torch
+
+    from rloo.bench.measure import sum_read_rate
+    from rloo.utils.host import cpu_identity, describe
+
+    rate = sum_read_rate(256 * 2**20, torch.device("cpu"), torch.float32) / 1e9
+    return f"{describe(cpu_identity())}, torch.sum {rate:.1f} GB/s"

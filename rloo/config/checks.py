@@ -160,12 +160,17 @@ def check_strategy_installed(cfg: DictConfig) -> None:
 
 
 def check_collective_timeout(cfg: DictConfig, world_size: int) -> None:
-    """trainer.collective_timeout_s: seconds, above 0; refused where one process runs (no collective to time)."""
-    value = OmegaConf.select(cfg, "trainer.collective_timeout_s")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"trainer.collective_timeout_s={value!r} is not allowed: seconds, a number above 0")
-    if world_size < 2:
-        refuse_inert(cfg, "trainer.collective_timeout_s", "one process", "it times collectives")
+    """trainer.collective_timeout_s (a rank that hangs mid-run) and trainer.startup_timeout_s (the ranks joining at
+    start-up): seconds, above 0; refused where one process runs (no collective to time)."""
+    for key, what in (
+        ("collective_timeout_s", "it times collectives"),
+        ("startup_timeout_s", "it times the ranks' start"),
+    ):
+        value = OmegaConf.select(cfg, f"trainer.{key}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"trainer.{key}={value!r} is not allowed: seconds, a number above 0")
+        if world_size < 2:
+            refuse_inert(cfg, f"trainer.{key}", "one process", what)
 
 
 def validate_lora(cfg: DictConfig) -> None:

@@ -49,12 +49,26 @@ THIRD_PARTY_WARNINGS = (
     # Lightning's advice to train modules in train mode: the policy, reference and reward model stay in eval mode on
     # purpose (no dropout in sampling, scoring or the loss)
     r".*module\(s\) in eval mode",
+    # DeepSpeed's ZeRO calls torch's collectives by the names torch 2.13 deprecates (all_gather_into_tensor,
+    # reduce_scatter_tensor): nothing a caller of DeepSpeed can change
+    r"`torch.distributed.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
 )
+
+
+def name_deepspeed_accelerator() -> None:
+    """Where DeepSpeed is installed, transformers imports it as it loads a model, and DeepSpeed then warns that it
+    found no GPU and falls back to its CPU accelerator. On a machine without CUDA that is the only choice: it is named
+    (DS_ACCELERATOR=cpu, unless one is set), and nothing is warned."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def quiet_lightning_logs() -> None:
     """One copy of each Lightning message (Hydra's handler prints it), no advertising, and THIRD_PARTY_WARNINGS
     filtered."""
+    name_deepspeed_accelerator()
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
@@ -139,12 +153,16 @@ def lightning_strategy(cfg: DictConfig, trainer_args: dict, processes: int):
       clips inside its own step; the Trainer's clipping cannot reach it under manual optimisation); on CPU
       processes the same strategy allowed there (rloo.run.deepspeed_cpu);
     - any other strategy Lightning registers (ddp, ddp_spawn, fsdp, ...; auto over several processes is Lightning's
-      ddp) with the run's collective timeout (trainer.collective_timeout_s): a rank that hangs ends the run within it.
+      ddp).
+    Each with the run's start-up bound (trainer.startup_timeout_s) as its process group's timeout; the bound on a
+    rank that hangs mid-run (trainer.collective_timeout_s) replaces it once every rank has joined.
     A strategy given as an object goes to Lightning as it is."""
     strategy = trainer_args.get("strategy", "auto")
-    if processes < 2 or not isinstance(strategy, str):
-        return strategy
-    timeout = {"timeout": timedelta(seconds=float(cfg.trainer.collective_timeout_s))}
+    if not isinstance(strategy, str) or (processes < 2 and not strategy.startswith("deepspeed")):
+        return strategy  # one process: no collective to time (DeepSpeed on one still takes rloo's settings)
+    # the process group's bound at start-up, while every rank loads its models and joins; once all have joined,
+    # the groups take trainer.collective_timeout_s (rloo.run.callbacks.CollectiveTimeout)
+    timeout = {"timeout": timedelta(seconds=float(cfg.trainer.startup_timeout_s))}
     if strategy == "fsdp2":
         from lightning.pytorch.strategies import ModelParallelStrategy
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -251,6 +252,27 @@ class RolloutCheckpoints(Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         if self.due(module.state.rollouts, module.config.total_rollouts):
             self.save(trainer, module)
+
+
+class CollectiveTimeout(Callback):
+    """Two bounds on waiting for other ranks. At start-up every rank loads its models before it joins the process
+    group, which takes minutes on a loaded machine: the strategy's timeout is trainer.startup_timeout_s. Once the
+    fit starts, every rank has joined and the strategy has made its groups (FSDP2's mesh): each group then takes
+    trainer.collective_timeout_s, the bound on a rank that hangs mid-run (torch's own setter of a group's timeout,
+    gloo and NCCL alike)."""
+
+    def __init__(self, seconds: float):
+        self.timeout = timedelta(seconds=float(seconds))
+
+    def on_fit_start(self, trainer, module) -> None:
+        from torch.distributed import distributed_c10d
+
+        if trainer.world_size < 2 or not torch.distributed.is_initialized():
+            return
+        mesh = getattr(module, "device_mesh", None)  # FSDP2's data-parallel mesh, where it has one
+        groups = [None] + ([mesh.get_group(name) for name in mesh.mesh_dim_names or ()] if mesh is not None else [])
+        for group in groups:
+            distributed_c10d._set_pg_timeout(self.timeout, group)
 
 
 class SigtermBetweenRollouts(Callback):

@@ -353,9 +353,11 @@ def run_entry_point(hydra_main, train: bool = False) -> None:
         sys.argv[1:] = preflight(sys.argv[1:], train, say=lambda line: print(line, file=sys.stderr))
     except ConfigError as error:
         exit_on_config_error(error)
+    from rloo.run.assemble import name_deepspeed_accelerator
     from rloo.run.resolvers import register_resolvers
 
     register_resolvers()
+    name_deepspeed_accelerator()  # after the command line's checks: their errors come before torch loads
     try:
         hydra_main()
     except (KeyboardInterrupt, SystemExit) as error:

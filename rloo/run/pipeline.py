@@ -20,7 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rloo.config.checks import ConfigError  # noqa: E402
-from rloo.run.stops import checkpoint_names, stop_line, stopped_by_sigterm  # noqa: E402
+from rloo.run.stops import checkpoint_names, stop_line, stop_other_ranks, stopped_by_sigterm  # noqa: E402
 from rloo.utils.errors import (  # noqa: E402
     SIGTERM_EXIT_CODE,
     JudgeFailed,
@@ -112,7 +112,8 @@ def prepare(cfg: DictConfig) -> RunPlan | dict:
     trainer_args = {
         k: v
         for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items()
-        if k not in ("num_threads", "collective_timeout_s")  # rloo's own: torch's threads, the strategy's timeout
+        if k not in ("num_threads", "collective_timeout_s", "startup_timeout_s")  # rloo's own: torch's threads, the
+        # process groups' bounds
     }
     processes = world_size(trainer_args)
     validate_run(cfg, processes)
@@ -209,6 +210,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
     from rloo.config.checks import eval_sampling, verifiable_eval
     from rloo.run.assemble import precision_arguments
     from rloo.run.callbacks import (
+        CollectiveTimeout,
         ExportPolicy,
         HeldOutEval,
         MismatchHistograms,
@@ -252,6 +254,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
         MismatchHistograms(cfg.log_every),
         RanksAgree(),
         SigtermBetweenRollouts(),
+        CollectiveTimeout(cfg.trainer.collective_timeout_s),
         *checkpoint_callbacks(cfg, out),
         *([ProgressLines(cfg.progress_every, plan.log)] if not terminal and cfg.progress_every else []),
     ]
@@ -575,26 +578,6 @@ def checkpoint_callbacks(cfg: DictConfig, out: Path) -> list:
         RolloutCheckpoints(directory, cfg.checkpoint_every, cfg.checkpoint_minutes, cfg.keep_checkpoints),
         InterruptedCheckpoint(directory),
     ]
-
-
-def stop_other_ranks(trainer, log) -> None:
-    """The first rank failed: the ranks Lightning launched from it are killed now, not left waiting in a collective
-    until its timeout (a rank that is failing too, or waits on a dead one, has nothing left to save). Lightning's
-    child-process observer watches the same list, and SIGKILLs this process when it finds a rank ended: emptied, it
-    has none left to watch, and this rank ends the run with its own line."""
-    import signal
-
-    launcher = getattr(trainer.strategy, "launcher", None)
-    procs = getattr(launcher, "procs", None)
-    if not trainer.is_global_zero or not isinstance(procs, list) or not procs:
-        return
-    alive = [proc for proc in procs if proc.poll() is None]
-    for proc in alive:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    procs.clear()
-    if alive:
-        log(f"rloo: stopped the other ranks (pid {', '.join(str(p.pid) for p in alive)}): this run has failed")
 
 
 def print_summary(summary: dict, log=print) -> None:

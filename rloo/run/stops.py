@@ -105,3 +105,23 @@ def stop_line(by: str, plan, module) -> str:
     return (
         f"{said}; kept {point.checkpoint.relative_to(out)} (in {out}); continue with: python -m rloo.train resume={out}"
     )
+
+
+def stop_other_ranks(trainer, log) -> None:
+    """The first rank failed: the ranks Lightning launched from it are killed now, not left waiting in a collective
+    until its timeout (a rank that is failing too, or waits on a dead one, has nothing left to save). Lightning's
+    child-process observer watches the same list, and SIGKILLs this process when it finds a rank ended: emptied, it
+    has none left to watch, and this rank ends the run with its own line."""
+    import signal
+
+    launcher = getattr(trainer.strategy, "launcher", None)
+    procs = getattr(launcher, "procs", None)
+    if not trainer.is_global_zero or not isinstance(procs, list) or not procs:
+        return
+    alive = [proc for proc in procs if proc.poll() is None]
+    for proc in alive:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    procs.clear()
+    if alive:
+        log(f"rloo: stopped the other ranks (pid {', '.join(str(p.pid) for p in alive)}): this run has failed")
