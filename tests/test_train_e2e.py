@@ -111,43 +111,6 @@ def test_resume_from_checkpoint_continues_to_the_same_total(finished_run):
 
 
 @pytest.mark.slow
-def test_ddp_on_two_cpu_processes_splits_the_episodes(finished_run):
-    base, _ = finished_run
-    result = train(
-        base / "ddp",
-        base / "cache",
-        "trainer.strategy=ddp",
-        "trainer.devices=2",
-        "trainer.num_threads=1",
-        "total_episodes=32",
-        "logger=csv",
-        "num_ppo_epochs=2",
-        "num_mini_batches=2",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]  # RanksAgree compared the weights after every rollout
-    summary = json.loads((base / "ddp" / "summary.json").read_text())
-    assert summary["rollouts"] == 32 // (8 * 2) and summary["episodes"] == 32  # each rollout runs on every rank
-    assert summary["optimizer_steps"] == summary["rollouts"] * 2 * 2
-    # resumed after its first rollout, each rank from its own random states: the same bits
-    resumed = train(
-        base / "ddp_resumed",
-        base / "cache",
-        "trainer.strategy=ddp",
-        "trainer.devices=2",
-        "trainer.num_threads=1",
-        "total_episodes=32",
-        "logger=csv",
-        "num_ppo_epochs=2",
-        "num_mini_batches=2",
-        "eval.before=false",
-        f"resume={base / 'ddp' / 'checkpoints' / 'step4.ckpt'}",
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = (AutoModelForCausalLM.from_pretrained(base / run / "policy").state_dict() for run in ("ddp", "ddp_resumed"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.slow
 def test_reinforce_pp_baseline_whitens_over_both_ranks_under_ddp(finished_run):
     """The batch whitening's sums are reduced over the ranks (the math: tests/test_estimators.py, two threads as
     two ranks); here the collective runs in a real DDP run alongside Lightning's, and the run finishes."""
