@@ -526,7 +526,8 @@ def finish(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
     missing = [
         what
         for what, absent in (
-            ("policy/", not (out / "policy").is_dir()),
+            # by its writer: another rank may finish before rank 0 has written it, or not see its node's disk
+            ("policy/", trainer.is_global_zero and not (out / "policy").is_dir()),
             ("the final evaluation", plan.cfg.eval.after and evaluation.final is None),
         )
         if absent
