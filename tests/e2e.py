@@ -157,3 +157,12 @@ def group_alive(process: subprocess.Popen) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, for a process group's rendezvous."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

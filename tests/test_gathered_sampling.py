@@ -3,7 +3,6 @@ partitioned again after it, decided once per run from the memory free on every r
 one-process gloo group (FSDP2 shards over one rank as over many); the two-process runs are tests/test_scale_out.py."""
 
 import copy
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +15,7 @@ from rloo.generation.decode import why_not_lean_decode
 from rloo.generation.episodes import sample_episodes
 from rloo.models.sharding import GATHERS, gather_fits, shard_model, whole_bytes
 from tests.builders import sampling
+from tests.e2e import free_port
 from tests.tiny_models import tiny_model
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # .ci/gpu-check runs these on a GPU too
@@ -28,9 +28,7 @@ def sharded_policy(tokenizer, request):
     from torch.distributed.device_mesh import init_device_mesh
 
     device = request.param
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     backend = "nccl" if device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:

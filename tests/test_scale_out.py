@@ -7,7 +7,6 @@ stopped and continued ends on the twin's bits (a 0-valued reward term, there to 
 import json
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.e2e import finish, group_alive, start, train, wait_for
+from tests.e2e import finish, free_port, group_alive, start, train, wait_for
 
 # 8 completions per rank and rollout in micro-batches of 4: each mini-batch accumulates 2 micro-batches (the path
 # ZeRO-3 once got wrong); 2 epochs: 2 optimiser steps a rollout; 3 rollouts, the first one's checkpoint step2.ckpt;
@@ -144,12 +143,6 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_resume_is_bit_identical(em
     code, output, _ = finish(*start(stopped, embedded_task / "cache", *settings, "resume=auto"))
     assert code == 0, output[-3000:]
     assert_same_bits(stopped, twin)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_nodes(run: Path, cache: Path, *settings: str, envs: tuple[dict, dict] = ({}, {})) -> list:
