@@ -206,4 +206,4 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    run_entry_point(hydra_main)
+    run_entry_point(hydra_main, "evaluate")

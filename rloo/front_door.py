@@ -37,9 +37,11 @@ def fit(
 ) -> dict:
     """Train, and return the run's summary (as summary.json). Errors in the settings raise ConfigError (one line)
     before any model loads; the run's own failures raise as the command line would report them."""
+    from rloo.run.cli import hydra_quoted
+
     argv = as_overrides(overrides)
     if config_dir is not None:  # the user's conf/: its groups' options beside rloo's (Hydra's search path)
-        argv.append(f"hydra.searchpath=[file://{Path(config_dir).expanduser().resolve()}]")
+        argv.append(f"hydra.searchpath=[{hydra_quoted('file://' + str(Path(config_dir).expanduser().resolve()))}]")
     if reward is not None:
         argv.append(f"reward={reward_spec(reward, reward_weights)}")
     elif reward_weights is not None:
@@ -50,11 +52,14 @@ def fit(
     from rloo.run.command_line import CommandLine
     from rloo.run.loggers import end_wandb_run
     from rloo.run.pipeline import run
+    from rloo.run.run_dir_guard import check_fresh, take
     from rloo.utils import ownership
 
-    # the command line's checks, the run dir's included (and taken), before anything is written; a resume's own
+    # the command line's checks, then the run dir's (and it taken), before anything is written; a resume's own
     # settings first (with_the_runs_own_overrides); what the command line says on stderr, said here too
     argv = preflight(argv, say=lambda line: print(line, file=sys.stderr))
+    check_fresh("output_dir", out, resume is not None)
+    take(out)
     given = {o.key_or_group for o in CommandLine.parse(argv).overrides}  # the caller's data keys win over the data's
     failed = True
     try:

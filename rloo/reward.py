@@ -49,4 +49,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_entry_point(main)
+    run_entry_point(main, "reward")

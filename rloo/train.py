@@ -65,4 +65,4 @@ def objective(summary: dict) -> float | None:
 
 
 if __name__ == "__main__":
-    run_entry_point(hydra_main, train=True)
+    run_entry_point(hydra_main, "train", train=True)

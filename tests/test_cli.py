@@ -44,74 +44,149 @@ def test_a_bad_argument_is_one_line_and_exit_2(module, bad, capsys, monkeypatch)
     assert len(lines) == 1 and lines[0].startswith("error: "), err
 
 
-def test_a_run_dir_that_cannot_be_written_is_one_line_before_hydra(tmp_path):
-    """/proc/1 is not writable, even for root (a read-only dir as a user meets it); a file in the way neither."""
-    from rloo.run.cli import check_run_dir
+def hydra_config(*overrides: str, config_name: str = "train"):
+    """conf/<config_name>.yaml composed with its `hydra` node, as Hydra hands it to a callback's on_run_start."""
+    from hydra import compose, initialize_config_dir
 
-    with pytest.raises(ConfigError, match=r"^hydra.run.dir='/proc/1/run': /proc/1 is not a writable dir"):
-        check_run_dir(["hydra.run.dir=/proc/1/run"])
+    from rloo.run.resolvers import register_resolvers
+    from rloo.utils.keys import CONF_DIR
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name, overrides=list(overrides), return_hydra_config=True)
+
+
+def refusal(capsys, *argv: str) -> str:
+    """`python -m rloo.train argv` refused: exit 2 and one line on stderr, which is returned."""
+    assert run_module("rloo.train", *argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def test_a_run_dir_that_cannot_be_written_is_one_line_before_hydra(tmp_path, capsys, monkeypatch):
+    """/proc/1 is not writable, even for root (a read-only dir as a user meets it); a file in the way neither."""
+    from rloo.run.run_dir_guard import guard_run_dirs
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert "hydra.run.dir='/proc/1/run': /proc/1 is not a writable dir" in refusal(capsys, "hydra.run.dir=/proc/1/run")
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="is not a writable dir"):
-        check_run_dir([f"paths.output_dir={tmp_path / 'file' / 'run'}"])
-    check_run_dir([f"hydra.run.dir={tmp_path / 'new' / 'run'}"])  # a dir to be made under a writable one
+        guard_run_dirs(hydra_config(f"paths.output_dir={tmp_path / 'file' / 'run'}"))
 
 
-@pytest.mark.parametrize("output", ["summary.json", "checkpoints", "csv", "verdicts.jsonl"])
+FINISHED_OUTPUTS = ["summary.json", "checkpoints", "csv", "verdicts.jsonl"]
+
+
+@pytest.mark.parametrize("output", FINISHED_OUTPUTS)
 def test_a_fresh_run_into_a_dir_holding_another_run_is_refused_unless_resumed(tmp_path, output, monkeypatch, capsys):
-    """Else its metrics would join the old run's timeline and its summary replace the old one."""
-    from rloo.run.cli import check_run_dir
+    """Else its metrics would join the old run's timeline and its summary replace the old one. The dir is the one
+    Hydra makes final: named by an interpolation of the run's own keys, or through `..` in a dir not there yet."""
+    from rloo.run.run_dir_guard import guard_run_dirs
+    from rloo.utils import ownership
 
-    run = tmp_path / "run"
+    run = tmp_path / "k2"
     run.mkdir()
     (run / output).mkdir() if "." not in output else (run / output).write_text("{}")
     before = sorted(p.name for p in run.rglob("*"))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
-    assert run_module("rloo.train", f"hydra.run.dir={run}") == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and f"holds another run's outputs ({output})" in err[0] and "resume=auto" in err[0]
-    assert sorted(p.name for p in run.rglob("*")) == before  # Hydra wrote nothing there
-    check_run_dir([f"hydra.run.dir={run}", "resume=auto"])
-    check_run_dir([f"hydra.run.dir={run}", "--cfg", "job"])  # prints the config, writes nothing
-    check_run_dir([f"hydra.run.dir={tmp_path / 'other'}"])
+    monkeypatch.chdir(tmp_path)
+    for named in (f"hydra.run.dir={run}", "hydra.run.dir=k${k}", "hydra.run.dir=not_yet/../k2"):
+        line = refusal(capsys, "k=2", named)
+        assert f"holds another run's outputs ({output})" in line and "resume=auto" in line, line
+    assert sorted(p.name for p in run.rglob("*")) == before  # Hydra wrote nothing there, its .hydra/ neither
+    assert not (tmp_path / "not_yet").exists()
+    try:
+        guard_run_dirs(hydra_config(f"hydra.run.dir={run}", "resume=auto"))
+        assert ownership.owns(run)
+    finally:
+        ownership.release(run)
 
 
-def test_only_the_first_rank_refuses_a_run_dir_that_holds_outputs(tmp_path, monkeypatch):
+def test_only_the_first_rank_refuses_a_run_dir_that_holds_outputs(tmp_path, monkeypatch, capsys):
     """Lightning's DDP launch runs `python -m rloo.train` again for rank 1, into the dir rank 0 has begun writing."""
-    from rloo.run.cli import check_run_dir
+    from rloo.run.run_dir_guard import RunDirGuard
 
     (tmp_path / "csv").mkdir()
-    with pytest.raises(ConfigError, match="holds another run's outputs"):
-        check_run_dir([f"hydra.run.dir={tmp_path}"])
+    config = hydra_config(f"hydra.run.dir={tmp_path}")
+    with pytest.raises(SystemExit):
+        RunDirGuard().on_run_start(config)
+    assert "holds another run's outputs" in capsys.readouterr().err
     monkeypatch.setenv("LOCAL_RANK", "1")
-    check_run_dir([f"hydra.run.dir={tmp_path}"])
+    RunDirGuard().on_run_start(config)
+
+
+def test_a_live_run_is_refused_before_hydra_touches_its_files(tmp_path, monkeypatch, capsys):
+    """A second process into a live run's dir (its resume= typed twice, a requeue while the old job runs) is refused
+    by the dir's owner, and the live run's .hydra/overrides.yaml stays as it was; an unset variable in the dir is one
+    line."""
+    import subprocess
+
+    live = tmp_path / "live"
+    (live / ".hydra").mkdir(parents=True)
+    (live / ".hydra" / "overrides.yaml").write_text("- algo=rloo\n")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from rloo.utils import ownership; ownership.take({str(live)!r}, print); print('held', flush=True); "
+            "input()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(sys, "argv", list(sys.argv))
+        line = refusal(capsys, "algo=grpo", f"hydra.run.dir={live}")
+        assert "is in use by process" in line, line
+        assert (live / ".hydra" / "overrides.yaml").read_text() == "- algo=rloo\n"
+        assert sorted(p.name for p in (live / ".hydra").iterdir()) == ["overrides.yaml"]
+    finally:
+        holder.communicate("")
+    monkeypatch.delenv("RLOO_UNSET_DIR", raising=False)
+    line = refusal(capsys, "hydra.run.dir=${oc.env:RLOO_UNSET_DIR}")
+    assert "hydra.run.dir='${oc.env:RLOO_UNSET_DIR}' cannot be resolved" in line and "RLOO_UNSET_DIR" in line
+
+
+def test_a_fresh_sweep_into_a_finished_sweeps_dir_is_refused(tmp_path, monkeypatch, capsys):
+    """Every job of a multirun into a finished sweep's dir would train over that sweep's runs."""
+    sweep = tmp_path / "sweep"
+    (sweep / "0_k=2" / "csv").mkdir(parents=True)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    line = refusal(capsys, "-m", "k=2,4", f"hydra.sweep.dir={sweep}")
+    assert "holds another sweep's runs (0_k=2)" in line and "resume=auto" in line
+    assert sorted(p.name for p in sweep.rglob("*")) == ["0_k=2", "csv"]  # no multirun.yaml, no job dir
 
 
 def test_a_quoted_run_dir_is_read_as_hydra_reads_it(tmp_path, monkeypatch):
     """Hydra's quoting (needed for a path with spaces) and escapes give the dir Hydra will use: a finished run's dir
     named with quotes is refused as the plain name is, and a fresh dir with spaces and non-ASCII characters is
-    locked at its real path, with no stray tree under the current dir."""
-    from rloo.run.cli import check_run_dir, preflight
+    locked at its real path (a symlink to it followed), with no stray tree under the current dir."""
+    from rloo.run.run_dir_guard import guard_run_dirs
     from rloo.utils import ownership
 
     finished = tmp_path / "finished run ü"
     finished.mkdir()
     (finished / "summary.json").write_text("{}")
-    for argv in (
-        [f"hydra.run.dir='{finished}'"],
-        [f'hydra.run.dir="{finished}"'],
-        [f"paths.output_dir='{finished}'"],
+    (tmp_path / "link").symlink_to(finished)
+    monkeypatch.setenv("RLOO_TEST_DIR", str(finished))
+    for override in (
+        f"hydra.run.dir='{finished}'",
+        f'hydra.run.dir="{finished}"',
+        f"paths.output_dir='{finished}'",
+        f"hydra.run.dir={tmp_path / 'link'}",
+        "hydra.run.dir=${oc.env:RLOO_TEST_DIR}",
     ):
         with pytest.raises(ConfigError, match="holds another run's outputs"):
-            check_run_dir(argv)
-    monkeypatch.setenv("RLOO_TEST_DIR", str(finished))
-    with pytest.raises(ConfigError, match="holds another run's outputs"):
-        check_run_dir(["hydra.run.dir=${oc.env:RLOO_TEST_DIR}"])  # an interpolation, resolved as Hydra will
+            guard_run_dirs(hydra_config(override))
 
     fresh, elsewhere = tmp_path / "new run é", tmp_path / "cwd"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     try:
-        preflight([f"hydra.run.dir='{fresh}'", "judge=none"])
+        guard_run_dirs(hydra_config(f"hydra.run.dir='{fresh}'", "judge=none"))
         assert (fresh / ownership.OWNER_FILE).is_file()  # taken at the path Hydra will write
         assert list(elsewhere.iterdir()) == []  # nothing under the current dir
     finally:
@@ -133,7 +208,7 @@ def test_a_quoted_run_dir_that_a_live_process_holds_is_refused(tmp_path):
     import subprocess
     import sys
 
-    from rloo.run.cli import preflight
+    from rloo.run.run_dir_guard import guard_run_dirs
 
     live = tmp_path / "live run ü"
     holder = subprocess.Popen(
@@ -150,9 +225,9 @@ def test_a_quoted_run_dir_that_a_live_process_holds_is_refused(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match=rf"is in use by process {holder.pid} on "):
-            preflight([f"hydra.run.dir='{live}'", "judge=none"])
-        with pytest.raises(ConfigError, match=rf"is in use by process {holder.pid} on "):
-            preflight([f"hydra.run.dir='{live}'"], train=False)  # rloo.evaluate, sft, reward alike
+            guard_run_dirs(hydra_config(f"hydra.run.dir='{live}'", "judge=none"))
+        with pytest.raises(ConfigError, match=rf"is in use by process {holder.pid} on "):  # rloo.evaluate alike
+            guard_run_dirs(hydra_config(f"hydra.run.dir='{live}'", config_name="evaluate"))
     finally:
         holder.kill()
         holder.wait()

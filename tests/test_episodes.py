@@ -8,6 +8,7 @@ import re
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
@@ -227,8 +228,21 @@ def test_a_reward_must_be_a_finite_number_or_none():
             return Step(None, float("nan"), True)
 
     environment = GuardedEnvironment("m.NanReward", NanReward, 1.0)
-    with pytest.raises(EnvironmentFailed, match=r"step's reward is nan: a finite number or None"):
+    with pytest.raises(EnvironmentFailed, match=r"step's reward is nan: a number finite in float32, or None"):
         environment.step("a")
+
+    class HugeReward(Scripted):  # math.isfinite(10**400) raises: here it is one line
+        def step(self, action):
+            return Step(None, 10**400, True)
+
+    with pytest.raises(EnvironmentFailed, match=r"step's reward is 1000.*\.\.\.: a number finite in float32"):
+        GuardedEnvironment("m.HugeReward", HugeReward, 1.0).step("a")
+
+    class ArrayReward(Scripted):  # np.mean(...): a 0-d value is the number it holds
+        def step(self, action):
+            return Step(None, np.mean(np.array([1.0, 0.0])) * np.ones(()), True)
+
+    assert GuardedEnvironment("m.ArrayReward", ArrayReward, 1.0).step("a").reward == 0.5
 
 
 def test_env_settings_that_cannot_run_are_refused_before_anything_loads():

@@ -37,7 +37,6 @@ def test_held_out_proportions_get_wilsons_interval_and_rewards_the_normal_one():
         "accuracy": correct,
         "pass@4": correct,
         "majority_vote": correct,
-        "score": torch.full((16,), float("nan")),
         "outcome": torch.full((16,), float("nan")),
     }
     summary = summarize_eval(per_row)

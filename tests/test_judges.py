@@ -65,6 +65,31 @@ def test_summarize_eval_decodes_invalid_and_skips_unjudged():
     assert "eval/win_rate" not in summarize_eval(per_row)
 
 
+def test_a_non_finite_reward_model_score_is_invalid_never_a_win_or_a_loss():
+    """judge=reward_model: a pair with a nan or inf score is an invalid verdict, counted in eval/invalid; the
+    policy's own reward-model score averages the finite rows and says how many (and how many it left out)."""
+    from rloo.judges.reward_model import RewardModelJudge
+
+    judge = RewardModelJudge(path=None, tokenizer=None, append_eos=True, tie_margin=0.0, batch_size=4, dtype="fp32")
+    verdicts = [judge.compare(*pair) for pair in [(1.0, 0.0), (float("nan"), 0.0), (0.0, float("inf")), (0.0, 2.0)]]
+    assert [v.outcome for v in verdicts] == [1.0, None, None, 0.0]
+    assert "non-finite reward-model score (nan vs 0.0)" in verdicts[1].error
+    per_row = {
+        "score": torch.tensor([1.0, float("nan"), 3.0, float("-inf")]),
+        "length": torch.ones(4),
+        "eos": torch.ones(4),
+        "outcome": torch.tensor([INVALID if v.outcome is None else v.outcome for v in verdicts]),
+    }
+    s = summarize_eval(per_row)
+    assert (s["eval/invalid"], s["eval/num_judged"], s["eval/win_rate"]) == (2, 2, 0.5)
+    assert (s["eval/score"], s["eval/score_rows"], s["eval/score_nonfinite"]) == (2.0, 2, 2)
+    per_row["score"] = torch.full((4,), float("nan"))
+    s = summarize_eval(per_row)
+    assert "eval/score" not in s and (s["eval/score_rows"], s["eval/score_nonfinite"]) == (0, 4)
+    del per_row["score"]  # no reward model
+    assert not [k for k in summarize_eval(per_row) if k.startswith("eval/score")]
+
+
 def test_swap_orders_is_seeded_per_pair_not_per_position():
     prompts, a, b = [f"p{i}" for i in range(200)], [f"a{i}" for i in range(200)], [f"b{i}" for i in range(200)]
     first = swap_orders(0, prompts, a, b)

@@ -17,8 +17,6 @@ line naming the class and what it did (EnvironmentFailed).
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,6 +24,7 @@ from rloo.generation.environment import Step
 from rloo.generation.settings import EpisodeSettings
 from rloo.rewards.user_code import Interrupted, call_guarded, import_user_module, one_line
 from rloo.utils.errors import ConfigError, EnvironmentFailed
+from rloo.utils.numbers import finite_float, shown
 
 
 def environment_class(target: str, key: str = "env.environment._target_") -> type:
@@ -94,23 +93,23 @@ class GuardedEnvironment:
                 f"environment {self.target}: step's reply is {type(reply).__name__}: text, chat messages "
                 "({'role', 'content'} with text) or None"
             )
-        if reward is not None and (
-            not isinstance(reward, numbers.Real) or isinstance(reward, bool) or not math.isfinite(reward)
-        ):
-            raise EnvironmentFailed(f"environment {self.target}: step's reward is {reward!r}: a finite number or None")
+        if reward is not None and finite_float(reward) is None:
+            raise EnvironmentFailed(
+                f"environment {self.target}: step's reward is {shown(reward)}: a number finite in float32, or None"
+            )
         for name, flag in (("done", terminated), ("truncated", truncated)):
             if not isinstance(flag, bool):
                 raise EnvironmentFailed(f"environment {self.target}: step's {name} is {flag!r}: True or False")
-        if not isinstance(info, dict) or not all(
-            isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in info.values()
-        ):
-            raise EnvironmentFailed(f"environment {self.target}: step's info is {info!r}: a dict of finite numbers")
+        if not isinstance(info, dict) or any(finite_float(v) is None for v in info.values()):
+            raise EnvironmentFailed(
+                f"environment {self.target}: step's info is {shown(info)}: a dict of finite numbers"
+            )
         return Step(
             reply,
-            None if reward is None else float(reward),
+            None if reward is None else finite_float(reward),
             terminated,
             truncated,
-            {str(k): float(v) for k, v in info.items()},
+            {str(k): finite_float(v) for k, v in info.items()},
         )
 
     @property
@@ -128,11 +127,11 @@ class GuardedEnvironment:
 
         def guarded() -> float | None:
             reward = self._call(own, (), {}, "in get_reward()")
-            if reward is not None and (
-                not isinstance(reward, numbers.Real) or isinstance(reward, bool) or not math.isfinite(reward)
-            ):
-                raise EnvironmentFailed(f"environment {self.target}: get_reward returned {reward!r}: a finite number")
-            return None if reward is None else float(reward)
+            if reward is not None and finite_float(reward) is None:
+                raise EnvironmentFailed(
+                    f"environment {self.target}: get_reward returned {shown(reward)}: a number finite in float32"
+                )
+            return None if reward is None else finite_float(reward)
 
         return guarded
 

@@ -173,7 +173,8 @@ def evaluate_policy(
     """
     done = complete(policy, tokenizer, rows, sampling, batch_size, device, environment)
     n = len(rows)
-    scores = torch.full((n,), float("nan"), device=done["length"].device)
+    device = done["length"].device
+    scores = None  # no reward model: no score
     if reward_model is not None:
         scores = chunked(partial(reward_scores, reward_model), batch_size, done["input_ids"], done["attention_mask"])
     prompts, references = [row["prompt"] for row in rows], [row["reference"] for row in rows]
@@ -185,24 +186,20 @@ def evaluate_policy(
         else [None] * n
     )
     outcome = [float("nan") if v is None else INVALID if v.outcome is None else v.outcome for v in verdicts]
-    per_row = {
-        "score": scores.float(),
-        "length": done["length"],
-        "eos": done["eos"],
-        "outcome": torch.tensor(outcome, device=scores.device),
-    }
+    per_row = {"length": done["length"], "eos": done["eos"], "outcome": torch.tensor(outcome, device=device)}
+    per_row |= {} if scores is None else {"score": scores.float()}
     per_row |= done["episode"]  # an episode's turns, replied and truncated (none for plain completions)
     if reward is not None and (reward.functions or done["returns"]):
         columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
         values = reward.function_values(done["prompts"], done["completions"], columns | done["environments"])
         values |= done["returns"]
         for name, value in values.items():
-            per_row[f"reward/{name}"] = value.to(scores.device)
+            per_row[f"reward/{name}"] = value.to(device)
         if verifiable is not None:
-            per_row["accuracy"] = (reward.function_total(values) >= verifiable.correct_at).float().to(scores.device)
+            per_row["accuracy"] = (reward.function_total(values) >= verifiable.correct_at).float().to(device)
             per_row.update(
                 sampled_correctness(
-                    policy, tokenizer, rows, reward, verifiable, batch_size, scores.device, columns, environment
+                    policy, tokenizer, rows, reward, verifiable, batch_size, device, columns, environment
                 )
             )
     available = list(rows[0].get("columns", {}))
@@ -242,7 +239,7 @@ def sample_record(i: int, row: dict, text: str, verdict, per_row: dict, opponent
         "order": None if verdict is None else verdict.order,
         "judge_answer": None if verdict is None else (verdict.raw if verdict.error is None else verdict.error),
         "length": int(per_row["length"][i]),
-        "score": finite_or_none(per_row["score"][i]),  # the reward model's; None without one
+        "score": finite_or_none(per_row["score"][i]) if "score" in per_row else None,  # the reward model's
         # each reward function's value by name (None: it returned None there, or failed)
         "rewards": {key[7:]: finite_or_none(v[i]) for key, v in per_row.items() if key.startswith("reward/")},
     }
@@ -276,9 +273,14 @@ def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> d
                 half = Z_95 * values.std().item() / math.sqrt(len(values)) if len(values) > 1 else float("nan")
                 low, high = mean - half, mean + half
             summary.update({f"{prefix}{key}": mean, f"{prefix}{key}_ci_low": low, f"{prefix}{key}_ci_high": high})
-    scores = per_row["score"]
-    if not torch.isnan(scores).all():
-        summary[f"{prefix}score"] = scores[~torch.isnan(scores)].mean().item()
+    if "score" in per_row:  # the reward model's score: its mean over the rows it scored finitely, and how many
+        scores = per_row["score"]
+        finite = torch.isfinite(scores)
+        if finite.any():
+            summary[f"{prefix}score"] = scores[finite].mean().item()
+        summary[f"{prefix}score_rows"] = int(finite.sum())
+        if not finite.all():
+            summary[f"{prefix}score_nonfinite"] = int((~finite).sum())
     outcome = per_row["outcome"]
     if not torch.isnan(outcome).all():
         judged = [None if o == INVALID else o for o in outcome[~torch.isnan(outcome)].tolist()]

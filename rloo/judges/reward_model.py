@@ -3,6 +3,8 @@ model (a held-out or larger one), with its own tokenizer, so it reads text and t
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from rloo.data.padding import left_pad
@@ -57,5 +59,13 @@ class RewardModelJudge(Judge):
 
     def judge(self, prompts: list[str], candidates: list[str], others: list[str]) -> list[Verdict]:
         self.setup()
-        diff = self.scores(prompts, candidates) - self.scores(prompts, others)
-        return [Verdict(0.5 if abs(d) <= self.tie_margin else float(d > 0), raw=f"{d:+.4f}") for d in diff.tolist()]
+        pairs = zip(self.scores(prompts, candidates).tolist(), self.scores(prompts, others).tolist())
+        return [self.compare(mine, theirs) for mine, theirs in pairs]
+
+    def compare(self, mine: float, theirs: float) -> Verdict:
+        """A win, tie or loss by the score difference; a pair whose score is not finite (a reward model that
+        overflowed or returned nan) is invalid, never a win or a loss."""
+        if not (math.isfinite(mine) and math.isfinite(theirs)):
+            return Verdict(None, raw=f"{mine} vs {theirs}", error=f"non-finite reward-model score ({mine} vs {theirs})")
+        d = mine - theirs
+        return Verdict(0.5 if abs(d) <= self.tie_margin else float(d > 0), raw=f"{d:+.4f}")

@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
-import numbers
 import re
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from rloo.data.chat import is_messages
 from rloo.rewards.user_code import Interrupted, call_guarded, import_user_module, one_line
 from rloo.utils.errors import ConfigError, RewardFunctionError
+from rloo.utils.numbers import finite_float, is_number, shown
 
 MODEL = "model"
 ENV = "env"  # the environment's return of a multi-turn episode (env=; rloo.environments.base)
@@ -189,10 +187,6 @@ def check_columns(reward: "Reward", available: list[str], where: str) -> None:
             )
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-
 def call_reward_function(
     name: str,
     function: Callable,
@@ -216,24 +210,31 @@ def call_reward_function(
         raise
     except (Exception, SystemExit) as error:  # a user's function: any error is its own
         return nothing, f"reward function {name} raised {one_line(error)}"
-    if isinstance(values, (torch.Tensor, np.ndarray)) and values.ndim == 1 and values.dtype != bool:
+    if callable(getattr(values, "tolist", None)) and getattr(values, "ndim", None) is not None:  # array, tensor
+        if values.ndim != 1:
+            return nothing, (
+                f"reward function {name} returned a {values.ndim}-d {type(values).__name__} ({shown(values)}), not "
+                "one number per completion (a list or a 1-d array)"
+            )
         values = values.tolist()
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-        return nothing, f"reward function {name} returned {type(values).__name__}, not one number per completion"
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+        return nothing, (
+            f"reward function {name} returned {type(values).__name__} ({shown(values)}), not one number per completion"
+        )
     if len(values) != n:
         return nothing, f"reward function {name} returned {len(values)} values for {n} completions"
-    if wrong := [v for v in values if v is not None and not _is_number(v)]:
+    if wrong := [v for v in values if v is not None and not is_number(v)]:
         return nothing, (
-            f"reward function {name} returned {type(wrong[0]).__name__} values ({wrong[0]!r}), not numbers "
+            f"reward function {name} returned {type(wrong[0]).__name__} values ({shown(wrong[0])}), not numbers "
             "(a bool or a string is not a score: return float(...), or None where it does not apply)"
         )
-    bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(v)]
-    values = [NOT_APPLICABLE if v is None else float(v) for v in values]
-    scores = torch.tensor([float("nan") if i in set(bad) else v for i, v in enumerate(values)], dtype=torch.float32)
+    floats = [NOT_APPLICABLE if v is None else finite_float(v) for v in values]
+    bad = [i for i, f in enumerate(floats) if f is None]
+    scores = torch.tensor([float("nan") if f is None else f for f in floats], dtype=torch.float32)
     if bad:
         return scores, (
-            f"reward function {name} returned a non-finite value for {len(bad)} of {n} completions "
-            f"(first: {values[bad[0]]} at {bad[0]})"
+            f"reward function {name} returned a value that is not finite in float32 for {len(bad)} of {n} "
+            f"completions (first: {shown(values[bad[0]])} at {bad[0]})"
         )
     return scores, None
 

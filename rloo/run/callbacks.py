@@ -101,6 +101,13 @@ class HeldOutEval(Callback):
             return None
         summary, samples = self.run(trainer, module)
         step = module.state.rollouts
+        if nonfinite := summary.get("eval/score_nonfinite"):
+            self.log_fn(
+                f"eval ({label}): the reward model scored {nonfinite} of {nonfinite + summary['eval/score_rows']} "
+                "completions non-finite (nan or inf): left out of eval/score"
+            )
+        if invalid := summary.get("eval/invalid"):
+            self.log_fn(f"eval ({label}): {invalid} pairs judged invalid, left out of the win rate (eval/invalid)")
         self.judge_failure = self.failed_judgements(summary)
         if self.judge_failure:
             self.log_fn(f"eval ({label}): {self.judge_failure}")

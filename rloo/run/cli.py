@@ -183,11 +183,7 @@ def compose_train_config(overrides: list[str]) -> DictConfig:
         return compose("train", overrides=expand_overrides(overrides))
 
 
-# ---- the run dir ----------------------------------------------------------------------------------------------
-RUN_OUTPUTS = ("summary.json", "checkpoints", "policy", "csv", "verdicts.jsonl", "reward_model")  # any entry point's
-RUN_DIR_KEYS = ("hydra.run.dir", "paths.output_dir")
-
-
+# ---- the run dir (checked and taken where Hydra's dir is final: rloo.run.run_dir_guard) ------------------------
 def further_rank() -> bool:
     """This process is a rank other than the first of a multi-process run: one Lightning launched into the run dir the
     first rank has begun writing (LOCAL_RANK), or one of several a scheduler started at once (NODE_RANK, RANK,
@@ -199,67 +195,30 @@ def further_rank() -> bool:
     )
 
 
-def named_run_dirs(command: CommandLine) -> list[tuple[str, Path]]:
-    """The run dirs the command line names, as Hydra will use them: (key, path) for hydra.run.dir and
-    paths.output_dir, their values unquoted and unescaped by Hydra's parser and their interpolations resolved where
-    OmegaConf can resolve them alone (${oc.env:...}); a value that needs the run (${now:...}, ${hydra:...}) is left
-    to Hydra."""
-    named = []
-    for key in RUN_DIR_KEYS:
-        value = command.value(key)
-        if value is None:
-            continue
-        value = _resolved(str(value))
-        if value is not None:
-            named.append((key, Path(value).expanduser()))
-    return named
+def named_run_dir(command: CommandLine) -> Path | None:
+    """The run dir the command line names in hydra.run.dir, unquoted and unescaped by Hydra's parser and its
+    interpolations resolved where OmegaConf resolves them alone (${oc.env:...}); None where it names none or its
+    value needs the run (${now:...})."""
+    value = command.value("hydra.run.dir")
+    if value is None or "${" in str(value) and (value := _resolved(str(value))) is None:
+        return None
+    return Path(str(value)).expanduser()
 
 
 def _resolved(value: str) -> str | None:
-    if "${" not in value:
-        return value
     from omegaconf import OmegaConf
 
     try:
         return str(OmegaConf.create({"value": value}).value)
-    except Exception:  # an interpolation only the running Hydra resolves
+    except Exception:  # an interpolation only the running Hydra resolves, or one that fails (the guard says so)
         return None
-
-
-def check_run_dir(argv: list[str] | CommandLine) -> None:
-    """Before Hydra makes or writes into the run dir: the dir it will be in can be written (Hydra's own error is a
-    traceback), and an explicit run dir that holds another run's outputs is refused unless `resume=` continues that
-    run: a fresh run there would merge its metrics into the old timeline and overwrite its summary. The first rank
-    alone checks that: the others join the dir it has begun."""
-    import os
-
-    command = argv if isinstance(argv, CommandLine) else CommandLine.parse(argv)
-    if command.prints_only:
-        return  # Hydra prints and runs nothing: no run dir is made
-    resuming = command.value("resume") not in (None, "null", "None", "")
-    explicit = named_run_dirs(command)
-    for key, path in explicit or [("hydra.run.dir", Path("outputs"))]:
-        existing = next(p for p in (path, *path.parents) if p.exists())
-        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            where = f"{key}={str(path)!r}" if explicit else "the run dir (outputs/ here)"
-            raise ConfigError(f"{where}: {existing} is not a writable dir (a read-only file system or no permission)")
-        if (
-            explicit
-            and not resuming
-            and not further_rank()
-            and (held := [n for n in RUN_OUTPUTS if (path / n).exists()])
-        ):
-            raise ConfigError(
-                f"{key}={str(path)!r} holds another run's outputs ({', '.join(held)}): resume=auto continues that "
-                "run; give a new dir for a new one"
-            )
 
 
 # ---- entry points ---------------------------------------------------------------------------------------------
 def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
-    """What the command line alone tells, before Hydra composes or makes a run dir: the expanded command line, or a
-    ConfigError for a bad argument, an unknown group option, a key the algorithm does not read, a resume= that is not
-    there, or a run dir that cannot be written or holds another run (check_run_dir)."""
+    """What the command line alone tells, before Hydra composes: the expanded command line, or a ConfigError for a
+    bad argument, an unknown group option, a key the algorithm does not read or a resume= that is not there. The run
+    dir is checked and taken where Hydra has made it final (rloo.run.run_dir_guard)."""
     from rloo.utils.resume import check_resume_argument
 
     argv = expand_overrides(with_the_runs_own_overrides(argv, say), say) if train else list(argv)
@@ -269,10 +228,8 @@ def preflight(argv: list[str], train: bool = True, say=None) -> list[str]:
         check_override_keys(command)
     else:
         check_added_keys(command)
-    check_run_dir(command)
     resume = command.value("resume")
     check_resume_argument(None if resume is None else str(resume))
-    own_named_run_dir(command)
     return argv
 
 
@@ -288,8 +245,7 @@ def resumed_run_dir(command: CommandLine) -> Path | None:
     if resume in (None, "null", "None", ""):
         return None
     if str(resume) == "auto":
-        named = named_run_dirs(command)
-        return named[0][1] if named else None
+        return named_run_dir(command)
     found = run_dir_of(str(resume))
     return Path(found) if found else None
 
@@ -304,11 +260,13 @@ def with_the_runs_own_overrides(argv: list[str], say=None) -> list[str]:
     run_dir = None if command.multirun or command.prints_only else resumed_run_dir(command)
     if run_dir is None or not (run_dir / SAVED_OVERRIDES).is_file():
         return list(argv)
-    import yaml
-
-    saved = [str(line) for line in yaml.safe_load((run_dir / SAVED_OVERRIDES).read_text()) or []]
+    saved = saved_overrides(run_dir)
     given = {o.key_or_group for o in command.overrides}
-    kept = [o.input_line for o in CommandLine.parse(saved).overrides if o.key_or_group not in given | {"resume"}]
+    try:
+        parsed = CommandLine.parse(saved).overrides
+    except ConfigError as error:
+        raise ConfigError(f"{run_dir / SAVED_OVERRIDES} is damaged: {error}") from None
+    kept = [o.input_line for o in parsed if o.key_or_group not in given | {"resume"}]
     if command.flags.config_dir is None and "hydra.searchpath" not in given:
         kept += saved_config_dir(run_dir)
     if kept and say:
@@ -316,9 +274,30 @@ def with_the_runs_own_overrides(argv: list[str], say=None) -> list[str]:
     return kept + list(argv)
 
 
+def saved_overrides(run_dir: Path) -> list[str]:
+    """The overrides a run's first session was composed from, as Hydra saved them: a YAML list of strings; a
+    damaged file is one line naming it."""
+    import yaml
+
+    path = run_dir / SAVED_OVERRIDES
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        first = str(error).strip().splitlines()[0]
+        raise ConfigError(
+            f"{path} is damaged ({first}): it should be a YAML list of overrides as Hydra saves them"
+        ) from None
+    if saved is None:
+        return []
+    if not isinstance(saved, list):
+        raise ConfigError(f"{path} is damaged: it holds a {type(saved).__name__}, not a YAML list of overrides")
+    return [str(line) for line in saved]
+
+
 def saved_config_dir(run_dir: Path) -> list[str]:
-    """`hydra.searchpath=[file://<dir>]` for the --config-dir a run's first session was composed with (from its
-    .hydra/hydra.yaml), where that dir is still there; [] otherwise."""
+    """`hydra.searchpath=['file://<dir>']` for the --config-dir a run's first session was composed with (from its
+    .hydra/hydra.yaml), quoted in Hydra's grammar so that any character round-trips; [] where it had none. A dir
+    that is gone is one line: the run's own configs are not where it was composed."""
     import yaml
 
     try:
@@ -327,30 +306,34 @@ def saved_config_dir(run_dir: Path) -> list[str]:
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         return []
     dirs = [s["path"] for s in sources if s.get("provider") == "command-line" and s.get("schema") == "file"]
-    return [f"hydra.searchpath=[file://{dirs[0]}]"] if dirs and Path(dirs[0]).is_dir() else []
+    if not dirs:
+        return []
+    if not Path(dirs[0]).is_dir():
+        raise ConfigError(
+            f"resume: {run_dir} was composed with --config-dir {dirs[0]}, which is gone: give --config-dir <where "
+            "its configs are now> with resume="
+        )
+    return [f"hydra.searchpath=[{hydra_quoted('file://' + dirs[0])}]"]
 
 
-def own_named_run_dir(command: CommandLine) -> None:
-    """A run dir the command line names (hydra.run.dir, paths.output_dir, resume=<run dir>) is taken for this
-    process before Hydra writes into it, at the path Hydra will use, by every entry point that writes one: refused
-    while another live process works there, from the moment it took the dir (rloo.utils.ownership). A multirun's
-    jobs, and the ranks after the first, take or join theirs in the run itself."""
-    from rloo.utils import ownership
-    from rloo.utils.resume import run_dir_of
-
-    if further_rank() or command.prints_only or command.multirun:
-        return
-    resume = command.value("resume")
-    resumed = run_dir_of(None if resume is None else str(resume))
-    for path in [path for _, path in named_run_dirs(command)] + ([Path(resumed)] if resumed else []):
-        ownership.take(path, log=lambda line: print(line, file=sys.stderr))
+def hydra_quoted(text: str) -> str:
+    """`text` as a quoted value of Hydra's override grammar: single quotes, a quote inside escaped, and a run of
+    backslashes before a quote (or the closing one) doubled, as Hydra's docs write it."""
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
+    return f"'{escaped}'"
 
 
-def run_entry_point(hydra_main, train: bool = False) -> None:
+def run_entry_point(hydra_main, config_name: str, train: bool = False) -> None:
     """Shared by the `python -m rloo.X` entry points: one-line errors for unknown group options (and, for
-    rloo.train, keys the chosen algorithm does not read), then Hydra."""
+    rloo.train, keys the chosen algorithm does not read), then Hydra on the command line as rloo expands it
+    (`hydra_main` is the entry point's `@hydra.main` function; sys.argv stays as typed, which Lightning's launcher
+    hands to the ranks after the first, each expanding it again)."""
+    from rloo.run import hydra_internals
+
+    say = None if further_rank() else (lambda line: print(line, file=sys.stderr))
     try:
-        sys.argv[1:] = preflight(sys.argv[1:], train, say=lambda line: print(line, file=sys.stderr))
+        argv = preflight(sys.argv[1:], train, say=say)
     except ConfigError as error:
         exit_on_config_error(error)
     from rloo.run.assemble import name_deepspeed_accelerator
@@ -359,7 +342,7 @@ def run_entry_point(hydra_main, train: bool = False) -> None:
     register_resolvers()
     name_deepspeed_accelerator()  # after the command line's checks: their errors come before torch loads
     try:
-        hydra_main()
+        hydra_internals.run_hydra(argv, hydra_main.__wrapped__, str(CONF_DIR), config_name)
     except (KeyboardInterrupt, SystemExit) as error:
         if not stopped_by_ctrl_c(error):
             raise

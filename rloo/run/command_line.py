@@ -19,6 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import open_dict
 
+from rloo.run import hydra_internals
 from rloo.utils.errors import ConfigError
 from rloo.utils.keys import CONF_DIR
 
@@ -26,14 +27,17 @@ OPTIONAL_GROUPS = ("experiment", "debug", "bootstrap")  # group=none (or null) r
 NOT_CHOICES = ("hydra", "paths")  # groups of conf/ that a command line does not choose an option of
 
 
+FLAGS_GO = (
+    "key=value overrides, or Hydra's flags (--help lists them; a flag's value, as in --config-dir DIR, follows it)"
+)
+
+
 def hydra_arguments() -> argparse.ArgumentParser:
     """Hydra's own parser of its flags (--config-dir, -m, --cfg, --info ...), its errors one line."""
-    from hydra._internal.utils import get_args_parser
-
-    parser = get_args_parser()
+    parser = hydra_internals.args_parser()
 
     def error(message: str):
-        raise ConfigError(f"{message}: key=value overrides, or Hydra's flags (--help lists them)")
+        raise ConfigError(f"{message}: {FLAGS_GO}")
 
     parser.error = error
     return parser
@@ -48,9 +52,7 @@ class CommandLine:
 
     @classmethod
     def parse(cls, argv: list[str]) -> "CommandLine":
-        flags, unknown = hydra_arguments().parse_known_args(argv)
-        if unknown:
-            raise ConfigError(f"unknown option {unknown[0]}: key=value overrides, or Hydra's flags (--help lists them)")
+        flags = hydra_arguments().parse_intermixed_args(argv)  # flags and overrides in any order, as Hydra's docs
         parser = OverridesParser.create()
         overrides = []
         for line in flags.overrides:
@@ -106,17 +108,9 @@ class ConfigTree:
     """rloo's conf/ with a command line's --config-dir and hydra.searchpath, read by Hydra's config loader."""
 
     def __init__(self, config_dir: str | None = None, searchpath_overrides: list[str] | None = None):
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-        from hydra._internal.utils import create_config_search_path
-        from hydra.core.config_search_path import SearchPathQuery
-
-        search_path = create_config_search_path(str(CONF_DIR))
-        if config_dir is not None:  # as Hydra's main adds it
-            absolute = os.path.abspath(os.path.expanduser(config_dir))
-            if not os.path.isdir(absolute):
-                raise ConfigError(f"--config-dir={config_dir}: {absolute} is not a dir")
-            search_path.prepend(provider="command-line", path=f"file://{absolute}", anchor=SearchPathQuery("schema"))
-        self.loader = ConfigLoaderImpl(config_search_path=search_path)
+        if config_dir is not None and not os.path.isdir(os.path.expanduser(config_dir)):
+            raise ConfigError(f"--config-dir={config_dir}: {os.path.abspath(config_dir)} is not a dir")
+        self.loader = hydra_internals.config_loader(str(CONF_DIR), config_dir)
         self.searchpath = searchpath_overrides or []
 
     def options(self, group: str) -> list[str]:
@@ -138,13 +132,15 @@ class ConfigTree:
 
     @cached_property
     def dirs(self) -> list[Path]:
-        """The dirs of the search path, in Hydra's order (a pkg:// entry as its package's dir; Hydra's own left out)."""
-        _, repository = self.loader._parse_overrides_and_create_caching_repo("train", self.searchpath)
+        """The dirs of the search path, in Hydra's order (a pkg:// entry as its package's dir; Hydra's own left out):
+        the loader's sources, then the last hydra.searchpath override's entries, which Hydra appends."""
+        entries = [f"{s.scheme()}://{s.path}" for s in self.loader.get_sources() if s.provider != "hydra"]
+        if self.searchpath:
+            entries += [str(e) for e in OverridesParser.create().parse_overrides(self.searchpath[-1:])[0].value()]
         dirs = []
-        for source in repository.get_sources():
-            if source.provider == "hydra" or source.scheme() not in ("file", "pkg"):
-                continue
-            dirs += [Path(source.path)] if source.scheme() == "file" else _package_dir(source.path)
+        for entry in entries:
+            scheme, _, path = entry.partition("://")
+            dirs += [Path(path)] if scheme == "file" else _package_dir(path) if scheme == "pkg" else []
         return dirs
 
     def defaults(self, overrides: list[str]):
