@@ -125,6 +125,23 @@ def test_data_system_prompt_sets_replaces_or_empties_every_rows_system_message()
     assert with_system_prompt(own, None) == own
 
 
+def test_content_in_the_parts_form_renders_as_its_text_and_anything_else_is_one_line():
+    """Many datasets write a message's content as parts ([{"type": "text", "text": ...}]), which transformers' chat
+    templates accept: it renders as the string form does. A number, or an image part, is one line naming the row."""
+    tokenizer = tokenizer_with(PLAIN)
+    plain = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello"}]
+    parts = [
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+    ]
+    assert render_prompt(parts, tokenizer, "row 3", None) == render_prompt(plain, tokenizer, "row 3", None)
+    with pytest.raises(ConfigError, match=r"^row 3: message 0's content is int '123': text, or a list of"):
+        render_prompt([{"role": "user", "content": 123}], tokenizer, "row 3", None)
+    image = [{"role": "user", "content": [{"type": "image", "url": "x.png"}, {"type": "text", "text": "what?"}]}]
+    with pytest.raises(ConfigError, match=r"^row 3: message 0's content has image parts: rloo trains text models"):
+        render_prompt(image, tokenizer, "row 3", None)
+
+
 def test_the_log_line_says_when_the_template_adds_a_system_message(tmp_path):
     tokenizer = tokenizer_with(INSERTING)
     user = {"messages": [{"role": "user", "content": "hi"}]}

@@ -65,6 +65,9 @@ def test_reward_expressions_parse_into_weighted_terms():
     for bad in ("", "modle", "model + model", "0.5*", "a.b:c:d"):
         with pytest.raises(ConfigError, match="reward="):
             parse_reward(bad)
+    for weight in ("-1e309", "1e39"):  # inf as a float, and past float32's range
+        with pytest.raises(ConfigError, match=rf"the weight {weight} of m:f is not finite in float32"):
+            parse_reward(f"model + {weight}*m:f")
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ def render_prompt(
             f"{where} holds {type(value).__name__} {str(value)[:40]!r}: text, or a list of chat messages "
             "{role, content}"
         )
-    messages = [dict(m) for m in value]
+    messages = [dict(m, content=text_content(m["content"], where, i)) for i, m in enumerate(value)]
     reference = None
     if messages and messages[-1]["role"] == "assistant":
         reference = messages[-1]["content"]
@@ -61,6 +61,26 @@ def render_prompt(
             f"{where} holds chat messages but the tokenizer has no chat template: set model.chat_template"
         )
     return render_messages(tokenizer, messages, tools), reference, messages
+
+
+def text_content(content, where: str, index: int) -> str:
+    """A message's content as text: a string as it is; the parts form many datasets use
+    (`[{"type": "text", "text": ...}, ...]`, which transformers' chat templates accept) as its texts joined, as
+    those templates render them; anything else (a number, an image part) is one line."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)) and all(isinstance(part, dict) for part in content):
+        if all(part.get("type") == "text" and isinstance(part.get("text"), str) for part in content):
+            return "".join(part["text"] for part in content)
+        kinds = sorted({str(part.get("type")) for part in content} - {"text"}) or ["text without a string"]
+        raise ConfigError(
+            f"{where}: message {index}'s content has {', '.join(kinds)} parts: rloo trains text models, give "
+            "{'type': 'text', 'text': ...} parts"
+        )
+    raise ConfigError(
+        f"{where}: message {index}'s content is {type(content).__name__} {str(content)[:40]!r}: text, or a list of "
+        "{'type': 'text', 'text': ...} parts"
+    )
 
 
 def render_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:

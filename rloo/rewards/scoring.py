@@ -65,7 +65,13 @@ def parse_reward(spec: str) -> list[RewardTerm]:
                 f"reward={spec!r}: term {part.strip()!r} is not [weight*]model, [weight*]env or "
                 "[weight*]module:function"
             )
-        terms.append(RewardTerm(float(match["weight"]) if match["weight"] else 1.0, match["name"]))
+        weight = float(match["weight"]) if match["weight"] else 1.0
+        if finite_float(weight) is None:
+            raise ConfigError(
+                f"reward={spec!r}: the weight {match['weight']} of {match['name']} is not finite in float32 (rewards "
+                "are float32: a weight's size is at most 3.4e38)"
+            )
+        terms.append(RewardTerm(weight, match["name"]))
     names = [t.name for t in terms]
     if len(set(names)) != len(names):
         raise ConfigError(f"reward={spec!r} names a term twice: give it one weight")
