@@ -189,9 +189,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
         validate_eval_config(cfg)
         summary = run(cfg)
     except ConfigError as error:
-        exit_on_config_error(error)
+        return exit_on_config_error(error)
     except (WriteError, JudgeFailed) as error:
-        fail(error, 1)
+        return fail(error, 1)
     except (StoppedBySigterm, KeyboardInterrupt) as error:
         sigterm = isinstance(error, StoppedBySigterm)
         print(

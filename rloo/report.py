@@ -13,8 +13,9 @@ writes, into the multirun dir:
 - differences.md: every pair of settings, the difference of their means and its Welch 95% interval, for the win rate
   and for each verifiable outcome the runs report (eval/accuracy, eval/pass@k, eval/majority_vote, the reward
   functions' held-out means), which verifiable.md tabulates per setting.
-A job with no summary.json is reported as failed, and one whose summary.json says it did not finish by its status
-(interrupted, failed, evaluating); none is dropped.
+A job whose process still holds its run dir (rloo.utils.ownership) is reported as running; one with no summary.json
+as failed (killed, where its holder died without a word), and one whose summary.json says it did not finish by its
+status (interrupted, failed, evaluating); each with the one-line error its run dir keeps. None is dropped.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from pathlib import Path
 import yaml
 
 from rloo.evaluation.intervals import PROPORTIONS, difference_interval, seed_interval, t_975  # noqa: F401 (API)
+from rloo.utils import ownership
 from rloo.utils.host import describe
 
 COLUMNS = [
     "job",
     "overrides",
     "status",
+    "error",
     "algorithm",
     "seed",
     "k",
@@ -93,6 +96,25 @@ def tail_mean(rows: list[dict], key: str, steps: int | None = TAIL_STEPS) -> flo
     return statistics.fmean(values[-steps:] if steps else values) if values else None
 
 
+def log_error(job: Path) -> str | None:
+    """The one-line error a failed job's train.log ends with (`error: ...`), where it has one."""
+    try:
+        lines = (job / "train.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [line.split("error: ", 1)[1] for line in lines if "error: " in line]
+    return errors[-1] if errors else None
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """One line per job that did not finish (running jobs aside): its dir and why."""
+    return [
+        f"{r['job']}: {r['status']}" + (f": {r['error']}" if r.get("error") else "")
+        for r in rows
+        if r["status"] not in ("ok", "running")
+    ]
+
+
 def job_row(job: Path) -> dict:
     overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
     config = yaml.safe_load((job / ".hydra" / "config.yaml").read_text()) or {}
@@ -107,11 +129,16 @@ def job_row(job: Path) -> dict:
         "setting": [o for o in overrides if not o.startswith("seed=")],
     }
     summary_path = job / "summary.json"
+    if ownership.holder(job) == "live":  # its process holds the run dir's lock: still at work
+        return row | {"status": "running"}
     if not summary_path.exists():
-        return row | {"status": "failed"}
+        return row | {"status": "killed" if ownership.holder(job) == "killed" else "failed", "error": log_error(job)}
     summary = json.loads(summary_path.read_text())
     if summary.get("status", "finished") != "finished":  # interrupted, failed, or still evaluating when it died
-        return row | {"status": summary["status"], "wall_seconds": summary.get("wall_seconds")}
+        status = summary["status"]
+        if status == "evaluating" and ownership.holder(job) == "killed":
+            status = "killed"
+        return row | {"status": status, "wall_seconds": summary.get("wall_seconds"), "error": summary.get("error")}
     final = summary.get("final") or {}
     metrics_path = job / "csv" / "metrics.csv"
     rows = list(csv.DictReader(metrics_path.open())) if metrics_path.exists() else []
@@ -543,8 +570,12 @@ def main(argv: list[str] | None = None) -> None:
     print(updates_markdown(rows))
     print(all_differences_markdown(rows))
     print(verifiable_markdown(rows))
+    for line in failures(rows):
+        print(f"report: {line}", file=sys.stderr)
+    running = sum(r["status"] == "running" for r in rows)
     print(
-        f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished; wrote report.md, "
+        f"report: {sum(r['status'] == 'ok' for r in rows)} of {len(rows)} jobs finished"
+        f"{f', {running} running' if running else ''}; wrote report.md, "
         f"report.csv, settings.md, differences.md, updates.md"
         f"{', factorial.md' if (multirun_dir / 'factorial.md').exists() else ''}"
         f"{', verifiable.md/.png' if verifiable_metrics(rows) else ''}, "

@@ -23,7 +23,7 @@ from rloo.utils.ownership import own_output_dir
 @hydra.main(config_path="../conf", config_name="reward", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     if cfg.policy is not None and not Path(cfg.policy).is_dir():
-        exit_on_config_error(
+        return exit_on_config_error(
             ConfigError(f"policy={cfg.policy!r} is not a directory: give a save_pretrained SFT policy dir or null")
         )
     run_dir = own_output_dir(cfg)

@@ -37,7 +37,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
     except BaseException as error:
         end_wandb_run(failed=True)  # before the error line: a sweep's next job starts its own W&B run
         if isinstance(error, ConfigError):
-            exit_on_config_error(error)
+            return exit_on_config_error(error)
         stops = (
             WriteError,
             NonFiniteError,
@@ -49,7 +49,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
             RankLost,
         )
         if isinstance(error, stops):
-            fail(error, 1)
+            return fail(error, 1)
         raise
     end_wandb_run(failed=False)
     return objective(summary)

@@ -9,6 +9,7 @@ This module imports neither Lightning nor torch: composing and validating a conf
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from omegaconf import DictConfig
 
@@ -28,6 +29,10 @@ IS_CORRECTIONS = ("none", "tis_token", "tis_sequence", "mask_token", "mask_seque
 class OnlineRLConfig:
     """The keys of conf/train.yaml every algorithm reads (documented there, with their defaults). Built from a checked
     config by rloo.config.checks.algorithm_config; `derived` fields are made there."""
+
+    # the one policy-gradient step's algorithms take any rollout the engine samples (an environment's episodes, an
+    # external harness's rollouts); the others (a value model, pairs) read plain completions of their own
+    samples_any_rollout: ClassVar[bool] = False
 
     k: int = key(FIXED, low=1)
     missing_eos_penalty: float | None = key(FIXED, low=0)
@@ -100,6 +105,8 @@ class EstimatorConfig(PolicyGradientConfig):
     """The choices of the one policy-gradient step, conf/algo/shared/estimator.yaml (documented there): RLOO, RAFT,
     REINFORCE, vanilla PG and the GRPO family (GRPO, Dr. GRPO, DAPO, REINFORCE++, GSPO) are values of these keys.
     clip_range is the lower clip (TRL's epsilon), clip_range_high the upper (epsilon_high)."""
+
+    samples_any_rollout: ClassVar[bool] = True
 
     advantage: str = key(FIXED, choices=ADVANTAGES)
     std_eps: float = key(FIXED, low=0, low_open=True)

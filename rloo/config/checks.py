@@ -264,16 +264,14 @@ def check_targets(cfg: DictConfig) -> None:
     """Every `_target_` (a logger, a judge) that names a module rloo moved is one line naming the new path."""
     from rloo.utils.moved import moved_target
 
-    def targets(node):
-        if OmegaConf.is_dict(node):
-            for name in node.keys():
-                child = node._get_node(name)
-                if name == "_target_" and not child._is_missing():
-                    yield str(node[name])
-                elif OmegaConf.is_config(child):
-                    yield from targets(child)
+    def targets(raw: dict, path: str):  # the config as written (OmegaConf.to_container), each _target_'s value
+        for name, value in raw.items():
+            if name == "_target_" and value != "???":
+                yield str(OmegaConf.select(cfg, f"{path}{name}") if "${" in str(value) else value)
+            elif isinstance(value, dict):
+                yield from targets(value, f"{path}{name}.")
 
-    for target in targets(cfg):
+    for target in targets(OmegaConf.to_container(cfg, resolve=False), ""):
         if (reason := moved_target(target)) is not None:
             raise ConfigError(reason)
 
@@ -347,10 +345,17 @@ def validate_environment(cfg: DictConfig) -> None:
     environment_class(env.environment._target_)
     if cfg.stop_token != "eos":
         raise ConfigError(f"env={env.name}: a model's turn ends at its stop token: set stop_token=eos")
-    if cfg.get("algorithm") in ("ppo", "dpo"):  # (rloo.evaluate has no algorithm)
+    if cfg.get("algorithm") is not None and not samples_any_rollout(cfg.algorithm):  # (rloo.evaluate has none)
         raise ConfigError(
             f"env={env.name} runs with the algorithms of the shared policy-gradient step, not algo={cfg.algorithm}"
         )
+
+
+def samples_any_rollout(algorithm: str) -> bool:
+    """Whether `algorithm` takes any rollout the engine samples (its config class says: the shared step's do)."""
+    from rloo.algorithms.registry import ALGORITHMS
+
+    return ALGORITHMS[algorithm].config().samples_any_rollout
 
 
 def validate_external_rollout(cfg: DictConfig) -> None:
@@ -367,7 +372,7 @@ def validate_external_rollout(cfg: DictConfig) -> None:
             f"rollout={target} samples the rollouts itself, and env={cfg.env.name} has the engine "
             "sample episodes: choose one"
         )
-    if cfg.algorithm in ("ppo", "dpo"):
+    if not samples_any_rollout(cfg.algorithm):
         raise ConfigError(
             f"rollout={target} serves the algorithms of the shared policy-gradient step, not algo={cfg.algorithm}"
         )

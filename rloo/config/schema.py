@@ -193,24 +193,23 @@ def _check_node(node: DictConfig, schema: type, prefix: str, algorithm: str) -> 
     for name in node.keys():
         if name not in known:
             raise unknown_key_error(f"{prefix}{name}", algorithm)
+    raw = OmegaConf.to_container(node, resolve=False)  # each value as written: a mapping, None, "${...}", "???"
     for name, (annotation, meta) in known.items():  # in the schema's order: a key before what interpolates it
         path = f"{prefix}{name}"
         if name not in node:
             continue
-        child = node._get_node(name)
+        value = raw[name]
         if meta.get("open"):  # checked by what builds it (Lightning, the judge, the logger)
-            if not (isinstance(child, DictConfig) or child._is_none()):
-                raise ConfigError(f"{path}={child._value()!r} is not allowed: a config group (a mapping of keys)")
+            if not (value is None or isinstance(value, dict)):
+                raise ConfigError(f"{path}={value!r} is not allowed: a config group (a mapping of keys)")
             continue
         inner = _dataclass_of(annotation)
         if inner is not None:
-            if not isinstance(child, DictConfig) or child._is_none():
-                raise ConfigError(
-                    f"{path}={child._value()!r} is not allowed: a mapping with the keys of {name} in conf/"
-                )
-            _check_node(child, inner, f"{path}.", algorithm)
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}={value!r} is not allowed: a mapping with the keys of {name} in conf/")
+            _check_node(node[name], inner, f"{path}.", algorithm)
             continue
-        check_value(path, child._value() if OmegaConf.is_missing(node, name) else node[name], annotation, meta)
+        check_value(path, value if OmegaConf.is_missing(node, name) else node[name], annotation, meta)
 
 
 def _dataclass_of(annotation) -> type | None:

@@ -357,9 +357,15 @@ def entry_point_name() -> str:
     return spec.name.removesuffix(".__main__") if spec is not None else "rloo"
 
 
-class JobFailed(RuntimeError):
-    """A multirun job's failure: raised (not exited) so that Hydra records this job as failed, runs the others,
-    and ends the sweep with a non-zero status."""
+FAILED_JOBS: list[str] = []  # a multirun's jobs that failed in this process: "<job dir name>: <line>"
+
+
+def multirun_job() -> str:
+    """A multirun job's dir name (its number and overrides)."""
+    from rloo.run.resolvers import multirun_hydra_config
+
+    hydra_cfg = multirun_hydra_config()
+    return Path(hydra_cfg.runtime.output_dir).name if hydra_cfg is not None else "?"
 
 
 def in_multirun() -> bool:
@@ -368,14 +374,17 @@ def in_multirun() -> bool:
     return multirun_hydra_config() is not None
 
 
-def fail(error: Exception, code: int) -> None:
-    """End the job on a one-line error: exit with `code` (2 for config errors, 1 for the rest), or in a multirun
-    fail this job only."""
+def fail(error: Exception, code: int) -> float:
+    """End the job on a one-line error: exit with `code` (2 for config errors, 1 for the rest); in a multirun, end
+    this job only, returning nan (what a sweeper such as Optuna's counts as a failed trial): the other jobs run, and
+    the sweep ends with one line naming each failed job and exit status 1 (rloo.run.run_dir_guard)."""
     print(f"error: {error}", file=sys.stderr)
     if in_multirun():
-        raise JobFailed(str(error)) from None
+        line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        FAILED_JOBS.append(f"{multirun_job()}: {line}")
+        return float("nan")
     sys.exit(code)
 
 
-def exit_on_config_error(error: ConfigError) -> None:
-    fail(error, 2)
+def exit_on_config_error(error: ConfigError) -> float:
+    return fail(error, 2)

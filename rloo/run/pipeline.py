@@ -54,9 +54,12 @@ def run(cfg: DictConfig) -> dict:
     """One training run inside the Hydra run dir, in three phases: `prepare` (validation, the run dir, resume),
     `build` (loggers, callbacks, the Trainer, data, models, the algorithm's module) and `fit` (training inside the
     failure handling, then summary.json). Returns the summary written to summary.json."""
+    from rloo.run.cli import further_rank
     from rloo.utils import ownership
 
     try:
+        if not further_rank():  # taken before validation too: a job failed by its config says why in its dir
+            ownership.take(Path(cfg.paths.output_dir), logging.getLogger("rloo").info)
         plan = prepare(cfg)
         if isinstance(plan, dict):  # a requeued run that had finished: its summary, the run dir unchanged
             return plan

@@ -38,6 +38,25 @@ class RunDirGuard(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         _refuse_in_one_line(guard_sweep_dir, config)
 
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        """A sweep with a failed job ends on one line naming the failed jobs, and exit status 1."""
+        from rloo.run.cli import FAILED_JOBS
+
+        sweep = resolved_dir(config, "hydra.sweep.dir")
+        failed = list(FAILED_JOBS)
+        jobs = [job for job in sweep.iterdir() if (job / ".hydra").is_dir()] if sweep.is_dir() else []
+        named = {line.split(": ", 1)[0] for line in failed}
+        failed += [f"{job.name}: {why}" for job in sorted(jobs) if job.name not in named and (why := _failure(job))]
+        FAILED_JOBS.clear()
+        if failed:
+            more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+            print(
+                f"error: {len(failed)} of {max(len(jobs), len(failed))} jobs failed: {failed[0]}{more}; python -m "
+                f"rloo.report {sweep} lists each",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+
 
 def _refuse_in_one_line(check, config: DictConfig) -> None:
     from rloo.run.cli import further_rank
@@ -87,7 +106,33 @@ def check_writable(key: str, path: Path) -> None:
 
 
 def held_outputs(path: Path) -> list[str]:
-    return [name for name in RUN_OUTPUTS if (path / name).exists()]
+    """The outputs of another run that `path` holds; a summary.json that records only a failure before the run
+    began (its status and error: a bad value, say) holds nothing to keep."""
+    held = [name for name in RUN_OUTPUTS if (path / name).exists()]
+    if held == ["summary.json"] and _failed_before_it_began(path / "summary.json"):
+        return []
+    return held
+
+
+def _failure(job: Path) -> str | None:
+    """The one-line error a job's summary.json records where it failed (a job run in another process: a launcher's)."""
+    import json
+
+    try:
+        record = json.loads((job / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("error", "failed") if isinstance(record, dict) and record.get("status") == "failed" else None
+
+
+def _failed_before_it_began(summary: Path) -> bool:
+    import json
+
+    try:
+        record = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and set(record) <= {"status", "error"} and record.get("status") == "failed"
 
 
 def guard_run_dirs(config: DictConfig) -> None:

@@ -77,6 +77,23 @@ def owns(run_dir: Path) -> bool:
     return str(Path(run_dir).expanduser().resolve()) in _held
 
 
+def holder(run_dir: Path) -> str:
+    """Who holds `run_dir`, as rloo.report tells its jobs apart: "live" (a process holds its lock: running), "killed"
+    (a record is left and no process holds it: its holder died without a word), or "none" (never taken, or released
+    by a holder that ended)."""
+    path = Path(run_dir) / OWNER_FILE
+    if not path.is_file():
+        return "none"
+    try:
+        with open(path) as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return "live"
+    except OSError:  # a file system without locks: the record alone tells
+        pass
+    return "killed" if _record(path) else "none"
+
+
 def own_output_dir(cfg) -> Path:
     """An entry point's run dir (paths.output_dir, the dir Hydra made) taken for this process, its lines to stderr:
     rloo.evaluate, rloo.sft and rloo.reward own theirs as rloo.train does (a no-op where the command line named it
