@@ -102,6 +102,53 @@ def test_an_interrupted_job_is_reported_by_its_status(multirun, tmp_path):
     assert [r["status"] for r in rows] == ["ok", "interrupted"] and rows[1]["win_rate"] == ""
 
 
+def test_a_sweep_with_failed_jobs_ends_on_one_line_and_the_report_tells_failed_from_running(tmp_path):
+    """Each job failed by its config says why in its dir; the other jobs run; the sweep's last line names the
+    failures (exit 1), not Hydra's traceback. rloo.report prints each failed job's line, and reads a job whose
+    process still holds its dir (its lock) as running, one whose holder died without a word as killed."""
+    import subprocess
+    import sys
+
+    from rloo.report import job_row
+    from rloo.utils import ownership
+
+    sweep = tmp_path / "sweep"
+    result = run_module("rloo.train", "-m", "debug=fast", "logger=csv", "k=1,0", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 1, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 2 of 2 jobs failed: 0_debug=fast,k=1,logger=csv: k=1 is not allowed") and (
+        f"python -m rloo.report {sweep} lists each" in last
+    ), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
+    for job, k in (("0_debug=fast,k=1,logger=csv", 1), ("1_debug=fast,k=0,logger=csv", 0)):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["status"] == "failed" and summary["error"].startswith(f"k={k} is not allowed")
+    printed = report(sweep)
+    assert printed.returncode == 0
+    assert "report: 0_debug=fast,k=1,logger=csv: failed: k=1 is not allowed" in printed.stderr
+
+    job = sweep / "0_debug=fast,k=1,logger=csv"
+    (job / "summary.json").unlink()  # as a job that has not written one yet
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from rloo.utils import ownership; ownership.take({str(job)!r}, print); "
+            "print('held', flush=True); input()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert job_row(job)["status"] == "running"
+    finally:
+        holder.kill()  # dies holding it: its record stays, the kernel drops the lock
+        holder.wait()
+    assert ownership.holder(job) == "killed" and job_row(job)["status"] == "killed"
+
+
 def test_report_refuses_a_dir_that_is_not_a_multirun(tmp_path):
     result = report(tmp_path)
     assert result.returncode == 2 and "no Hydra job dirs" in result.stderr and len(result.stderr.splitlines()) == 1
