@@ -405,6 +405,11 @@ def test_a_bad_job_fails_alone_in_a_multirun(tmp_path, finished_run):
         ("", "is empty: no prompts"),
         ('{"prompt": "a"}\n{oops\n', "cannot be read as jsonl: line 2 is not JSON"),
         ('{"prompt": 3}\n', "data.train.prompt_column='prompt' at row 0 of"),
+        (
+            '{"prompt": "a", "prompt": "b"}\n',
+            "cannot be read as jsonl: ArrowInvalid: JSON parse error: Column(/prompt) ",
+        ),
+        ('{"prompt": [{"role": "user", "content": 123}]}\n', "message 0's content is int '123': text, or a list"),
         ('{"text": "a"}\n', "data.train.prompt_column='prompt' is not a column of"),
         ('{"prompt": "' + "word " * 200 + '"}\n', "data.max_prompt_length=64 drops every prompt of data.train"),
     ],

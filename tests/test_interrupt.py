@@ -197,3 +197,16 @@ def test_sigterm_while_the_embedded_task_is_being_built_exits_non_zero_and_the_n
     returncode, output = finish(again)
     assert returncode == 0, output[-3000:]
     assert not list(cache.glob("toy-*.tmp-*"))  # the killed build's temp dir is gone
+
+
+def test_a_second_ctrl_c_does_not_cut_what_a_stopped_run_records():
+    """A stopped run records its summary and the line that says how to continue with Ctrl-C held off: a second
+    Ctrl-C in those seconds is dropped, and Ctrl-C stops the process again after them."""
+    from rloo.run.stops import ctrl_c_held
+
+    with ctrl_c_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # a KeyboardInterrupt would be raised here
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)

@@ -69,6 +69,10 @@ def load_split(spec: SplitSpec, key: str = "data") -> datasets.Dataset:
 
 
 def _first_line(error: Exception) -> str:
+    """The first line of what went wrong: of the innermost cause, where datasets wraps it (its
+    DatasetGenerationError says only that an error occurred; pyarrow's cause names the column and the row)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
 

@@ -473,6 +473,7 @@ def fit(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from rloo.rewards.user_code import Interrupted as UserCodeInterrupted
+    from rloo.run.stops import ctrl_c_held
     from rloo.utils.resume import finish_ended_training
 
     trainer, module, out, log = pieces.trainer, pieces.module, plan.out, plan.log
@@ -488,12 +489,15 @@ def fit(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
             finish_ended_training(out, trainer, module, pieces.export, pieces.evaluation, log)  # no end hooks ran
     except BaseException as error:  # SIGTERM, Ctrl-C (exit 130 in run_entry_point), any failure: keep what there is
         interrupted = isinstance(error, (SystemExit, KeyboardInterrupt, UserCodeInterrupted))
-        try:
-            record.write("interrupted" if interrupted else "failed")
-        except WriteError as write_error:  # the first failure is the one to raise
-            log(f"error: {write_error}")
-        if stopped_by_ctrl_c(error) and trainer.is_global_zero:
-            log(stop_line("Ctrl-C", plan, module))
+        with (
+            ctrl_c_held()
+        ):  # (rloo.run.stops)  # a second Ctrl-C does not cut the summary or the line that says how to continue
+            try:
+                record.write("interrupted" if interrupted else "failed")
+            except WriteError as write_error:  # the first failure is the one to raise
+                log(f"error: {write_error}")
+            if stopped_by_ctrl_c(error) and trainer.is_global_zero:
+                log(stop_line("Ctrl-C", plan, module))
         lost = collective_failure(error) if trainer.world_size > 1 else None  # what a rank that is gone left
         if isinstance(error, (SIGTERMException, UserCodeInterrupted)) or (trainer.received_sigterm and lost):
             stopped_by_sigterm(plan, module)  # (a rank whose peers stopped on the SIGTERM too)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, stopped_by_ctrl_c
@@ -125,3 +126,19 @@ def stop_other_ranks(trainer, log) -> None:
     procs.clear()
     if alive:
         log(f"rloo: stopped the other ranks (pid {', '.join(str(p.pid) for p in alive)}): this run has failed")
+
+
+@contextmanager
+def ctrl_c_held():
+    """Ctrl-C ignored for the seconds a stopped run takes to record itself (in the main thread; elsewhere as is)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
