@@ -397,7 +397,7 @@ def test_a_resume_composes_the_runs_own_overrides_before_the_command_lines(tmp_p
     rloo.fit save it); a key given beside it is the command line's; the run's --config-dir joins the search path."""
     from rloo.run.cli import compose_train_config, with_the_runs_own_overrides
 
-    run, conf = tmp_path / "run", tmp_path / "my_conf"
+    run, conf = tmp_path / "run", tmp_path / "my conf's"  # a space and a quote: Hydra's grammar quotes them
     (run / ".hydra").mkdir(parents=True)
     (run / "checkpoints").mkdir()
     conf.mkdir()
@@ -413,16 +413,37 @@ def test_a_resume_composes_the_runs_own_overrides_before_the_command_lines(tmp_p
         "debug=fast",
         "rollout_batch_size=16",
         "k=4",
-        f"hydra.searchpath=[file://{conf}]",
+        "hydra.searchpath=['file://" + str(conf).replace("'", "\\'") + "']",
         f"resume={run}",
         "lr=3e-4",
     ]
+    from rloo.run.command_line import CommandLine
+
+    assert CommandLine.parse(argv).value("hydra.searchpath") == [f"file://{conf}"]  # round-trips as it was
     assert said == [f"rloo: resume: {run}'s own settings first: {' '.join(argv[:4])}"]
     cfg = compose_train_config([a for a in argv if not a.startswith("hydra.")])
     assert (cfg.rollout_batch_size, cfg.k, cfg.lr) == (16, 4, 3e-4)
     assert with_the_runs_own_overrides(["k=2"]) == ["k=2"]  # a fresh run: as it is
     (run / ".hydra" / "overrides.yaml").unlink()  # a run from before the record: as it is
     assert with_the_runs_own_overrides([f"resume={run}"]) == [f"resume={run}"]
+
+
+def test_a_damaged_record_or_a_config_dir_that_is_gone_is_one_line(tmp_path):
+    from rloo.run.cli import with_the_runs_own_overrides
+
+    run, conf = tmp_path / "run", tmp_path / "gone_conf"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    (run / ".hydra" / "overrides.yaml").write_text("- debug=fast\n- 'k=4\n")  # an unclosed quote
+    with pytest.raises(ConfigError, match=r"overrides.yaml is damaged \(while scanning a quoted scalar\): it should"):
+        with_the_runs_own_overrides([f"resume={run}"])
+    (run / ".hydra" / "overrides.yaml").write_text("- debug=fast\n")
+    (run / ".hydra" / "hydra.yaml").write_text(
+        f"hydra:\n  runtime:\n    config_sources:\n    - {{path: {conf}, schema: file, provider: command-line}}\n"
+    )
+    with pytest.raises(ConfigError, match=rf"was composed with --config-dir {conf}, which is gone: give --config-dir"):
+        with_the_runs_own_overrides([f"resume={run}"])
+    assert "--config-dir" in with_the_runs_own_overrides(["--config-dir", str(tmp_path), f"resume={run}"])
 
 
 def deepspeed_checkpoint(directory, ranks: int = 2, rollouts: int = 1, steps: int = 2, zero3: bool = False):
