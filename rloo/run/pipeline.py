@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,9 +19,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rloo.config.checks import ConfigError  # noqa: E402
-from rloo.run.stops import checkpoint_names, stop_line, stop_other_ranks, stopped_by_sigterm  # noqa: E402
+from rloo.run.stops import (  # noqa: E402
+    checkpoint_names,
+    stop_line,
+    stop_other_ranks,
+    stopped_by_sigterm,
+    stopped_while_building,
+)
 from rloo.utils.errors import (  # noqa: E402
-    SIGTERM_EXIT_CODE,
     JudgeFailed,
     RankLost,
     RunIncomplete,
@@ -350,41 +354,6 @@ def build_models(cfg: DictConfig, model_src: dict, tokenizer):
         else None
     )
     return memory, (policy, reference, reward_model)
-
-
-@contextmanager
-def stopped_while_building(record: "RunRecord"):
-    """SIGTERM or Ctrl-C while the run is set up (the embedded task's build, a packaged model's conversion, loading):
-    summary.json says interrupted (and where), a line says what is kept, and the exit is 143 or 130. Caches are
-    whole or absent (rloo.utils.cache); a resume starts the setup again."""
-    import signal
-    import threading
-
-    from rloo.utils.errors import Stopped
-
-    def stop(signum, frame):
-        raise Stopped()
-
-    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread only
-    previous = signal.signal(signal.SIGTERM, stop) if main else None
-    try:
-        yield
-    except (Stopped, KeyboardInterrupt, SystemExit) as error:
-        sigterm = isinstance(error, Stopped) or (isinstance(error, SystemExit) and error.code == SIGTERM_EXIT_CODE)
-        if not sigterm and not isinstance(error, KeyboardInterrupt):
-            raise
-        record.write_before_fit("interrupted", "setting up (data, models, caches)")
-        if not sigterm:
-            raise
-        plan = record.plan
-        plan.log(
-            f"rloo: stopped by SIGTERM while setting up the run, after {plan.resumed_rollouts} rollouts; "
-            f"checkpoints in {plan.out / 'checkpoints'}: {checkpoint_names(plan.out) or 'none'}; caches are whole"
-        )
-        sys.exit(SIGTERM_EXIT_CODE)
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
 
 
 class RunRecord:

@@ -142,3 +142,38 @@ def ctrl_c_held():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def stopped_while_building(record):  # a rloo.run.pipeline.RunRecord
+    """SIGTERM or Ctrl-C while the run is set up (the embedded task's build, a packaged model's conversion, loading):
+    summary.json says interrupted (and where), a line says what is kept, and the exit is 143 or 130. Caches are
+    whole or absent (rloo.utils.cache); a resume starts the setup again."""
+    import signal
+    import threading
+
+    from rloo.utils.errors import Stopped
+
+    def stop(signum, frame):
+        raise Stopped()
+
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread only
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
+    try:
+        yield
+    except (Stopped, KeyboardInterrupt, SystemExit) as error:
+        sigterm = isinstance(error, Stopped) or (isinstance(error, SystemExit) and error.code == SIGTERM_EXIT_CODE)
+        if not sigterm and not isinstance(error, KeyboardInterrupt):
+            raise
+        record.write_before_fit("interrupted", "setting up (data, models, caches)")
+        if not sigterm:
+            raise
+        plan = record.plan
+        plan.log(
+            f"rloo: stopped by SIGTERM while setting up the run, after {plan.resumed_rollouts} rollouts; "
+            f"checkpoints in {plan.out / 'checkpoints'}: {checkpoint_names(plan.out) or 'none'}; caches are whole"
+        )
+        sys.exit(SIGTERM_EXIT_CODE)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
