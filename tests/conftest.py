@@ -1,5 +1,5 @@
 """Shared fixtures: the toy tokenizer, tiny random GPT-NeoX models (tests/tiny_models.py; no download, no
-bootstrap), and the embedded task built once per test run."""
+bootstrap), and the embedded task built once per test run (under `pytest -n`, once for all workers)."""
 
 import atexit
 import os
@@ -68,7 +68,11 @@ def embedded_task(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("e2e")
     bootstrap = OmegaConf.to_container(compose_train_config(["debug=fast"]).bootstrap, resolve=True)
-    ensure_artifacts(bootstrap, base / "cache", log=lambda line: None)
+    cache = base / "cache"
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: the workers share one cache, which the first builds
+        cache = tmp_path_factory.getbasetemp().parent / "embedded-task-cache"  # (the cache's lock: the rest wait)
+        (base / "cache").symlink_to(cache, target_is_directory=True)
+    ensure_artifacts(bootstrap, cache, log=lambda line: None)
     return base
 
 
