@@ -85,6 +85,7 @@ def test_a_signal_mid_training_saves_a_checkpoint_and_exits_non_zero(finished_ru
         f"rloo: stopped by {by} after {done['rollouts']} rollouts; kept checkpoints/interrupted.ckpt (in {run}); "
         f"continue with: {command}"
     ) in output.splitlines()
+    assert "stopped by Ctrl-C; exit 130" not in output  # the run ends on that line, not the generic one
     if sig == signal.SIGINT:  # the command as printed, with a shorter budget (an applied key) so that it ends soon
         args = command.split()[3:] + [f"total_episodes={8 * (done['rollouts'] + 1)}"]
         resumed = run_module("rloo.train", *args, cache=base / "cache")

@@ -346,7 +346,10 @@ def run_entry_point(hydra_main, config_name: str, train: bool = False) -> None:
     except (KeyboardInterrupt, SystemExit) as error:
         if not stopped_by_ctrl_c(error):
             raise
-        print(f"{entry_point_name()}: stopped by Ctrl-C; exit {CTRL_C_EXIT_CODE}", file=sys.stderr)
+        from rloo.run.stops import SAID
+
+        if not SAID:  # a run that said where it stopped and how to continue ends on that line
+            print(f"{entry_point_name()}: stopped by Ctrl-C; exit {CTRL_C_EXIT_CODE}", file=sys.stderr)
         sys.exit(CTRL_C_EXIT_CODE)
 
 

@@ -91,6 +91,9 @@ def stopped_by_sigterm(plan, module) -> None:
     sys.exit(SIGTERM_EXIT_CODE)
 
 
+SAID: list[str] = []  # the stop lines this process has said: the entry point's generic Ctrl-C line then stays out
+
+
 def stop_line(by: str, plan, module) -> str:
     """The line a stopped run ends with: what it did, the checkpoint a resume continues from (or none), and the
     command that continues it (its own settings come with it: rloo.run.cli.with_the_runs_own_overrides)."""
@@ -102,10 +105,12 @@ def stop_line(by: str, plan, module) -> str:
     except Exception:  # a damaged checkpoints/ dir: say what is there
         point = None
     if point is None:
-        return f"{said}; no checkpoint was kept, nothing to continue from (start it again: the same command)"
-    return (
-        f"{said}; kept {point.checkpoint.relative_to(out)} (in {out}); continue with: python -m rloo.train resume={out}"
-    )
+        line = f"{said}; no checkpoint was kept, nothing to continue from (start it again: the same command)"
+    else:
+        kept = f"kept {point.checkpoint.relative_to(out)} (in {out})"
+        line = f"{said}; {kept}; continue with: python -m rloo.train resume={out}"
+    SAID.append(line)
+    return line
 
 
 def stop_other_ranks(trainer, log) -> None:
