@@ -1,9 +1,10 @@
 """The command line of every `python -m rloo.*` entry point, before and around Hydra: `--help` prints usage and
 exits 0; a bad argument, an unknown group option or a key the chosen algorithm does not read is one line on stderr
-and exit status 2; `model=X` selects its recipe and `group=none` drops an optional group; a run dir the command line
-names is checked and taken before Hydra writes into it; a job's failure ends the job (exit 1 or 2) or, in a
-multirun, only that job. Hydra parses every argument (rloo.run.command_line): the value each check reads is the
-value Hydra will use.
+and exit status 2; `model=X` selects its recipe and `group=none` drops an optional group; the run dir is checked and
+taken where Hydra has made it final, before anything is written into it (rloo.run.run_dir_guard, a Hydra callback); a
+job's failure ends the job (exit 1 or 2) or, in a multirun, only that job. Hydra parses every argument
+(rloo.run.command_line): the value each check reads is the value Hydra will use; Hydra then runs on the command line
+as expanded here, sys.argv left as typed (rloo.run.hydra_internals).
 """
 
 from __future__ import annotations
