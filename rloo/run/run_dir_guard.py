@@ -10,7 +10,8 @@ not exist yet, a symlink, `${oc.env:...}`, the run dir resolver's own.
 - A multirun: `on_multirun_start`, before Hydra makes the sweep dir or writes multirun.yaml. A sweep dir is taken by
   the sweep for its whole length (a second sweep into a live one is refused), and a fresh sweep is refused where a
   job dir under it holds a run's outputs (resume=auto continues each job instead). Each job then takes its own dir
-  as a single run does (rloo.run.pipeline), and a job refused there fails alone.
+  as a single run does (rloo.run.pipeline), and a job refused there fails alone. `on_multirun_end`: a sweep with a
+  failed job (rloo.run.cli.fail, or a job dir whose summary.json says failed) ends on one line naming it, exit 1.
 
 A refusal is one line on stderr and exit status 2. The ranks after the first of a multi-process run join the dir the
 first one took.
