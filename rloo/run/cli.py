@@ -347,9 +347,9 @@ def run_entry_point(hydra_main, config_name: str, train: bool = False) -> None:
     except (KeyboardInterrupt, SystemExit) as error:
         if not stopped_by_ctrl_c(error):
             raise
-        from rloo.run.stops import SAID
+        from rloo.utils.errors import STOP_LINES
 
-        if not SAID:  # a run that said where it stopped and how to continue ends on that line
+        if not STOP_LINES:  # a run that said where it stopped and how to continue ends on that line
             print(f"{entry_point_name()}: stopped by Ctrl-C; exit {CTRL_C_EXIT_CODE}", file=sys.stderr)
         sys.exit(CTRL_C_EXIT_CODE)
 

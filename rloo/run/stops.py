@@ -10,7 +10,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, stopped_by_ctrl_c
+from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, STOP_LINES, stopped_by_ctrl_c
 
 
 def is_interruption(error: BaseException) -> bool:
@@ -91,9 +91,6 @@ def stopped_by_sigterm(plan, module) -> None:
     sys.exit(SIGTERM_EXIT_CODE)
 
 
-SAID: list[str] = []  # the stop lines this process has said: the entry point's generic Ctrl-C line then stays out
-
-
 def stop_line(by: str, plan, module) -> str:
     """The line a stopped run ends with: what it did, the checkpoint a resume continues from (or none), and the
     command that continues it (its own settings come with it: rloo.run.cli.with_the_runs_own_overrides)."""
@@ -109,7 +106,7 @@ def stop_line(by: str, plan, module) -> str:
     else:
         kept = f"kept {point.checkpoint.relative_to(out)} (in {out})"
         line = f"{said}; {kept}; continue with: python -m rloo.train resume={out}"
-    SAID.append(line)
+    STOP_LINES.append(line)
     return line
 
 

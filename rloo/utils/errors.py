@@ -1,6 +1,7 @@
 """The errors a run reports in one line: a leaf module, so that any layer can raise them."""
 
 SIGTERM_EXIT_CODE = 128 + 15  # a process stopped by SIGTERM, as a shell reports it: preempted, never success
+STOP_LINES: list[str] = []  # the lines a stopped run said (rloo.run.stops.stop_line): no generic one after them
 CTRL_C_EXIT_CODE = 128 + 2  # a process stopped by Ctrl-C (SIGINT), as a shell reports it: every entry point
 
 
