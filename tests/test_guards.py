@@ -90,12 +90,7 @@ def test_reward_expressions_parse_into_weighted_terms():
         (lambda completions, **kw: {"a": 1}, "returned dict ({'a': 1}), not one number per completion"),
         (
             reward_functions.not_numbers,
-            "returned str values ('high'), not numbers (a bool or a string is not a score: return float(...), "
-            "or None where it does not apply)",
-        ),
-        (
-            reward_functions.bools,
-            "returned bool values (False), not numbers (a bool or a string is not a score: return float(...), "
+            "returned str values ('high'), not numbers (a string is not a score: return float(...), "
             "or None where it does not apply)",
         ),
         (reward_functions.exits, "raised SystemExit: 0"),
@@ -113,6 +108,14 @@ def test_a_tensor_of_numbers_is_a_valid_result():
     assert error is None and values.tolist() == [2.0, 1.0]
     mixed = lambda completions, **kw: [np.float32(0.5), torch.tensor(2.0), 3]  # noqa: E731 (0-d values are numbers)
     assert call_reward_function("f", mixed, ["p"] * 3, ["a", "b", "c"])[0].tolist() == [0.5, 2.0, 3.0]
+    # bools count as 0 and 1, as TRL casts them: a list, NumPy's bools, a bool array or tensor
+    completions = ["a b", "c", "d e f e"]
+    assert call_reward_function("f", reward_functions.bools, ["p"] * 3, completions)[0].tolist() == [0.0, 0.0, 1.0]
+    for form in (np.array, torch.tensor, lambda v: [np.bool_(x) for x in v]):
+        values, error = call_reward_function(
+            "f", lambda completions, **kw: form([True, False, True]), ["p"] * 3, completions
+        )
+        assert error is None and values.tolist() == [1.0, 0.0, 1.0]
 
 
 def test_a_keyboard_interrupt_inside_a_function_still_stops_the_run():

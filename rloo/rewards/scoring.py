@@ -222,17 +222,18 @@ def call_reward_function(
                 f"reward function {name} returned a {values.ndim}-d {type(values).__name__} ({shown(values)}), not "
                 "one number per completion (a list or a 1-d array)"
             )
-        values = values.tolist()
+        values = values.tolist()  # a bool array's values are bools, counted as 0 and 1 below
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
         return nothing, (
             f"reward function {name} returned {type(values).__name__} ({shown(values)}), not one number per completion"
         )
     if len(values) != n:
         return nothing, f"reward function {name} returned {len(values)} values for {n} completions"
+    values = [float(v) if type(v).__name__ in ("bool", "bool_") else v for v in values]  # as TRL casts them
     if wrong := [v for v in values if v is not None and not is_number(v)]:
         return nothing, (
             f"reward function {name} returned {type(wrong[0]).__name__} values ({shown(wrong[0])}), not numbers "
-            "(a bool or a string is not a score: return float(...), or None where it does not apply)"
+            "(a string is not a score: return float(...), or None where it does not apply)"
         )
     floats = [NOT_APPLICABLE if v is None else finite_float(v) for v in values]
     bad = [i for i, f in enumerate(floats) if f is None]

@@ -1,5 +1,6 @@
 """What counts as a number where user code hands rloo one (a reward function's value, an environment's reward): a
-real number, Python's or NumPy's, or a 0-d array or tensor holding one; never a bool or a string. A score must be
+real number, Python's or NumPy's, or a 0-d array or tensor holding one; never a bool or a string (a reward
+function's bools are counted as 0 and 1 before they get here, as TRL casts them). A score must be
 finite in float32, the dtype rewards are kept in: 10**400 or 1e39 is as unusable as inf."""
 
 from __future__ import annotations
