@@ -129,15 +129,14 @@ def job_row(job: Path) -> dict:
         "setting": [o for o in overrides if not o.startswith("seed=")],
     }
     summary_path = job / "summary.json"
-    if ownership.holder(job) == "live":  # its process holds the run dir's lock: still at work
+    holder = ownership.holder(job)
+    if holder == "live":  # its process holds the run dir's lock: still at work
         return row | {"status": "running"}
     if not summary_path.exists():
-        return row | {"status": "killed" if ownership.holder(job) == "killed" else "failed", "error": log_error(job)}
+        return row | {"status": "killed" if holder == "killed" else "failed", "error": log_error(job)}
     summary = json.loads(summary_path.read_text())
     if summary.get("status", "finished") != "finished":  # interrupted, failed, or still evaluating when it died
-        status = summary["status"]
-        if status == "evaluating" and ownership.holder(job) == "killed":
-            status = "killed"
+        status = "killed" if summary["status"] == "evaluating" and holder == "killed" else summary["status"]
         return row | {"status": status, "wall_seconds": summary.get("wall_seconds"), "error": summary.get("error")}
     final = summary.get("final") or {}
     metrics_path = job / "csv" / "metrics.csv"

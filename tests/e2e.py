@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,3 +167,25 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+HOLD = """
+import sys, time
+from rloo.utils import ownership
+ownership.take(sys.argv[1], log=print)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@contextmanager
+def live_holder(run_dir: Path):
+    """A process that holds `run_dir` (rloo.utils.ownership) while the block runs, then is killed as a run that dies
+    holding it: its record stays, the kernel drops the lock. Yields the process."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()

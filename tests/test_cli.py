@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from rloo.utils.errors import ConfigError
+from tests.e2e import live_holder
 
 ENTRY_POINTS = ["rloo.train", "rloo.evaluate", "rloo.sft", "rloo.reward", "rloo.plan", "rloo.report", "rloo.bench"]
 
@@ -120,31 +121,15 @@ def test_a_live_run_is_refused_before_hydra_touches_its_files(tmp_path, monkeypa
     """A second process into a live run's dir (its resume= typed twice, a requeue while the old job runs) is refused
     by the dir's owner, and the live run's .hydra/overrides.yaml stays as it was; an unset variable in the dir is one
     line."""
-    import subprocess
-
     live = tmp_path / "live"
     (live / ".hydra").mkdir(parents=True)
     (live / ".hydra" / "overrides.yaml").write_text("- algo=rloo\n")
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"from rloo.utils import ownership; ownership.take({str(live)!r}, print); print('held', flush=True); "
-            "input()",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with live_holder(live):
         monkeypatch.setattr(sys, "argv", list(sys.argv))
         line = refusal(capsys, "algo=grpo", f"hydra.run.dir={live}")
         assert "is in use by process" in line, line
         assert (live / ".hydra" / "overrides.yaml").read_text() == "- algo=rloo\n"
         assert sorted(p.name for p in (live / ".hydra").iterdir()) == ["overrides.yaml"]
-    finally:
-        holder.communicate("")
     monkeypatch.delenv("RLOO_UNSET_DIR", raising=False)
     line = refusal(capsys, "hydra.run.dir=${oc.env:RLOO_UNSET_DIR}")
     assert "hydra.run.dir='${oc.env:RLOO_UNSET_DIR}' cannot be resolved" in line and "RLOO_UNSET_DIR" in line
@@ -205,32 +190,14 @@ def test_hydras_own_flags_take_their_values(capsys, monkeypatch):
 def test_a_quoted_run_dir_that_a_live_process_holds_is_refused(tmp_path):
     """The lock is taken at the path Hydra will use, so a quoted dir with spaces and non-ASCII characters that a
     live process works in is refused as its plain name is."""
-    import subprocess
-    import sys
-
     from rloo.run.run_dir_guard import guard_run_dirs
 
     live = tmp_path / "live run ü"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time\nfrom rloo.utils import ownership\n"
-            "ownership.take(sys.argv[1], log=print)\nprint('held', flush=True)\ntime.sleep(600)",
-            str(live),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with live_holder(live) as holder:
         with pytest.raises(ConfigError, match=rf"is in use by process {holder.pid} on "):
             guard_run_dirs(hydra_config(f"hydra.run.dir='{live}'", "judge=none"))
         with pytest.raises(ConfigError, match=rf"is in use by process {holder.pid} on "):  # rloo.evaluate alike
             guard_run_dirs(hydra_config(f"hydra.run.dir='{live}'", config_name="evaluate"))
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_a_nested_group_of_a_config_dir_is_checked_and_composed():

@@ -16,7 +16,7 @@ import torch
 from rloo.toy import arithmetic
 from rloo.utils import cache, ownership
 from rloo.utils.errors import ConfigError
-from tests.e2e import FAST, HANG_GUARD_S, ROOT, finish, group_alive, run_module, start, wait_for
+from tests.e2e import FAST, HANG_GUARD_S, ROOT, finish, group_alive, live_holder, run_module, start, wait_for
 
 SIGTERM_EXIT = 128 + 15
 
@@ -236,24 +236,10 @@ def test_a_reader_of_a_cache_entry_never_loses_its_files_to_a_rebuild(tmp_path):
 
 
 # ---- one run dir, one owner --------------------------------------------------------------------------------------
-HOLD = """
-import sys, time
-from rloo.utils import ownership
-ownership.take(sys.argv[1], log=print)
-print("held", flush=True)
-time.sleep(600)
-"""
-
-
 def test_a_run_dir_held_by_a_live_process_is_refused_and_a_killed_holder_is_taken_over(tmp_path):
-    holder = python(HOLD, str(tmp_path / "run"))
-    assert holder.stdout.readline().strip() == "held"
-    try:
+    with live_holder(tmp_path / "run") as holder:
         with pytest.raises(ConfigError, match=rf"is in use by process {holder.pid} on .*: one process at a time"):
             ownership.take(tmp_path / "run", log=print)
-    finally:
-        holder.kill()
-        holder.wait()
     said = []
     ownership.take(tmp_path / "run", log=said.append)  # the kernel dropped the dead holder's lock
     try:

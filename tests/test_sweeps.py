@@ -7,7 +7,7 @@ import matplotlib.image
 import pytest
 from omegaconf import OmegaConf
 
-from tests.e2e import run_module
+from tests.e2e import live_holder, run_module
 
 
 def run_sweep(base, name: str, settings: list[str], overrides=("debug: fast",)):
@@ -106,9 +106,6 @@ def test_a_sweep_with_failed_jobs_ends_on_one_line_and_the_report_tells_failed_f
     """Each job failed by its config says why in its dir; the other jobs run; the sweep's last line names the
     failures (exit 1), not Hydra's traceback. rloo.report prints each failed job's line, and reads a job whose
     process still holds its dir (its lock) as running, one whose holder died without a word as killed."""
-    import subprocess
-    import sys
-
     from rloo.report import job_row
     from rloo.utils import ownership
 
@@ -129,23 +126,8 @@ def test_a_sweep_with_failed_jobs_ends_on_one_line_and_the_report_tells_failed_f
 
     job = sweep / "0_debug=fast,k=1,logger=csv"
     (job / "summary.json").unlink()  # as a job that has not written one yet
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"from rloo.utils import ownership; ownership.take({str(job)!r}, print); "
-            "print('held', flush=True); input()",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with live_holder(job):
         assert job_row(job)["status"] == "running"
-    finally:
-        holder.kill()  # dies holding it: its record stays, the kernel drops the lock
-        holder.wait()
     assert ownership.holder(job) == "killed" and job_row(job)["status"] == "killed"
 
 

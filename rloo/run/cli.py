@@ -361,7 +361,7 @@ def entry_point_name() -> str:
     return spec.name.removesuffix(".__main__") if spec is not None else "rloo"
 
 
-FAILED_JOBS: list[str] = []  # a multirun's jobs that failed in this process: "<job dir name>: <line>"
+FAILED_JOBS: dict[str, str] = {}  # a multirun's jobs that failed in this process: job dir name -> its one line
 
 
 def multirun_job() -> str:
@@ -385,7 +385,7 @@ def fail(error: Exception, code: int) -> float:
     print(f"error: {error}", file=sys.stderr)
     if in_multirun():
         line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        FAILED_JOBS.append(f"{multirun_job()}: {line}")
+        FAILED_JOBS[multirun_job()] = line
         return float("nan")
     sys.exit(code)
 

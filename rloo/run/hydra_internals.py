@@ -30,7 +30,7 @@ def run_hydra(argv: list[str], task_function, config_dir: str, config_name: str)
 
     parser = args_parser()
     _run_hydra(
-        args=parser.parse_args(argv),
+        args=parser.parse_intermixed_args(argv),  # flags and overrides in any order, as rloo's checks read them
         args_parser=parser,
         task_function=task_function,
         config_path=config_dir,  # absolute: joined to the task function's dir, it stays itself

@@ -133,7 +133,7 @@ def prepare(cfg: DictConfig) -> RunPlan | dict:
 
     from rloo.run.cli import further_rank
     from rloo.run.loggers import drop_rows_after
-    from rloo.utils import atomic, ownership
+    from rloo.utils import atomic
     from rloo.utils.memory import reset_peak_rss
     from rloo.utils.resume import finished_summary, prepare_resume
 
@@ -141,9 +141,7 @@ def prepare(cfg: DictConfig) -> RunPlan | dict:
     reset_peak_rss()  # peak_rss_mb is this run's, also where a sweep's runs share one process
     quiet_lightning_logs()
     log = logging.getLogger("rloo").info
-    out = Path(cfg.paths.output_dir)
-    if not further_rank():  # one owner per run dir: a live holder is refused before anything is written
-        ownership.take(out, log)
+    out = Path(cfg.paths.output_dir)  # taken by `run` before this (one owner per run dir)
     out.mkdir(parents=True, exist_ok=True)
     if note := episodes_note(cfg, processes):
         log(f"rloo: warning: {note}")

@@ -44,10 +44,9 @@ class RunDirGuard(Callback):
         from rloo.run.cli import FAILED_JOBS
 
         sweep = resolved_dir(config, "hydra.sweep.dir")
-        failed = list(FAILED_JOBS)
-        jobs = [job for job in sweep.iterdir() if (job / ".hydra").is_dir()] if sweep.is_dir() else []
-        named = {line.split(": ", 1)[0] for line in failed}
-        failed += [f"{job.name}: {why}" for job in sorted(jobs) if job.name not in named and (why := _failure(job))]
+        jobs = sorted(job for job in sweep.iterdir() if (job / ".hydra").is_dir()) if sweep.is_dir() else []
+        found = {job.name: why for job in jobs if job.name not in FAILED_JOBS and (why := _failure(job))}
+        failed = [f"{name}: {line}" for name, line in {**FAILED_JOBS, **found}.items()]
         FAILED_JOBS.clear()
         if failed:
             more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
