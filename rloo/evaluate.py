@@ -23,7 +23,14 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from rloo.config.checks import ConfigError, policy_location, validate_eval_config  # noqa: E402
 from rloo.run.cli import exit_on_config_error, fail, run_entry_point  # noqa: E402
-from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, JudgeFailed, WriteError  # noqa: E402
+from rloo.utils.errors import (  # noqa: E402
+    CTRL_C_EXIT_CODE,
+    SIGTERM_EXIT_CODE,
+    EnvironmentFailed,
+    JudgeFailed,
+    RewardFunctionError,
+    WriteError,
+)
 
 
 class StoppedBySigterm(BaseException):
@@ -190,7 +197,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
         summary = run(cfg)
     except ConfigError as error:
         return exit_on_config_error(error)
-    except (WriteError, JudgeFailed) as error:
+    except (WriteError, JudgeFailed, EnvironmentFailed, RewardFunctionError) as error:
         return fail(error, 1)
     except (StoppedBySigterm, KeyboardInterrupt) as error:
         sigterm = isinstance(error, StoppedBySigterm)

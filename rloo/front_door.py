@@ -18,15 +18,52 @@ import logging
 import sys
 import time
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from rloo.run.handed_in import model_overrides
 from rloo.utils.errors import ConfigError
+
+
+class FitResult(dict):
+    """What rloo.fit returns: the run's summary (this dict, as summary.json has it), its run dir, and the trained
+    policy and its tokenizer, loaded from the run's policy/ when first asked for."""
+
+    def __init__(self, summary: dict, run_dir: Path):
+        super().__init__(summary)
+        self.run_dir = run_dir
+
+    @property
+    def summary(self) -> dict:
+        return dict(self)
+
+    @cached_property
+    def policy(self):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(self.policy_dir)
+
+    @cached_property
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.policy_dir)
+
+    @property
+    def policy_dir(self) -> Path:
+        if not (self.run_dir / "policy").is_dir():
+            raise FileNotFoundError(
+                f"{self.run_dir / 'policy'}: the run exported no policy (status {self.get('status')})"
+            )
+        return self.run_dir / "policy"
 
 
 def fit(
     overrides: Sequence[str] | Mapping[str, object] = (),
     *,
+    model=None,
+    tokenizer=None,
     reward: Callable | str | Sequence[Callable | str] | None = None,
     reward_weights: Sequence[float] | None = None,
     train_dataset=None,
@@ -34,11 +71,16 @@ def fit(
     output_dir: str | Path | None = None,
     config_dir: str | Path | None = None,
     resume: str | None = None,
-) -> dict:
-    """Train, and return the run's summary (as summary.json). Errors in the settings raise ConfigError (one line)
-    before any model loads; the run's own failures raise as the command line would report them."""
-    from rloo.run.cli import hydra_quoted
+    callbacks: Sequence[object] = (),
+) -> FitResult:
+    """Train, and return a FitResult: the run's summary (as summary.json), its run dir and the trained policy.
+    `model`: a PreTrainedModel or PeftModel with its `tokenizer` (saved into the run dir: rloo.run.handed_in), or a
+    path or hub id; `callbacks`: Lightning callbacks, handed to the Trainer beside rloo's own. Errors in the settings
+    raise ConfigError (one line) before any model loads; the run's own failures raise as the command line would
+    report them."""
+    from rloo.run.cli import hydra_quoted, quiet_font_cache_notice
 
+    quiet_font_cache_notice()
     argv = as_overrides(overrides)
     if config_dir is not None:  # the user's conf/: its groups' options beside rloo's (Hydra's search path)
         argv.append(f"hydra.searchpath=[{hydra_quoted('file://' + str(Path(config_dir).expanduser().resolve()))}]")
@@ -65,17 +107,29 @@ def fit(
     try:
         with run_logging(out):
             suggested = data_overrides(train_dataset, eval_dataset, out)
+            suggested += model_overrides(model, tokenizer, out, logging.getLogger("rloo").info)
             data = [a for a, o in zip(suggested, CommandLine.parse(suggested).overrides) if o.key_or_group not in given]
             save_overrides(out, argv + data)
             cfg = compose_train_config(argv + data)
             try:
-                summary = run(cfg)
+                summary = run(cfg, callbacks=check_callbacks(callbacks))
                 failed = False
             finally:
                 end_wandb_run(failed)
     finally:  # the run dir is this process's while the run lasts, and free again once it returns or raises
         ownership.release(out)
-    return summary
+    return FitResult(summary, out)
+
+
+def check_callbacks(callbacks: Sequence[object]) -> list:
+    """Lightning callbacks for the Trainer; anything else is one line, before any model loads."""
+    from lightning.pytorch.callbacks import Callback
+
+    callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
+    for callback in callbacks:
+        if not isinstance(callback, Callback):
+            raise ConfigError(f"callbacks: {callback!r} is not a lightning.pytorch.callbacks.Callback")
+    return callbacks
 
 
 def save_overrides(out: Path, argv: list[str]) -> None:
@@ -90,7 +144,10 @@ def save_overrides(out: Path, argv: list[str]) -> None:
         return
     import yaml
 
-    lines = [o.input_line for o in CommandLine.parse(argv).overrides if o.key_or_group != "resume"]
+    from rloo.run.cli import anchored
+
+    here = Path.cwd().resolve()  # relative paths saved resolved: a resume from any directory finds them
+    lines = [anchored(o, here) for o in CommandLine.parse(argv).overrides if o.key_or_group != "resume"]
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(path, yaml.safe_dump(lines, default_flow_style=False), "the run's overrides")
 
@@ -174,7 +231,7 @@ def split_path(data, out: Path, name: str) -> str:
     import datasets
 
     if isinstance(data, (str, Path)):
-        return str(Path(data).expanduser()) if Path(data).expanduser().exists() else str(data)  # or a hub id
+        return str(Path(data).expanduser().resolve()) if Path(data).expanduser().exists() else str(data)  # or a hub id
     if isinstance(data, list):
         data = datasets.Dataset.from_list(data)
     if isinstance(data, datasets.DatasetDict):

@@ -1,18 +1,12 @@
-"""python -m rloo.report <multirun dir>: one table and two plots for a sweep, no notebook.
+"""python -m rloo.report <run dir | multirun dir>: a run's learning curves, or a sweep's tables and plots, no notebook.
 
-    python -m rloo.report outputs/multirun/2026-12-03/08-30-00
+    python -m rloo.report outputs/2026-12-03/08-30-00            # curves.png, drawn again (rloo.run.plots)
+    python -m rloo.report outputs/multirun/2026-12-03/08-30-00   # the sweep: docs/sweeps.md lists what it writes
 
-Reads every job dir (`<n>_<overrides>/`: .hydra/overrides.yaml, config.yaml, summary.json, csv/metrics.csv) and
-writes, into the multirun dir:
-- report.md and report.csv: one row per job (overrides, status, final win rate with its interval, reward-model
-  score, reward, KL, clip fraction, episodes, training seconds, wall time, peak memory);
-- win_rate_vs_k.png and kl_vs_k.png: one line per clip range;
-- settings.md: the jobs grouped by their overrides other than seed (a method, say), the final win rate as mean and
-  Student-t 95% interval over the seeds, the other columns as means;
-- win_rate_vs_episodes.png and win_rate_vs_seconds.png: learning curves, one line per setting (mean over seeds);
-- differences.md: every pair of settings, the difference of their means and its Welch 95% interval, for the win rate
-  and for each verifiable outcome the runs report (eval/accuracy, eval/pass@k, eval/majority_vote, the reward
-  functions' held-out means), which verifiable.md tabulates per setting.
+A sweep's job dirs (`<n>_<overrides>/`: .hydra/overrides.yaml, config.yaml, summary.json, csv/metrics.csv) become:
+report.md and report.csv (one row per job), settings.md (per setting: the headline metric's mean over seeds with its
+Student-t 95% interval, `n = 1` for one seed), differences.md (every pair of settings, Welch intervals), updates.md,
+verifiable.md and factorial.md where they apply, and the figures of the metrics the jobs have (sweep_plots).
 A job whose process still holds its run dir (rloo.utils.ownership) is reported as running; one with no summary.json
 as failed (killed, where its holder died without a word), and one whose summary.json says it did not finish by its
 status (interrupted, failed, evaluating); each with the one-line error its run dir keeps. None is dropped.
@@ -24,12 +18,12 @@ import csv
 import json
 import statistics
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
 from rloo.evaluation.intervals import PROPORTIONS, difference_interval, seed_interval, t_975  # noqa: F401 (API)
+from rloo.run import plots
 from rloo.utils import ownership
 from rloo.utils.host import describe
 
@@ -67,14 +61,21 @@ def outcomes_of(final: dict) -> dict[str, float]:
         key.removeprefix("eval/"): value
         for key, value in final.items()
         if key.removeprefix("eval/").startswith(("pass@", "reward/", *OUTCOMES))
-        and not key.endswith(("_ci_low", "_ci_high"))
+        and not key.endswith(("_ci_low", "_ci_high", "_failed"))
         and value is not None
     }
 
 
 def job_dirs(multirun_dir: Path) -> list[Path]:
-    """Job dirs in job-number order: every subdir Hydra gave a .hydra/ (it writes it before the job runs)."""
-    dirs = [d for d in multirun_dir.iterdir() if d.is_dir() and (d / ".hydra").is_dir()]
+    """Job dirs in job-number order: every subdir Hydra gave a .hydra/ (it writes it before the job runs), in a dir
+    Hydra wrote a multirun.yaml into or under a name that starts with its job number (`<n>_<overrides>`): the
+    parent of single runs is no sweep."""
+    sweep = (multirun_dir / "multirun.yaml").is_file()
+    dirs = [
+        d
+        for d in multirun_dir.iterdir()
+        if d.is_dir() and (d / ".hydra").is_dir() and (sweep or d.name.split("_")[0].isdigit())
+    ]
     return sorted(
         dirs, key=lambda d: (int(d.name.split("_")[0]) if d.name.split("_")[0].isdigit() else 1 << 30, d.name)
     )
@@ -286,12 +287,18 @@ def settings_markdown(table: list[dict]) -> str:
     ]
     for r in table:
         lines.append(
-            f"| {r['setting']} | {r['seeds']} | {r['win_rate']:.3f} [{r['win_rate_low']:.3f}, "
-            f"{r['win_rate_high']:.3f}] | {_cell(r['score'])} | {_cell(r['reward'])} | {_cell(r['kl'])} "
+            f"| {r['setting']} | {r['seeds']} | {headline_cell(r)} | {_cell(r['score'])} | {_cell(r['reward'])} "
+            f"| {_cell(r['kl'])} "
             f"| {_cell(r['episodes'])} | {_cell(r['train_seconds'])} | {_cell(r.get('ms_per_episode'))} "
             f"| {_cell(r['wall_seconds'])} | {_cell(r['peak_rss_mb'])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def headline_cell(row: dict) -> str:
+    if row["seeds"] < 2:
+        return f"{row['win_rate']:.3f} (n = 1)"
+    return f"{row['win_rate']:.3f} [{row['win_rate_low']:.3f}, {row['win_rate_high']:.3f}]"
 
 
 def verifiable_metrics(rows: list[dict]) -> list[str]:
@@ -312,53 +319,20 @@ def verifiable_markdown(rows: list[dict]) -> str:
         cells = []
         for metric in metrics:
             values = [v for j in groups[setting] if (v := metric_of(j, metric)) is not None]
-            mean, low, high = seed_interval(values, metric_range(metric)) if values else (None, None, None)
-            cells.append("-" if mean is None else f"{mean:.3f} [{low:.3f}, {high:.3f}]")
+            cells.append(_interval_cell(values, within=metric_range(metric)))
         lines.append(f"| {setting} | {len(groups[setting])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-@contextmanager
-def figure_file(path: Path, size: tuple[float, float]):
-    """Axes for the caller to draw on; the figure is then gridded, saved to `path` and closed (files only, no
-    display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=size, dpi=120)
-    try:
-        yield axes
-        axes.grid(alpha=0.3)
-        figure.tight_layout()
-        figure.savefig(path)
-    finally:
-        plt.close(figure)
-
-
 def plot_outcomes(rows: list[dict], path: Path) -> None:
     """Each verifiable outcome's final mean per setting with its Student-t 95% interval over seeds, settings side
-    by side at each outcome."""
+    by side at each outcome (rloo.run.plots)."""
     metrics = [m for m in verifiable_metrics(rows) if not m.startswith("reward/")] or verifiable_metrics(rows)
-    groups = finished_by_setting(rows, metrics[0])
-    with figure_file(path, (6.5, 3.8)) as axes:
-        draw_outcomes(axes, groups, metrics)
-
-
-def draw_outcomes(axes, groups: dict[str, list[dict]], metrics: list[str]) -> None:
-    width = 0.8 / max(len(groups), 1)
-    for n, setting in enumerate(sorted(groups)):
-        means, lows, highs = [], [], []
-        for metric in metrics:
-            values = [v for j in groups[setting] if (v := metric_of(j, metric)) is not None]
-            mean, low, high = seed_interval(values, metric_range(metric))
-            means, lows, highs = means + [mean], lows + [mean - low], highs + [high - mean]
-        xs = [i - 0.4 + width * (n + 0.5) for i in range(len(metrics))]
-        axes.errorbar(xs, means, yerr=[lows, highs], fmt="o", capsize=3, label=f"{setting} ({len(groups[setting])})")
-    axes.set_xticks(range(len(metrics)), metrics)
-    axes.set_ylabel("final, mean over seeds (95% CI)")
-    axes.legend(fontsize=7)
+    groups = {
+        setting: {m: [v for j in jobs if (v := metric_of(j, m)) is not None] for m in metrics}
+        for setting, jobs in finished_by_setting(rows, metrics[0]).items()
+    }
+    plots.plot_outcomes(path, groups, metrics, {m: metric_range(m) for m in metrics})
 
 
 def all_differences_markdown(rows: list[dict]) -> str:
@@ -367,56 +341,74 @@ def all_differences_markdown(rows: list[dict]) -> str:
     return "\n".join(f"{title}\n\n{differences_markdown(rows, metric)}" for metric, title in sections)
 
 
-def plot_curves(
-    rows: list[dict], x_key: str, xlabel: str, path: Path, y_key: str = "eval/win_rate", ylabel: str = "win rate"
-) -> None:
+def plot_curves(rows: list[dict], x_key: str, xlabel: str, path: Path, y_key: str, ylabel: str) -> None:
     """Held-out `y_key` (the win rate, or a verifiable outcome) against `x_key` of each evaluation (episodes,
-    train_seconds): one line per setting, the mean over its seeds at each evaluation."""
-    groups: dict[str, list[list[dict]]] = {}
+    train_seconds): one line per setting, the mean over its seeds at each evaluation (rloo.run.plots)."""
+    groups: dict[str, list[list[tuple[float, float]]]] = {}
     for r in rows:
-        evaluations = [h for h in r.get("history") or [] if h.get(y_key) is not None and x_key in h]
+        evaluations = [(h[x_key], h[y_key]) for h in r.get("history") or [] if h.get(y_key) is not None and x_key in h]
         if r["status"] == "ok" and evaluations:
             groups.setdefault(r["setting"], []).append(evaluations)
-    with figure_file(path, (5.5, 3.8)) as axes:
-        draw_curves(axes, groups, x_key, y_key)
-        axes.set_xlabel(xlabel)
-        axes.set_ylabel(f"held-out {ylabel} (mean over seeds)")
+    plots.plot_curves(path, groups, xlabel, f"held-out {ylabel} (mean over seeds)")
 
 
-def draw_curves(axes, groups: dict[str, list[list[dict]]], x_key: str, y_key: str) -> None:
-    for setting, runs in sorted(groups.items()):
-        points = min(len(run) for run in runs)  # evaluations every seed has
-        xs = [statistics.fmean(run[i][x_key] for run in runs) for i in range(points)]
-        ys = [statistics.fmean(run[i][y_key] for run in runs) for i in range(points)]
-        axes.plot(xs, ys, marker="o", markersize=3, label=f"{setting} ({len(runs)} seeds)")
-    if groups:
-        axes.legend(fontsize=7)
+def against_k(rows: list[dict], key: str) -> dict[str, dict[int, list[float]]]:
+    """The finished jobs' `key` by setting without k (the overrides other than k and seed: an algorithm, a clip
+    range) and by k: what a plot against k draws, one line per setting."""
+    lines: dict[str, dict[int, list[float]]] = {}
+    for r in rows:
+        value = r.get(key) if key in ("kl", "win_rate") else (r.get("outcomes") or {}).get(key)
+        if r["status"] == "ok" and value is not None and r.get("k") is not None:
+            setting = " ".join(o for o in r["varying"] if not o.startswith("k=")) or "(defaults)"
+            lines.setdefault(setting, {}).setdefault(int(r["k"]), []).append(float(value))
+    return lines
 
 
-def plot_against_k(rows: list[dict], key: str, ylabel: str, path: Path) -> None:
-    """`key` of the finished jobs against k, one line per clip range (error bars for the win rate)."""
-    done = [r for r in rows if r["status"] == "ok" and r.get(key) is not None and r.get("k") is not None]
-    with figure_file(path, (5, 3.5)) as axes:
-        draw_against_k(axes, done, key)
-        axes.set_ylabel(ylabel)
+def file_stem(metric: str) -> str:
+    """A metric's name in a file name: reward/topic_recall -> reward_topic_recall, pass@4 -> pass_at_4."""
+    return metric.replace("/", "_").replace("@", "_at_")
 
 
-def draw_against_k(axes, done: list[dict], key: str) -> None:
-    for clip in sorted({r["clip_range"] for r in done}, key=lambda c: (c is None, c)):
-        line = sorted((r for r in done if r["clip_range"] == clip), key=lambda r: r["k"])
-        ks, values = [r["k"] for r in line], [r[key] for r in line]
-        if key == "win_rate":
-            errors = [
-                [v - r["win_rate_ci_low"] for v, r in zip(values, line)],
-                [r["win_rate_ci_high"] - v for v, r in zip(values, line)],
-            ]
-            axes.errorbar(ks, values, yerr=errors, marker="o", capsize=3, label=f"clip_range={clip}")
-        else:
-            axes.plot(ks, values, marker="o", label=f"clip_range={clip}")
-    axes.set_xlabel("k (completions per prompt)")
-    if done:
-        axes.set_xticks(sorted({r["k"] for r in done}))
-        axes.legend(fontsize=8)
+def sweep_plots(rows: list[dict], out: Path) -> list[str]:
+    """The sweep's figures, of the metrics its jobs have: the headline metric (the win rate where a judge gave one,
+    else the first verifiable outcome) and the KL against k where k varies, the held-out curves of the win rate or
+    of the verifiable outcomes, the final outcomes side by side. Returns the files written."""
+    written, headline = [], headline_metric(rows)
+    has_win_rate = any(r["status"] == "ok" and r.get("win_rate") is not None for r in rows)
+    name = file_stem(headline)
+    if len({r.get("k") for r in rows if r["status"] == "ok"}) > 1:  # against k only where k varies
+        if lines := against_k(rows, headline):
+            plots.plot_against_k(out / f"{name}_vs_k.png", lines, f"final {headline} [95% CI over seeds]", (0, 1))
+            written.append(f"{name}_vs_k.png")
+        if lines := against_k(rows, "kl"):
+            plots.plot_against_k(out / "kl_vs_k.png", lines, f"KL, mean of last {TAIL_STEPS} steps")
+            written.append("kl_vs_k.png")
+    curves = (["win_rate"] if has_win_rate else []) + verifiable_metrics(rows)[:2]
+    for metric in curves:
+        name = file_stem(metric)
+        plot_curves(
+            rows,
+            "episodes",
+            "episodes (completions trained on)",
+            out / f"{name}_vs_episodes.png",
+            f"eval/{metric}",
+            metric.replace("_", " "),
+        )
+        written.append(f"{name}_vs_episodes.png")
+    if has_win_rate:
+        plot_curves(
+            rows,
+            "train_seconds",
+            "seconds of training (no evaluation)",
+            out / "win_rate_vs_seconds.png",
+            "eval/win_rate",
+            "win rate",
+        )
+        written.append("win_rate_vs_seconds.png")
+    if verifiable_metrics(rows):
+        plot_outcomes(rows, out / "verifiable.png")
+        written.append("verifiable.png")
+    return written
 
 
 def name_settings(rows: list[dict]) -> None:
@@ -427,7 +419,8 @@ def name_settings(rows: list[dict]) -> None:
         r["setting"] = " ".join(r["varying"]) or "(defaults)"
 
 
-def report(multirun_dir: Path) -> list[dict]:
+def report(multirun_dir: Path) -> tuple[list[dict], list[str]]:
+    """Every table and figure of a sweep, written into its dir: its jobs' rows, and the figures drawn."""
     rows = [job_row(job) for job in job_dirs(multirun_dir)]
     name_settings(rows)
     (multirun_dir / "report.md").write_text(markdown(rows))
@@ -435,8 +428,6 @@ def report(multirun_dir: Path) -> list[dict]:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    plot_against_k(rows, "win_rate", "final win rate (95% CI)", multirun_dir / "win_rate_vs_k.png")
-    plot_against_k(rows, "kl", f"KL (mean of last {TAIL_STEPS} steps)", multirun_dir / "kl_vs_k.png")
     (multirun_dir / "settings.md").write_text(settings_markdown(by_setting(rows)))
     (multirun_dir / "differences.md").write_text(all_differences_markdown(rows))
     (multirun_dir / "updates.md").write_text(updates_markdown(rows))
@@ -444,19 +435,19 @@ def report(multirun_dir: Path) -> list[dict]:
         (multirun_dir / "factorial.md").write_text(factorial)
     if verifiable_metrics(rows):
         (multirun_dir / "verifiable.md").write_text(verifiable_markdown(rows))
-        plot_outcomes(rows, multirun_dir / "verifiable.png")
-    plot_curves(rows, "episodes", "episodes (completions trained on)", multirun_dir / "win_rate_vs_episodes.png")
-    plot_curves(rows, "train_seconds", "seconds of training (no evaluation)", multirun_dir / "win_rate_vs_seconds.png")
-    for metric in verifiable_metrics(rows)[:2]:  # the reward functions' mean and the accuracy, where reported
-        name = metric.replace("/", "_").replace("@", "_at_")
-        plot_curves(rows, "episodes", "episodes", multirun_dir / f"{name}_vs_episodes.png", f"eval/{metric}", metric)
-    return rows
+    for stale in multirun_dir.glob("*.png"):  # figures of an earlier report that this one may not draw
+        stale.unlink()
+    return rows, sweep_plots(rows, multirun_dir)
 
 
-def _interval_cell(values: list[float], digits: int = 3) -> str:
+def _interval_cell(values: list[float], digits: int = 3, within: tuple[float, float] | None = None) -> str:
+    """`mean [low, high]` over seeds (Student-t 95%); one seed says `(n = 1)`: it has no interval, and a zero-width
+    one would claim certainty."""
     if not values:
         return "-"
-    mean, low, high = seed_interval(values)
+    if len(values) < 2:
+        return f"{values[0]:.{digits}f} (n = 1)"
+    mean, low, high = seed_interval(values, within)
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
@@ -541,29 +532,58 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = OneLineParser(
         prog="python -m rloo.report",
-        description="Tables and plots of a sweep: report.md, "
-        "settings.md, report.csv and the learning curves, written into the multirun dir",
+        description="A run's learning curves (curves.png in its run dir), or a sweep's tables and plots (report.md, "
+        "settings.md, report.csv and the figures of the metrics its jobs have, in the multirun dir)",
     )
     parser.add_argument(
-        "multirun_dir",
+        "dir",
         nargs="?",
-        help="a multirun dir, e.g. outputs/multirun/<date>/<time> (default: the latest one under outputs/multirun)",
+        help="a run dir (outputs/<date>/<time>) or a multirun dir (outputs/multirun/<date>/<time>); default: the "
+        "latest sweep under outputs/multirun",
     )
-    given = parser.parse_args(sys.argv[1:] if argv is None else argv).multirun_dir
+    given = parser.parse_args(sys.argv[1:] if argv is None else argv).dir
     if given is None:
         given = latest_sweep(Path("outputs/multirun"))
         print(f"report: the latest sweep, {given}", file=sys.stderr)
-    multirun_dir = Path(given)
-    if not multirun_dir.is_dir():
-        print(f"error: {given!r} is not a dir: give a multirun dir (outputs/multirun/<date>/<time>)", file=sys.stderr)
+    target = Path(given)
+    if not target.is_dir():
+        print(f"error: {given!r} is not a dir: give a run dir or a multirun dir", file=sys.stderr)
         sys.exit(2)
-    if not job_dirs(multirun_dir):
+    if not job_dirs(target):
+        if (target / "summary.json").is_file() or (target / "csv" / "metrics.csv").is_file():
+            return run_report(target)
         print(
-            f"error: {given!r} holds no Hydra job dirs (<n>_<overrides>/.hydra): is it a multirun dir?",
+            f"error: {given!r} is neither a run dir (summary.json, csv/metrics.csv) nor a multirun dir (job dirs "
+            "<n>_<overrides>/.hydra)",
             file=sys.stderr,
         )
         sys.exit(2)
-    rows = report(multirun_dir)
+    sweep_report(target)
+
+
+def run_report(run_dir: Path) -> None:
+    """curves.png of one run, drawn again from its csv/metrics.csv (a run still going: up to where it is), and its
+    status and final held-out metrics as its summary.json has them."""
+    path, line = plots.draw_run(run_dir)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    status = "running" if ownership.holder(run_dir) == "live" else summary.get("status", "not recorded")
+    print(f"report: {run_dir}: {status}" + (f": {summary['error']}" if summary.get("error") else ""))
+    final = summary.get("final") or {}
+    for key, value in final.items():
+        if isinstance(value, float) and not key.endswith(("_ci_low", "_ci_high")):
+            low, high = final.get(f"{key}_ci_low"), final.get(f"{key}_ci_high")
+            interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+            print(f"  {key} {value:.3f}{interval}")
+    print(f"report: {line}" + (f" ({path})" if path else ""))
+    if path is None:
+        sys.exit(1)
+
+
+def sweep_report(multirun_dir: Path) -> None:
+    rows, figures = report(multirun_dir)
     print(markdown(rows))
     print(settings_markdown(by_setting(rows)))
     print(updates_markdown(rows))
@@ -577,8 +597,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{f', {running} running' if running else ''}; wrote report.md, "
         f"report.csv, settings.md, differences.md, updates.md"
         f"{', factorial.md' if (multirun_dir / 'factorial.md').exists() else ''}"
-        f"{', verifiable.md/.png' if verifiable_metrics(rows) else ''}, "
-        f"win_rate_vs_k.png, kl_vs_k.png, win_rate_vs_episodes.png, win_rate_vs_seconds.png in {multirun_dir}"
+        f"{', verifiable.md' if verifiable_metrics(rows) else ''}"
+        f"{', ' + ', '.join(figures) if figures else ''} in {multirun_dir}"
     )
 
 

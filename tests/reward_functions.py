@@ -114,3 +114,45 @@ def pauses(prompts, completions):
         Path(f"{marker}.{rank}").touch()
         time.sleep(float(os.environ.get("RLOO_TEST_PAUSE_S", "3")))
     return [0.0] * len(completions)
+
+
+def _lookup(row: dict) -> str:
+    return row["solution"]  # a helper's KeyError: the frame the error line names
+
+
+def key_error_in_a_helper(prompts, completions):
+    return [float(_lookup({})) for _ in completions]
+
+
+SEEN: list[dict] = []  # what trl_arguments saw
+
+
+def trl_arguments(prompts, completions, completion_ids, trainer_state, log_metric, log_extra, **kwargs):
+    """Every argument TRL hands a reward function beyond the columns: logs a metric and a column, returns bools."""
+    SEEN.append({"ids": completion_ids, "step": trainer_state.global_step, "epoch": trainer_state.epoch})
+    log_metric("my/ids_per_completion", sum(len(ids) for ids in completion_ids) / len(completion_ids))
+    log_extra("n_ids", [len(ids) for ids in completion_ids])
+    return [len(ids) % 2 == 0 for ids in completion_ids]
+
+
+async def async_length(completions, **kwargs):
+    import asyncio
+
+    await asyncio.sleep(0)
+    return [float(len(c.split())) for c in completions]
+
+
+def logs_kl(completions, log_metric, **kwargs):
+    log_metric("objective/kl", 1.0)
+    return [0.0] * len(completions)
+
+
+CALLS_SEEN = {"n": 0}
+
+
+def fails_on_the_third_call(prompts, completions):
+    """Scores two rollouts (no initial evaluation), then raises: a run that fails part-way."""
+    CALLS_SEEN["n"] += 1
+    if CALLS_SEEN["n"] >= 3:
+        raise RuntimeError("the grader went away")
+    return [float(len(c.split())) for c in completions]

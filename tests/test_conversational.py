@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerFast
 from rloo.data.chat import render_prompt, template_system_prompt, with_system_prompt
 from rloo.data.prompts import system_prompt_note
 from rloo.rewards.scoring import Reward, RewardTerm
+from rloo.rewards.trl_arguments import ARGUMENTS
 from rloo.utils.errors import ConfigError
 
 # A ChatML template that inserts its own system message where a conversation has none, as SmolLM2's and Qwen2.5's do
@@ -64,7 +65,7 @@ def test_reward_functions_get_trls_conversational_arguments():
     prompts, completions, kwargs = SEEN[-1]
     assert prompts == chats  # the messages the model was prompted with
     assert completions == [[{"role": "assistant", "content": "4"}], [{"role": "assistant", "content": "2"}]]
-    assert kwargs == {"answer": ["4", "2"]}
+    assert {key: value for key, value in kwargs.items() if key not in ARGUMENTS} == {"answer": ["4", "2"]}
     reward(["two plus two", "one plus one"], ["4", "2"], None, {"answer": ["4", "2"]})  # text data: strings
     assert SEEN[-1][:2] == (["two plus two", "one plus one"], ["4", "2"])
     values = reward.function_values(chats, ["4", "2"], {"answer": ["4", "2"]})  # evaluation: the same form
@@ -94,7 +95,7 @@ def test_trls_conversational_reward_functions_train_and_evaluate_unchanged(embed
     prompts, completions, kwargs = SEEN[0]  # the first rollout's call
     assert all(isinstance(p, list) and p[-1]["role"] == "user" for p in prompts)
     assert all(len(c) == 1 and c[0]["role"] == "assistant" and isinstance(c[0]["content"], str) for c in completions)
-    assert set(kwargs) == {"answer"}
+    assert set(kwargs) == {"answer", *ARGUMENTS}  # the data's column and TRL's arguments (rloo.rewards.trl_arguments)
     records = [json.loads(line) for line in (out / "eval_samples.jsonl").read_text().splitlines()]
     assert all(set(r["rewards"]) == {"think_format", "answer_in_reply", "records_its_arguments"} for r in records)
 

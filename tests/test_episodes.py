@@ -3,6 +3,7 @@ ratios); turns and replies alternate as the environment says; an environment tha
 algorithm of the shared step trains on episodes."""
 
 import copy
+import inspect
 import math
 import re
 import threading
@@ -202,7 +203,11 @@ def test_a_chat_reply_enters_through_the_template():
 @pytest.mark.parametrize(
     "cls, said",
     [
-        (Raises, "environment tests.test_episodes.Raises failed in step(action_text): ValueError: no such move"),
+        (
+            Raises,
+            f"environment tests.test_episodes.Raises failed in step(action_text): at tests/test_episodes.py:"
+            f"{inspect.getsourcelines(Raises.step)[1] + 1} in step: ValueError: no such move",
+        ),
         (
             Hangs,
             "environment tests.test_episodes.Hangs failed in step(action_text): TimeoutError: no result after "
@@ -265,8 +270,8 @@ def test_an_environment_module_that_is_missing_or_fails_as_it_imports_is_one_lin
     with pytest.raises(ConfigError) as caught:
         environment_class("broken_env.Game")
     assert str(caught.value) == (
-        "env.environment._target_: importing 'broken_env' for 'broken_env:Game' raised RuntimeError: no simulator "
-        "on this machine"
+        f"env.environment._target_: importing 'broken_env' for 'broken_env:Game' raised at {tmp_path / 'broken_env.py'}"
+        ":1 in <module>: RuntimeError: no simulator on this machine"
     )
     with pytest.raises(
         ConfigError, match=r"^env.environment._target_: cannot import 'no_such_env' for 'no_such_env:G'"

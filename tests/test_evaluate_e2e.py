@@ -173,7 +173,7 @@ def test_a_plugin_judge_that_exits_fails_the_evaluation_in_one_line(embedded_tas
     args = [f"hydra.run.dir={tmp_path / 'eval'}", "bootstrap=fast", "eval.num_prompts=4", "response_length=8"]
     assert run_module("rloo.evaluate", *args, "judge._target_=tests.plugin_judges.Exits") == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert err == ["error: judge Exits raised SystemExit: 0"]
+    assert err == ["error: judge Exits raised at tests/plugin_judges.py:17 in judge: SystemExit: 0"]
     assert not (tmp_path / "eval" / "summary.json").exists()
 
 

@@ -2,6 +2,7 @@
 exit, or a guarded skip that is counted; never a non-finite policy or a success with another metric."""
 
 import csv
+import inspect
 import json
 import math
 import os
@@ -70,10 +71,21 @@ def test_reward_expressions_parse_into_weighted_terms():
             parse_reward(f"model + {weight}*m:f")
 
 
+def where(function, text: str) -> str:
+    """`tests/reward_functions.py:<line> in <name>`: the line of `function` that holds `text`, as a failure names it."""
+    lines, first = inspect.getsourcelines(function)
+    line = first + next(i for i, source in enumerate(lines) if text in source)
+    return f"tests/reward_functions.py:{line} in {function.__name__}"
+
+
+RAISES = where(reward_functions.raises, "raise ValueError")
+EXITS = where(reward_functions.exits, "SystemExit")
+
+
 @pytest.mark.parametrize(
     "function, message",
     [
-        (reward_functions.raises, "raised ValueError: this reward function always fails"),
+        (reward_functions.raises, f"raised at {RAISES}: ValueError: this reward function always fails"),
         (reward_functions.wrong_count, "returned 2 values for 3 completions"),
         (
             reward_functions.nan_for_odd_rows,
@@ -93,7 +105,7 @@ def test_reward_expressions_parse_into_weighted_terms():
             "returned str values ('high'), not numbers (a string is not a score: return float(...), "
             "or None where it does not apply)",
         ),
-        (reward_functions.exits, "raised SystemExit: 0"),
+        (reward_functions.exits, f"raised at {EXITS}: SystemExit: 0"),
     ],
 )
 def test_a_misbehaving_function_is_named_with_what_it_did(function, message):
@@ -149,9 +161,9 @@ def test_a_reward_module_that_fails_as_it_imports_is_one_line(tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError) as caught:
         load_function("broken_reward:score")
-    assert str(caught.value) == (
-        "reward: importing 'broken_reward' for 'broken_reward:score' raised RuntimeError: "
-        "no grader binary on this machine"
+    assert str(caught.value) == (  # the module's own line, its full path where it lies outside the working dir
+        f"reward: importing 'broken_reward' for 'broken_reward:score' raised at {tmp_path / 'broken_reward.py'}:1 in "
+        "<module>: RuntimeError: no grader binary on this machine"
     )
 
 
@@ -170,8 +182,8 @@ def test_a_weighted_sum_of_the_model_and_a_function_and_masking():
 @pytest.mark.parametrize(
     "function, settings, what",
     [
-        ("raises", [], "raised ValueError: this reward function always fails"),
-        ("exits", [], "raised SystemExit: 0"),  # SystemExit(0) inside a reward function is no success
+        ("raises", [], f"raised at {RAISES}: ValueError: this reward function always fails"),
+        ("exits", [], f"raised at {EXITS}: SystemExit: 0"),  # SystemExit(0) inside a reward function is no success
         ("hangs", ["reward_timeout_s=1"], "raised TimeoutError: no result after 1 s (reward_timeout_s)"),
     ],
 )

@@ -205,9 +205,15 @@ def test_a_second_ctrl_c_does_not_cut_what_a_stopped_run_records():
     Ctrl-C in those seconds is dropped, and Ctrl-C stops the process again after them."""
     from rloo.run.stops import ctrl_c_held
 
-    with ctrl_c_held():
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # a KeyboardInterrupt would be raised here
-    with pytest.raises(KeyboardInterrupt):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(1)
+    # Python's own SIGINT handler, as an interactive run has it (a job a script starts in the background inherits
+    # SIGINT ignored, and so would this test process)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with ctrl_c_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # a KeyboardInterrupt would be raised here
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    finally:
+        signal.signal(signal.SIGINT, inherited)

@@ -1,5 +1,6 @@
 """The win rate and its interval by hand, the A/B order draw, and the local judges against slow references."""
 
+import inspect
 import math
 
 import pytest
@@ -214,14 +215,18 @@ def test_hf_judge_refuses_labels_that_are_not_one_token(hf_judge_model):
 
 
 # ---- plug-in judges under guard (rloo.judges.judge_pairs) ------------------------------------------------------
+RAISES, EXITS = (  # the failing judges' own lines, as a failure names them
+    f"tests/plugin_judges.py:{inspect.getsourcelines(judge.judge)[1] + 1}"
+    for judge in (plugin_judges.Raises, plugin_judges.Exits)
+)
 PAIRS = (["p1", "p2", "p3"], ["long answer", "a", "same"], ["short", "longer", "same"])
 
 
 @pytest.mark.parametrize(
     "judge, message",
     [
-        (plugin_judges.Raises(), "judge Raises raised RuntimeError: the grader crashed"),
-        (plugin_judges.Exits(), "judge Exits raised SystemExit: 0"),
+        (plugin_judges.Raises(), f"judge Raises raised at {RAISES} in judge: RuntimeError: the grader crashed"),
+        (plugin_judges.Exits(), f"judge Exits raised at {EXITS} in judge: SystemExit: 0"),
         (plugin_judges.WrongCount(), "judge WrongCount returned 2 verdicts for 3 pairs"),
         (plugin_judges.Floats(), "judge Floats returned float (1.0), not a rloo.judges.Verdict"),
         (plugin_judges.BoolOutcomes(), "judge BoolOutcomes returned a Verdict with outcome True: allowed 1.0 (win)"),

@@ -483,3 +483,21 @@ def test_a_deepspeed_checkpoint_dir_resumes_only_when_every_part_of_it_is_there(
     assert "without its model states" in inspect_checkpoint(whole, 2)[1]
     skipped = []
     assert find_resume_point("auto", run, 2, log=skipped.append) is None and "step2.ckpt" in skipped[0]
+
+
+def test_a_run_keeps_its_newest_checkpoint_by_default_and_no_frozen_model(embedded_task, tmp_path, monkeypatch):
+    import rloo
+    from rloo.run.cli import compose_train_config
+
+    assert compose_train_config([]).keep_checkpoints == 1
+    monkeypatch.setenv("RLOO_CACHE_DIR", str(embedded_task / "cache"))
+    out = tmp_path / "run"
+    rloo.fit({"debug": "fast", "logger": "csv", "judge": "none", "keep_checkpoints": 1}, output_dir=out)
+    assert sorted(p.name for p in (out / "checkpoints").glob("*.ckpt")) == ["last.ckpt", "step3.ckpt"]
+    assert os.readlink(out / "checkpoints" / "last.ckpt") == "step3.ckpt"
+    state = torch.load(out / "checkpoints" / "step3.ckpt", weights_only=True)
+    assert all(key.startswith("policy.") for key in state["state_dict"])  # the reference and reward model reload
+    moments = state["optimizer_states"][0]["state"]  # AdamW's two moments for every policy weight
+    assert len(moments) == len(state["state_dict"]) and all(
+        {"exp_avg", "exp_avg_sq"} <= set(m) for m in moments.values()
+    )

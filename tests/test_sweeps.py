@@ -3,7 +3,6 @@
 import csv
 import json
 
-import matplotlib.image
 import pytest
 from omegaconf import OmegaConf
 
@@ -67,11 +66,14 @@ def test_report_writes_one_row_per_job_and_valid_plots(multirun):
             float(row[key])
     table = (multirun / "report.md").read_text()
     assert "| k=2 clip_range=0.2 | ok |" in table and "| k=4 clip_range=0.2 | ok |" in table
-    for name in ("win_rate_vs_k.png", "kl_vs_k.png"):
-        data = (multirun / name).read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n"
-        image = matplotlib.image.imread(multirun / name)
-        assert image.shape[0] > 100 and image.shape[1] > 100
+    from rloo.run.plots import described
+
+    for name, key in (("win_rate_vs_k.png", "win_rate"), ("kl_vs_k.png", "kl")):  # one setting, k on the x axis
+        assert (multirun / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        (axes,) = described(multirun / name)["axes"]
+        (line,) = axes["lines"]  # one seed per k: a line without bars, said as n = 1
+        assert line["label"] == "(defaults) (n = 1)" and line["x"] == [2.0, 4.0] and not axes["intervals"]
+        assert line["y"] == pytest.approx([float(r[key]) for r in rows])
 
 
 @pytest.mark.slow
@@ -131,9 +133,10 @@ def test_a_sweep_with_failed_jobs_ends_on_one_line_and_the_report_tells_failed_f
     assert ownership.holder(job) == "killed" and job_row(job)["status"] == "killed"
 
 
-def test_report_refuses_a_dir_that_is_not_a_multirun(tmp_path):
+def test_report_refuses_a_dir_that_is_neither_a_run_nor_a_multirun(tmp_path):
     result = report(tmp_path)
-    assert result.returncode == 2 and "no Hydra job dirs" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "is neither a run dir (summary.json, csv/metrics.csv) nor a multirun dir" in result.stderr
 
 
 def test_seed_interval_is_students_t_over_the_seeds():
@@ -198,7 +201,10 @@ def test_the_report_compares_every_verifiable_outcome_with_welch_intervals(tmp_p
     assert [r["setting"] for r in table] == ["algo=grpo", "algo=rloo"] and table[0]["win_rate"] == pytest.approx(mean)
     assert "final accuracy, mean [95% CI over seeds]" in settings_markdown(table)
     plot_outcomes(rows, tmp_path / "verifiable.png")
-    assert matplotlib.image.imread(tmp_path / "verifiable.png").shape[0] > 100
+    from rloo.run.plots import described
+
+    (axes,) = described(tmp_path / "verifiable.png")["axes"]
+    assert {i["label"] for i in axes["intervals"]} == {"algo=grpo (n = 3)", "algo=rloo (n = 3)"}
 
 
 @pytest.mark.slow
@@ -237,8 +243,13 @@ def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curv
     diff, low, high = difference_interval(finals[better], finals[worse])
     row = f"| algo={better} | algo={worse} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {'yes' if low > 0 else 'no'} |"
     assert row in (sweep_dir / "differences.md").read_text()
+    from rloo.run.plots import described
+
     for name in ("win_rate_vs_episodes.png", "win_rate_vs_seconds.png"):
-        assert matplotlib.image.imread(sweep_dir / name).shape[0] > 100
+        (axes,) = described(sweep_dir / name)["axes"]
+        assert sorted(line["label"] for line in axes["lines"]) == ["algo=rloo (n = 2)", "algo=vanilla_pg (n = 2)"]
+    (axes,) = described(sweep_dir / "win_rate_vs_episodes.png")["axes"]
+    assert all(line["x"] == [0.0, 8.0, 16.0, 24.0] for line in axes["lines"])
 
 
 def test_a_path_valued_override_names_one_job_dir_not_a_nest():

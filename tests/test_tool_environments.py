@@ -282,7 +282,11 @@ def canned_rollout(prompts, module):
     return out
 
 
-def reads_the_harness_field(completions, judged_by, **kwargs):
+def reads_the_harness_field(completions, judged_by=None, **kwargs):
+    """The harness's field in training; held-out evaluation samples with the policy itself, which sets no such field:
+    there the function does not apply (None), as a reward function that needs a training-only field says."""
+    if judged_by is None:
+        return [None] * len(completions)
     return [float(j.startswith("harness-")) for j in judged_by]
 
 

@@ -70,7 +70,13 @@ def test_a_reward_function_in_trls_convention_gets_its_arguments_by_keyword(tmp_
 
     reward = Reward(parse_reward(reward_spec([trl_style, positional], None)), "raise")
     total = reward(["ab", "cde"], ["x", "yz"], None, {"answer": ["1", "2"]})
-    assert seen == {"prompts": ["ab", "cde"], "completions": ["x", "yz"], "answer": ["1", "2"]}
+    trl = {"trainer_state", "log_metric", "log_extra"}  # TRL's arguments beyond the data (rloo.rewards.trl_arguments)
+    assert {key: value for key, value in seen.items() if key not in trl} == {
+        "prompts": ["ab", "cde"],
+        "completions": ["x", "yz"],
+        "answer": ["1", "2"],
+    }
+    assert set(seen) - {"prompts", "completions", "answer"} == trl
     assert total.tolist() == [1.0 + 2.0, 2.0 + 3.0]  # completion lengths + prompt lengths
 
 
@@ -211,8 +217,10 @@ def test_a_user_project_runs_from_its_own_folder_with_a_quiet_console(embedded_t
     stdout a file, so progress lines instead of the bar; no warning on the console."""
     project = write_project(tmp_path)
     args = ["--config-dir", "conf", "experiment=my_gym", "debug=fast", "hydra.run.dir=run"]
-    result = run_module("rloo.train", *args, cwd=project, cache=embedded_task / "cache")
+    fresh = {"MPLCONFIGDIR": str(tmp_path / "matplotlib")}  # as under a new HOME: matplotlib builds its font cache
+    result = run_module("rloo.train", *args, cwd=project, cache=embedded_task / "cache", env=fresh)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (tmp_path / "matplotlib").is_dir() and "fontManager" not in result.stdout + result.stderr
     summary = json.loads((project / "run" / "summary.json").read_text())
     assert "eval/reward/mentions_answer" in summary["final"] and summary["status"] == "finished"
     console = result.stdout + result.stderr
@@ -220,6 +228,7 @@ def test_a_user_project_runs_from_its_own_folder_with_a_quiet_console(embedded_t
     assert [line.split()[1] for line in progress] == ["1/3", "2/3", "3/3"] and all("kl " in p for p in progress)
     noisy = [line for line in console.splitlines() if "warn" in line.lower() or ".py:" in line or "HINT" in line]
     assert noisy == [], noisy
+    assert not any(n in console for n in ("GPU available", "Modules in train mode", "\r")), console
     assert "Epoch 0/0" not in console  # no progress bar in a file
 
 
@@ -249,3 +258,72 @@ def test_the_model_card_names_its_base_model_in_its_front_matter():
         assert front["base_model"] == base and front["library_name"] == "transformers"
     embedded = yaml.safe_load(model_card(compose_train_config([]), summary).split("---\n")[1])
     assert "base_model" not in embedded  # the embedded task's policy was built here: no hub id to name
+
+
+def test_a_resume_commands_relative_paths_are_made_absolute_where_they_were_given(tmp_path, monkeypatch):
+    from rloo.run.cli import absolute_paths
+
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "train.jsonl").write_text("")
+    argv = ["resume=run", "--config-dir", "conf", "data.train.path=train.jsonl", "model=tiny", "k=4", "-cd=conf"]
+    assert absolute_paths(argv, tmp_path) == [
+        f"resume='{tmp_path / 'run'}'",
+        "--config-dir",
+        str(tmp_path / "conf"),
+        f"data.train.path='{tmp_path / 'train.jsonl'}'",
+        "model=tiny",  # a group's option names a config, not a path
+        "k=4",
+        f"-cd={tmp_path / 'conf'}",
+    ]
+    assert absolute_paths(["data.train.path=missing.jsonl", "resume=auto"], tmp_path) == [
+        "data.train.path=missing.jsonl",  # not there: left for the check that says so
+        "resume=auto",
+    ]
+
+
+@pytest.mark.slow
+def test_the_continue_command_works_from_any_directory(embedded_task, tmp_path):
+    """The process-level contract: a run begun in its project folder (relative data paths in its experiment config,
+    its own reward module) continues from another folder with a relative resume path."""
+    project = write_project(tmp_path / "project")
+    args = ["--config-dir", "conf", "experiment=my_gym", "debug=fast", "hydra.run.dir=run", "keep_checkpoints=-1"]
+    first = run_module("rloo.train", *args, cwd=project, cache=embedded_task / "cache")
+    assert first.returncode == 0, first.stderr[-3000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    again = ["resume=../project/run/checkpoints/step1.ckpt"]
+    resumed = run_module("rloo.train", *again, cwd=elsewhere, cache=embedded_task / "cache")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"rloo: resume: running in {project}, where {project / 'run'} began" in resumed.stderr
+    assert "data: train: 32 prompts from prompts.jsonl" in resumed.stdout
+    summary = json.loads((project / "run" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["rollouts"] == 3 and not (elsewhere / "outputs").exists()
+
+
+def test_the_console_has_no_lightning_device_lines_model_table_or_bars(embedded_task, tmp_path, monkeypatch, caplog):
+    import logging
+
+    import rloo
+
+    monkeypatch.setenv("RLOO_CACHE_DIR", str(embedded_task / "cache"))
+    caplog.set_level(logging.INFO)
+    rloo.fit({"debug": "fast", "logger": "csv", "judge": "none"}, output_dir=tmp_path / "run")
+    said = [record.getMessage() for record in caplog.records]
+    assert any(line.startswith("rollout 3/3") for line in said)  # the run's own lines are there
+    for noise in ("GPU available", "TPU available", "Modules in train mode", "Total FLOPs", "stepping batches"):
+        assert not any(noise in line for line in said), noise
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "GPU available" not in log and "\r" not in log and "Mode" not in log
+
+
+def test_the_gguf_readers_own_bar_is_off_while_rloo_converts(capsys):
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
+    from rloo.models.packaged import no_gguf_progress_bar
+
+    with no_gguf_progress_bar():
+        list(gguf_reader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+    assert "Converting" not in capsys.readouterr().err
+    list(gguf_reader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))  # restored after
+    assert "Converting" in capsys.readouterr().err

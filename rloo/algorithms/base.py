@@ -24,7 +24,7 @@ from rloo.algorithms.optim import adamw_with_schedule
 from rloo.algorithms.run_state import RunState
 from rloo.algorithms.schedule import MicroBatch, StrategyAdapter, micro_batches, mini_batch_indices
 from rloo.data.chat import observed_prompts
-from rloo.generation.episodes import close_all, episode_returns, reward_completions
+from rloo.generation.episodes import close_all, completion_token_ids, episode_returns, reward_completions
 from rloo.generation.forward import completion_logprobs_and_entropy
 from rloo.generation.rollout import PhaseTimer, Rollout, clock, sample_rollout, scored_rollout
 from rloo.models.lora import ADAPTER_MARK, has_adapters
@@ -59,6 +59,8 @@ class OnlineRLModule(LightningModule):
         self.state = RunState()  # counters, guard, random states: what checkpoints carry
         self.strategy = StrategyAdapter(self)  # what differs by strategy in accumulation and optimiser steps
         self.last_rollout: Rollout | None = None
+        self.reward_logged: dict[str, float] = {}  # the reward functions' log_metric means of the last rollout
+        self.reward_columns: dict[str, list] = {}  # and their log_extra columns (samples.jsonl)
         self.last_targets = None  # what the algorithm derived from it (StepTargets, PPOTargets)
         self.sampled_in_rollout: int | None = None  # completions generated for this rollout, where more than it holds
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
@@ -128,14 +130,17 @@ class OnlineRLModule(LightningModule):
                 if environments:  # TRL's reward functions may read the episodes' environments
                     columns["environments"] = [e.user_environment for e in environments]
                 columns |= extras
+                self.reward.trainer_state = self.trainer_state()
                 scores = self.reward(
                     prompts,
                     reward_completions(sampled, self.tokenizer, chat),
                     rollout.scores,
                     columns,
                     episode_returns(sampled.episodes),
+                    completion_ids=completion_token_ids(sampled) if self.reward.asks_for("completion_ids") else None,
                 )
                 rollout.scores = scores.to(rollout.scores.device)
+                self.reward_logged, self.reward_columns = self.reward.log.take()
         return rollout
 
     def episode_prompts(self, batch: dict, prompts: list | None, environments: list):
@@ -169,6 +174,16 @@ class OnlineRLModule(LightningModule):
     def masks_bad_scores(self) -> bool:
         """reward_errors=mask: completions without a finite score leave the baseline instead of stopping the run."""
         return self.reward is not None and self.reward.on_error == "mask"
+
+    def trainer_state(self):
+        """Where training stands, for reward functions that take TRL's `trainer_state`."""
+        from rloo.algorithms.metrics import epochs_done
+        from rloo.rewards.trl_arguments import TrainerState
+
+        state = self.state
+        return TrainerState(
+            self.trainer.global_step, epochs_done(self), self.trainer.max_steps, state.rollouts, state.episodes
+        )
 
     def reward_metrics(self, rollout: Rollout) -> dict[str, float]:
         if self.reward is None:

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from rloo.generation.rollout import Rollout
+from rloo.utils.errors import RewardFunctionError
 from rloo.utils.memory import peak_rss_mb
 
 # metric names of the statistics RLOO and PPO report: TRL's where the quantity is TRL's (docs/configuration.md maps
@@ -86,7 +87,7 @@ def common_metrics(module, rollout: Rollout) -> dict[str, float | Tensor]:
         "guard/no_signal_rollouts": float(state.no_signal_rollouts),
         "episode": float(state.episodes),
         "eps": episodes_per_second(module),
-        "train/epoch": state.episodes / max(num_train_prompts(module) * module.config.k, 1),
+        "train/epoch": epochs_done(module),
         "time/tokens_per_second": tokens / max(timings.get("step", 0.0), 1e-9),
         "memory/peak_rss_mb": peak_rss_mb(),  # this process so far (averaged over ranks when logged)
     }
@@ -104,6 +105,13 @@ def log_metrics(module, metrics: dict, batch_size: int) -> None:
     """The step's metrics, averaged over ranks, to every logger at step = rollouts (as the evaluations), every
     log_every rollouts and at the last. Written inside the step, so a checkpoint taken as the step ends never
     precedes the row of its own rollout."""
+    logged = getattr(module, "reward_logged", {})  # the reward functions' log_metric means, under their names
+    if clash := [name for name in logged if name in metrics]:
+        raise RewardFunctionError(
+            f"log_metric({clash[0]!r}, ...): rloo logs {clash[0]} itself: give the reward function's metric another "
+            "name"
+        )
+    metrics = metrics | logged
     values = torch.stack(
         [torch.as_tensor(v, dtype=torch.float32, device=module.device).reshape(()) for v in metrics.values()]
     )
@@ -127,6 +135,11 @@ def episodes_per_second(module) -> float:
     and checkpoints included), all devices."""
     started, episodes_then = module.train_started
     return (module.state.episodes - episodes_then) / max(time.monotonic() - started, 1e-9)
+
+
+def epochs_done(module) -> float:
+    """Passes over the training prompts so far, fractional: completions trained on over k per prompt."""
+    return module.state.episodes / max(num_train_prompts(module) * module.config.k, 1)
 
 
 def num_train_prompts(module) -> int:

@@ -231,6 +231,10 @@ def unknown_key_error(path: str, algorithm: str) -> ConfigError:
         return ConfigError(f"{path} does nothing with algo={algorithm}: only {', '.join(readers)} read it; remove it")
     if path in RENAMED_KEYS:
         return ConfigError(f"{path} is not a config key of python -m rloo.train: it is now {RENAMED_KEYS[path]}")
+    from rloo.config.trl_names import trl_name_error
+
+    if trl := trl_name_error(path):
+        return ConfigError(trl)
     parent, _, name = path.rpartition(".")
     schema = field_at(parent, schema_of(algorithm))[0] if parent else schema_of(algorithm)
     close = difflib.get_close_matches(name, list(fields_of(schema)), n=1) if is_dataclass(schema) else []

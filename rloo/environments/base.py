@@ -22,7 +22,7 @@ from typing import Callable
 
 from rloo.generation.environment import Step
 from rloo.generation.settings import EpisodeSettings
-from rloo.rewards.user_code import Interrupted, call_guarded, import_user_module, one_line
+from rloo.rewards.user_code import Interrupted, call_guarded, import_user_module, located
 from rloo.utils.errors import ConfigError, EnvironmentFailed
 from rloo.utils.numbers import finite_float, shown
 
@@ -57,7 +57,7 @@ class GuardedEnvironment:
         except (Interrupted, KeyboardInterrupt):
             raise
         except BaseException as error:  # noqa: BLE001 (the environment's failure, said in one line)
-            raise EnvironmentFailed(f"environment {self.target} failed {doing}: {one_line(error)}") from None
+            raise EnvironmentFailed(f"environment {self.target} failed {doing}: {located(error)}") from error
 
     def reset(self, row: dict) -> str | None:
         """A new episode of `row`; its first observation (text appended to the prompt), or None."""

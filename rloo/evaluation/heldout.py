@@ -14,7 +14,13 @@ import torch
 from rloo.data.chat import observed_prompts
 from rloo.evaluation.intervals import PROPORTIONS, Z_95, proportion_interval, win_rate_summary
 from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
-from rloo.generation.episodes import close_all, episode_returns, reward_completions, sample_episodes
+from rloo.generation.episodes import (
+    close_all,
+    completion_token_ids,
+    episode_returns,
+    reward_completions,
+    sample_episodes,
+)
 from rloo.generation.forward import reward_scores
 from rloo.generation.rollout import chunked
 from rloo.generation.settings import SamplingConfig
@@ -64,7 +70,9 @@ def sampled_correctness(
     repeated = [row for row in rows for _ in range(n)]
     done = complete(policy, tokenizer, repeated, verifiable.sampling, batch_size, device, environment)
     columns = {name: [value for value in values for _ in range(n)] for name, values in columns.items()}
-    values = reward.function_values(done["prompts"], done["completions"], columns | done["environments"])
+    values = reward.function_values(
+        done["prompts"], done["completions"], columns | done["environments"], done["completion_ids"]
+    )
     values |= done["returns"]
     correct = reward.function_total(values) >= verifiable.correct_at
     correct = correct.reshape(len(rows), n).tolist()
@@ -123,6 +131,7 @@ def complete(
         "texts": texts,
         "prompts": prompts,  # as the reward functions get them (with an environment's first observation)
         "completions": reward_completions(sampled, tokenizer, chat),
+        "completion_ids": completion_token_ids(sampled),
         "input_ids": sampled.input_ids,
         "attention_mask": sampled.attention_mask,
         "length": sampled.completion_mask.sum(1).float(),
@@ -191,7 +200,9 @@ def evaluate_policy(
     per_row |= done["episode"]  # an episode's turns, replied and truncated (none for plain completions)
     if reward is not None and (reward.functions or done["returns"]):
         columns = {name: [row["columns"][name] for row in rows] for name in rows[0].get("columns", {})}
-        values = reward.function_values(done["prompts"], done["completions"], columns | done["environments"])
+        values = reward.function_values(
+            done["prompts"], done["completions"], columns | done["environments"], done["completion_ids"]
+        )
         values |= done["returns"]
         for name, value in values.items():
             per_row[f"reward/{name}"] = value.to(device)
@@ -273,6 +284,9 @@ def summarize_eval(per_row: dict[str, torch.Tensor], prefix: str = "eval/") -> d
                 half = Z_95 * values.std().item() / math.sqrt(len(values)) if len(values) > 1 else float("nan")
                 low, high = mean - half, mean + half
             summary.update({f"{prefix}{key}": mean, f"{prefix}{key}_ci_low": low, f"{prefix}{key}_ci_high": high})
+    for key in [k for k in per_row if k.startswith("reward/")]:  # a function that failed there (reward_errors=mask)
+        if failed := int(torch.isnan(per_row[key]).sum()):
+            summary[f"{prefix}{key}_failed"] = failed
     if "score" in per_row:  # the reward model's score: its mean over the rows it scored finitely, and how many
         scores = per_row["score"]
         finite = torch.isfinite(scores)

@@ -260,6 +260,12 @@ def reward_completions(sampled: Sampled, tokenizer, chat: bool) -> list:
     return tokenizer.batch_decode(sampled.completion_ids, skip_special_tokens=True)
 
 
+def completion_token_ids(sampled: Sampled) -> list[list[int]]:
+    """Each completion's token ids as TRL's reward functions get them (`completion_ids`): every real token after the
+    prompt (an episode's environment replies too), no padding."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(sampled.completion_ids, sampled.episode_mask)]
+
+
 def episode_returns(episodes: list[Episode]) -> Tensor:
     """Each episode's return `[N]` (Episode.episode_return): the reward's `env` term."""
     return torch.tensor([e.episode_return for e in episodes])

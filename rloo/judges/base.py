@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rloo.rewards.user_code import Interrupted, call_guarded, one_line
+from rloo.rewards.user_code import Interrupted, call_guarded, raised
 from rloo.utils.errors import JudgeFailed
 
 OUTCOMES = {1.0: "win", 0.5: "tie", 0.0: "loss", None: "invalid"}
@@ -94,7 +94,7 @@ def judge_pairs(
     except Interrupted:
         raise
     except (Exception, SystemExit) as error:  # a judge's failure is its own; KeyboardInterrupt stops the run
-        raise JudgeFailed(f"judge {name} raised {one_line(error)}") from None
+        raise JudgeFailed(f"judge {name} {raised(error)}") from error
     if isinstance(verdicts, (str, bytes, dict)) or not hasattr(verdicts, "__len__"):
         raise JudgeFailed(f"judge {name} returned {type(verdicts).__name__}, not a list of one Verdict per pair")
     if len(verdicts) != len(prompts):

@@ -12,6 +12,7 @@ record. The weights are the 4-bit-rounded model, not the original bfloat16 relea
 from __future__ import annotations
 
 import importlib.util
+from contextlib import contextmanager
 from pathlib import Path
 
 from rloo.utils import cache
@@ -64,12 +65,32 @@ def cached_conversion(source: Path, cache_dir: str | Path, convert, log=print) -
     return str(target)
 
 
+@contextmanager
+def no_gguf_progress_bar():
+    """transformers' GGUF reader draws its own tqdm bar, which transformers' disable_progress_bar does not reach: in a
+    file or a job's log it is one long line of carriage-return frames. The log has rloo's line saying what converts."""
+    from functools import partial
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
+    bar = getattr(gguf_reader, "tqdm", None)
+    if bar is None:  # a transformers without the bar
+        yield
+        return
+    gguf_reader.tqdm = partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_reader.tqdm = bar
+
+
 def _convert(source: Path, out: Path) -> None:
     """GGUF -> float32 transformers model and tokenizer, saved as a plain directory."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    with no_gguf_progress_bar():
+        loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are dequantised already; this record blocks save_pretrained

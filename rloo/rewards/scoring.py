@@ -22,9 +22,11 @@ baseline and are counted (`reward/masked`).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,7 +34,8 @@ import torch
 from torch import Tensor
 
 from rloo.data.chat import is_messages
-from rloo.rewards.user_code import Interrupted, call_guarded, import_user_module, one_line
+from rloo.rewards.trl_arguments import ARGUMENTS, RewardLog, TrainerState, trl_arguments
+from rloo.rewards.user_code import Failure, Interrupted, call_guarded, import_user_module, raised
 from rloo.utils.errors import ConfigError, RewardFunctionError
 from rloo.utils.numbers import finite_float, is_number, shown
 
@@ -186,7 +189,7 @@ def check_columns(reward: "Reward", available: list[str], where: str) -> None:
             if p.default is inspect.Parameter.empty
             and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         ]
-        if missing := [column for column in needed if column not in available]:
+        if missing := [column for column in needed if column not in available and column not in ARGUMENTS]:
             raise ConfigError(
                 f"reward: {name} asks for {', '.join(missing)}, which {where} does not have "
                 f"(columns: {', '.join(available) or 'none besides the prompt'})"
@@ -211,11 +214,13 @@ def call_reward_function(
     n, nothing = len(completions), torch.full((len(completions),), float("nan"))
     args, kwargs = reward_arguments(function, prompts, completions, columns or {})
     try:
-        values = call_guarded(function, args, kwargs, timeout_s, should_stop, f"reward {name}", "reward_timeout_s")
+        values = call_guarded(
+            awaited(function), args, kwargs, timeout_s, should_stop, f"reward {name}", "reward_timeout_s"
+        )
     except Interrupted:
         raise
     except (Exception, SystemExit) as error:  # a user's function: any error is its own
-        return nothing, f"reward function {name} raised {one_line(error)}"
+        return nothing, Failure.of(f"reward function {name} {raised(error)}", error)
     if callable(getattr(values, "tolist", None)) and getattr(values, "ndim", None) is not None:  # array, tensor
         if values.ndim != 1:
             return nothing, (
@@ -246,6 +251,28 @@ def call_reward_function(
     return scores, None
 
 
+def awaited(function: Callable) -> Callable:
+    """`function`, its result awaited where it is a coroutine (an `async def` reward function, as TRL takes them):
+    in this thread, or, where an event loop already runs here (a notebook), in a thread of its own."""
+
+    def call(*args, **kwargs):
+        result = function(*args, **kwargs)
+        if not inspect.isawaitable(result):
+            return result
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs in this thread
+            return asyncio.run(awaitable_coroutine(result))
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, awaitable_coroutine(result)).result()
+
+    return call
+
+
+async def awaitable_coroutine(awaitable):
+    return await awaitable
+
+
 class Reward:
     """The weighted sum of the terms of `reward=` for decoded completions; `model_scores` supplies the reward
     model's term. Under reward_errors=mask a misbehaving function leaves nan where it failed (the caller masks)."""
@@ -257,6 +284,20 @@ class Reward:
         self.last_term_means: dict[str, float] = {}
         self.last_not_applicable: dict[str, int] = {}  # completions each term returned None for
         self.last_errors: list[str] = []
+        self.log = RewardLog()  # what the functions logged with log_metric / log_extra (rloo.rewards.trl_arguments)
+        self.trainer_state: TrainerState | None = None  # set by the training step before each call
+
+    def judge_failure(self, error: str | None) -> None:
+        """A function's failure (call_reward_function's line) as reward_errors says: raised in one line, from the
+        user's own exception (raise), or kept in `last_errors` (mask)."""
+        if error is not None and self.on_error == "raise":
+            raise RewardFunctionError(error) from getattr(error, "cause", None)
+        if error is not None:
+            self.last_errors.append(error)
+
+    def asks_for(self, argument: str) -> bool:
+        """Whether some function takes `argument` (by name, or through **kwargs): what need not be built otherwise."""
+        return any(argument in columns_asked_for(f, {argument: None}) for f in self.functions.values())
 
     @property
     def uses_model(self) -> bool:
@@ -269,11 +310,13 @@ class Reward:
         model_scores: Tensor | None,
         columns: dict | None = None,
         env_returns: Tensor | None = None,
+        completion_ids: list[list[int]] | None = None,
     ) -> Tensor:
         """sum over terms of weight * value, the functions called in TRL's form (`trl_form`: prompts as the data
         has them, text or messages); a term whose function returned None for a completion adds nothing to
         it (the weights are not renormalised), and a completion no term scored is a failure under reward_errors."""
         prompts, completions = trl_form(prompts, completions)
+        columns = (columns or {}) | trl_arguments(self.log, self.trainer_state, completion_ids)
         total = torch.zeros(len(completions), dtype=torch.float32)
         scored = torch.zeros(len(completions), dtype=torch.bool)
         self.last_term_means, self.last_not_applicable, self.last_errors = {}, {}, []
@@ -287,10 +330,7 @@ class Reward:
                 values, error = call_reward_function(
                     term.name, function, prompts, completions, columns, self.timeout_s, self.should_stop
                 )
-                if error is not None and self.on_error == "raise":
-                    raise RewardFunctionError(error)
-                if error is not None:
-                    self.last_errors.append(error)
+                self.judge_failure(error)
             applies = values != NOT_APPLICABLE
             if term.name != MODEL:  # a function, or the environment
                 self.last_not_applicable[term.name] = int((~applies).sum())
@@ -331,13 +371,22 @@ class Reward:
                 total += term.weight * torch.where(value == NOT_APPLICABLE, 0.0, value)  # a failure (nan) stays
         return total
 
-    def function_values(self, prompts: list, completions: list[str], columns: dict | None = None) -> dict:
+    def function_values(
+        self, prompts: list, completions: list[str], columns: dict | None = None, completion_ids: list | None = None
+    ) -> dict:
         """Each function term's values `[N]` (nan where it failed, NOT_APPLICABLE where it returned None), by its
-        short name (after the colon): what held-out evaluation reports as eval/reward/<name>, over the finite ones."""
+        short name (after the colon): what held-out evaluation reports as eval/reward/<name>, over the finite ones.
+        Guarded as in training: a function that fails stops the run in the same one line (reward_errors=raise), or
+        leaves nan, counted as eval/reward/<name>_failed, with its line added to `last_errors` (mask; the evaluation
+        empties it first). What the functions log with log_metric / log_extra here is not recorded: rloo's held-out
+        metrics are eval/*, and an evaluation's samples are eval_samples.jsonl."""
         prompts, completions = trl_form(prompts, completions)
+        columns = (columns or {}) | trl_arguments(RewardLog(), self.trainer_state, completion_ids)
         values = {}
         for name, function in self.functions.items():
-            values[name.rsplit(":", 1)[-1]] = call_reward_function(
+            value, error = call_reward_function(
                 name, function, prompts, completions, columns, self.timeout_s, self.should_stop
-            )[0]
+            )
+            self.judge_failure(error)
+            values[name.rsplit(":", 1)[-1]] = value
         return values

@@ -12,6 +12,7 @@ Both import and run code named in the config: they must come from a trusted sour
 
 from __future__ import annotations
 
+import functools
 import importlib
 import threading
 import time
@@ -60,6 +61,76 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
+def raised(error: BaseException) -> str:
+    """What user code raised, where the user can act on it: `raised at my_rewards.py:14 in accuracy_reward: KeyError:
+    'solution'`, the innermost frame in the user's own files (user_frame), or `raised KeyError: ...` where none is
+    (a builtin, or rloo's own timeout). The full traceback rides on the error rloo raises from it (`from error`),
+    and train.log keeps it (rloo.run.stops.record_failure)."""
+    return f"raised {located(error)}"
+
+
+def located(error: BaseException) -> str:
+    """`at my_rewards.py:14 in accuracy_reward: KeyError: 'solution'` (raised), or one_line where no frame is the
+    user's."""
+    where = user_frame(error)
+    return f"at {where}: {one_line(error)}" if where else one_line(error)
+
+
+class Failure(str):
+    """A one-line failure of user code that keeps the exception it came from (`cause`): the error rloo raises for it
+    is raised from that one, so train.log's traceback reaches the user's line."""
+
+    cause: BaseException | None = None
+
+    @classmethod
+    def of(cls, line: str, cause: BaseException | None = None) -> "Failure":
+        failure = cls(line)
+        failure.cause = cause
+        return failure
+
+
+def user_frame(error: BaseException) -> str | None:
+    """`path:line in function` of the innermost traceback frame that is the user's: not in rloo, the standard library
+    or an installed package (a helper the function called counts: the frame that raised is the one to look at). The
+    path relative to the working directory where it lies below it."""
+    import traceback
+
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        if is_user_file(frame.filename):
+            return f"{shown_path(frame.filename)}:{frame.lineno} in {frame.name}"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def not_user_dirs() -> tuple[str, ...]:
+    """rloo's dir, the standard library's and the installed packages': where no frame is the user's."""
+    import sysconfig
+    from pathlib import Path
+
+    import rloo
+
+    dirs = {str(Path(rloo.__file__).resolve().parent)}
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        if path := sysconfig.get_paths().get(name):
+            dirs.add(str(Path(path).resolve()))
+    return tuple(d.rstrip("/") + "/" for d in dirs)
+
+
+def is_user_file(filename: str) -> bool:
+    import os
+
+    if filename.startswith("<frozen") or not filename:
+        return False
+    return not os.path.realpath(filename).startswith(not_user_dirs())
+
+
+def shown_path(filename: str) -> str:
+    import os
+
+    real, here = os.path.realpath(filename), os.path.realpath(os.getcwd())
+    return os.path.relpath(real, here) if real.startswith(here.rstrip("/") + "/") else filename
+
+
 def import_user_module(name: str, key: str):
     """The module of `name` (`module:attribute`, user code the config key `key` names), imported; a one-line
     ConfigError naming `key` where it cannot be imported, has moved (rloo.utils.moved), or fails as it runs."""
@@ -74,4 +145,4 @@ def import_user_module(name: str, key: str):
             raise ConfigError(f"{key}: {module_name} moved to {moved}: write {moved}:{attribute}") from None
         raise ConfigError(f"{key}: cannot import {module_name!r} for {name!r} ({error})") from None
     except (Exception, SystemExit) as error:  # the module itself fails as it runs
-        raise ConfigError(f"{key}: importing {module_name!r} for {name!r} raised {one_line(error)}") from None
+        raise ConfigError(f"{key}: importing {module_name!r} for {name!r} {raised(error)}") from None

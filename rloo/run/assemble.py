@@ -65,9 +65,20 @@ def name_deepspeed_accelerator() -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
+LIGHTNING_NOISE = (
+    "litlogger",  # advertising
+    "GPU available:",  # the device lines: rloo's own lines name the device each fast path runs on
+    "TPU available:",
+    "HPU available:",
+    "IPU available:",
+    "to estimate number of stepping batches",  # Lightning reads the loader's length: nothing to act on
+    "`Trainer.fit` stopped:",  # rloo's own lines say how many rollouts ran and why a run stopped
+)
+
+
 def quiet_lightning_logs() -> None:
-    """One copy of each Lightning message (Hydra's handler prints it), no advertising, and THIRD_PARTY_WARNINGS
-    filtered."""
+    """One copy of each Lightning message (Hydra's handler prints it), no advertising or device lines
+    (LIGHTNING_NOISE), and THIRD_PARTY_WARNINGS filtered."""
     name_deepspeed_accelerator()
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).handlers.clear()
@@ -79,9 +90,10 @@ def quiet_lightning_logs() -> None:
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars, one per model
     datasets.disable_progress_bars()  # "Generating train split" bars, one per data file read
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: "litlogger" not in record.getMessage()
-    )
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(
+            lambda record: not any(noise in record.getMessage() for noise in LIGHTNING_NOISE)
+        )
 
 
 def precision_arguments(precision: str, accelerator: str, fabric: bool = False) -> dict:

@@ -99,12 +99,21 @@ class HeldOutEval(Callback):
         if trainer.received_sigterm:  # the scheduler wants the process gone: no new evaluation
             self.log_fn(f"eval ({label}) skipped: SIGTERM received")
             return None
+        if module.reward is not None:
+            module.reward.last_errors = []  # what the evaluation's reward functions say under reward_errors=mask
+            module.reward.trainer_state = module.trainer_state()  # TRL's trainer_state, the initial evaluation's too
         summary, samples = self.run(trainer, module)
         step = module.state.rollouts
         if nonfinite := summary.get("eval/score_nonfinite"):
             self.log_fn(
                 f"eval ({label}): the reward model scored {nonfinite} of {nonfinite + summary['eval/score_rows']} "
                 "completions non-finite (nan or inf): left out of eval/score"
+            )
+        for key in [k for k in summary if k.startswith("eval/reward/") and k.endswith("_failed")]:
+            name = key.removeprefix("eval/").removesuffix("_failed")
+            self.log_fn(
+                f"eval ({label}): {name} failed on {summary[key]} completions, left out of eval/{name} "
+                f"(reward_errors=mask): {'; '.join(dict.fromkeys(module.reward.last_errors))}"
             )
         if invalid := summary.get("eval/invalid"):
             self.log_fn(f"eval ({label}): {invalid} pairs judged invalid, left out of the win rate (eval/invalid)")
@@ -416,12 +425,16 @@ class SampleTable(Callback):
             for p, c, s, a in zip(prompts, completions, rollout.scores[:n].tolist(), advantages.tolist())
         ]
         columns = ["step", "prompt", "completion", "score", "advantage"]
+        for name, values in getattr(module, "reward_columns", {}).items():  # the reward functions' log_extra
+            if len(values) >= n and name not in columns:
+                columns.append(name)
+                rows = [row + [finite_or_none(v) if isinstance(v, float) else v] for row, v in zip(rows, values[:n])]
         for logger in trainer.loggers:
             if hasattr(logger, "log_table"):
                 logger.log_table("samples", columns=columns, data=rows, step=step)
         with self.path.open("a") as f:
             for row in rows:
-                f.write(json.dumps(dict(zip(columns, row)), allow_nan=False) + "\n")
+                f.write(json.dumps(dict(zip(columns, row)), allow_nan=False, default=str) + "\n")
 
 
 class MismatchHistograms(Callback):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
 import sys
 from pathlib import Path
@@ -267,7 +268,7 @@ def with_the_runs_own_overrides(argv: list[str], say=None) -> list[str]:
         parsed = CommandLine.parse(saved).overrides
     except ConfigError as error:
         raise ConfigError(f"{run_dir / SAVED_OVERRIDES} is damaged: {error}") from None
-    kept = [o.input_line for o in parsed if o.key_or_group not in given | {"resume"}]
+    kept = [anchored(o, saved_cwd(run_dir)) for o in parsed if o.key_or_group not in given | {"resume"}]
     if command.flags.config_dir is None and "hydra.searchpath" not in given:
         kept += saved_config_dir(run_dir)
     if kept and say:
@@ -293,6 +294,78 @@ def saved_overrides(run_dir: Path) -> list[str]:
     if not isinstance(saved, list):
         raise ConfigError(f"{path} is damaged: it holds a {type(saved).__name__}, not a YAML list of overrides")
     return [str(line) for line in saved]
+
+
+def begin_where_the_run_began(argv: list[str], say=None) -> list[str]:
+    """A resume from another directory runs in the directory the run's first session ran in (its saved
+    hydra.runtime.cwd), so that every relative path its configs and overrides hold (data.train.path: prompts.jsonl),
+    its own modules (reward=my_rewards:fn) and its user code's own files are found as then. The command line's own
+    relative paths (resume=../run, --config-dir conf) are made absolute first, in sys.argv too (Lightning's launcher
+    hands sys.argv to the further ranks, which start in the new directory)."""
+    command = CommandLine.parse(argv)
+    run_dir = None if command.multirun or command.prints_only else resumed_run_dir(command)
+    first, here = (saved_cwd(run_dir) if run_dir is not None else None), Path.cwd().resolve()
+    if first is None or first == here or not first.is_dir():
+        return list(argv)
+    moved = absolute_paths(argv, here)
+    os.chdir(first)
+    if str(first) not in sys.path:
+        sys.path.append(str(first))
+    sys.argv[1:] = moved
+    if say:
+        say(
+            f"rloo: resume: running in {first}, where {run_dir.resolve()} began (its relative paths and modules are "
+            "there)"
+        )
+    return moved
+
+
+def absolute_paths(argv: list[str], here: Path) -> list[str]:
+    """The command line with each relative path that exists below `here` made absolute: override values (anchored)
+    and --config-dir's."""
+    out, after_flag = [], False
+    for token in argv:
+        if after_flag:
+            out.append(os.path.normpath(here / token))
+        elif token.startswith(("--config-dir=", "-cd=")):
+            flag, _, value = token.partition("=")
+            out.append(f"{flag}={os.path.normpath(here / value)}")
+        elif token.startswith("-"):
+            out.append(token)
+        else:
+            try:
+                out.append(anchored(CommandLine.parse([token]).overrides[0], here))
+            except (ConfigError, IndexError):  # a flag's value (--config-name train): as it was
+                out.append(token)
+        after_flag = token in ("--config-dir", "-cd")
+    return out
+
+
+def saved_cwd(run_dir: Path) -> Path | None:
+    """The working dir a run's first session ran in (Hydra's hydra.runtime.cwd in .hydra/hydra.yaml); None where
+    none is recorded (rloo.fit saves its paths resolved)."""
+    import yaml
+
+    try:
+        cwd = yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]["runtime"]["cwd"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+    return Path(cwd).resolve() if isinstance(cwd, str) and Path(cwd).is_absolute() else None
+
+
+def anchored(override, first_cwd: Path | None) -> str:
+    """A saved override as a resume from any directory needs it: a value that is a relative path to a file or dir
+    below the first session's working dir (data.train.path=train.jsonl, hydra.run.dir=run) made absolute there; any
+    other as it was written."""
+    value = override.value() if not override.is_sweep_override() else None
+    if first_cwd is None or not isinstance(value, str) or not value or Path(value).is_absolute() or "${" in value:
+        return override.input_line
+    if "." not in override.key_or_group and override.key_or_group != "resume":
+        return override.input_line  # a group's option (model=smollm2) names a config, not a path
+    path = first_cwd / Path(value).expanduser()
+    if not path.exists():
+        return override.input_line
+    return f"{override.get_key_element()}={hydra_quoted(os.path.normpath(path))}"
 
 
 def saved_config_dir(run_dir: Path) -> list[str]:
@@ -332,9 +405,11 @@ def run_entry_point(hydra_main, config_name: str, train: bool = False) -> None:
     hands to the ranks after the first, each expanding it again)."""
     from rloo.run import hydra_internals
 
+    quiet_font_cache_notice()
     say = None if further_rank() else (lambda line: print(line, file=sys.stderr))
     try:
-        argv = preflight(sys.argv[1:], train, say=say)
+        argv = begin_where_the_run_began(sys.argv[1:], say) if train else sys.argv[1:]
+        argv = preflight(argv, train, say=say)
     except ConfigError as error:
         exit_on_config_error(error)
     from rloo.run.assemble import name_deepspeed_accelerator
@@ -352,6 +427,15 @@ def run_entry_point(hydra_main, config_name: str, train: bool = False) -> None:
         if not STOP_LINES:  # a run that said where it stopped and how to continue ends on that line
             print(f"{entry_point_name()}: stopped by Ctrl-C; exit {CTRL_C_EXIT_CODE}", file=sys.stderr)
         sys.exit(CTRL_C_EXIT_CODE)
+
+
+def quiet_font_cache_notice() -> None:
+    """Lightning imports matplotlib where it is installed (rloo draws its figures with it), and matplotlib logs
+    `generated new fontManager` the first time it runs under a HOME: a notice of our import, not the user's to act
+    on. Its warnings still show."""
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 
 def entry_point_name() -> str:

@@ -10,9 +10,9 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -54,7 +54,7 @@ def measured_peak(baseline_rss_mb: float) -> dict:
     return {"measured_peak_mb": rss_above, "measured_as": "peak RSS above baseline"}
 
 
-def run(cfg: DictConfig) -> dict:
+def run(cfg: DictConfig, callbacks: Sequence = ()) -> dict:
     """One training run inside the Hydra run dir, in three phases: `prepare` (validation, the run dir, resume),
     `build` (loggers, callbacks, the Trainer, data, models, the algorithm's module) and `fit` (training inside the
     failure handling, then summary.json). Returns the summary written to summary.json."""
@@ -67,6 +67,7 @@ def run(cfg: DictConfig) -> dict:
         plan = prepare(cfg)
         if isinstance(plan, dict):  # a requeued run that had finished: its summary, the run dir unchanged
             return plan
+        plan.user_callbacks = list(callbacks)  # rloo.fit's, beside rloo's own
         record = RunRecord(plan)
         with stopped_while_building(record):
             pieces = build(plan, record)
@@ -94,6 +95,7 @@ class RunPlan:
     resume_point: object  # rloo.utils.resume.ResumePoint, or None for a fresh start
     resumed_rollouts: int
     started: float  # wall clock after the imports, as wall_seconds always counted
+    user_callbacks: list = field(default_factory=list)  # Lightning callbacks handed to rloo.fit
 
 
 @dataclass
@@ -262,6 +264,7 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
         CollectiveTimeout(cfg.trainer.collective_timeout_s),
         *checkpoint_callbacks(cfg, out),
         *([ProgressLines(cfg.progress_every, plan.log)] if not terminal and cfg.progress_every else []),
+        *plan.user_callbacks,
     ]
     if str(cfg.trainer.strategy).startswith("deepspeed") and cfg.trainer.accelerator == "cpu":
         from rloo.run.deepspeed_cpu import build_cpu_ops
@@ -281,6 +284,9 @@ def build_trainer(plan: RunPlan, record: "RunRecord"):
         log_every_n_steps=cfg.log_every,
         use_distributed_sampler=False,  # PromptDataModule splits
         num_sanity_val_steps=0,
+        # Lightning's model table counts the frozen models as modules in eval mode and FLOPs as 0: rloo's own lines
+        # name each model and path
+        **({} if "enable_model_summary" in plan.trainer_args else {"enable_model_summary": False}),
         **({} if "enable_progress_bar" in plan.trainer_args else {"enable_progress_bar": terminal}),
     )
     if trainer.world_size != plan.processes:
@@ -426,10 +432,13 @@ class RunRecord:
         atomic.write_text(path, json.dumps(summary, indent=2), "the run summary")
 
     def write(self, status: str) -> dict:
+        from rloo.run.plots import write_curves
         from rloo.utils import atomic
 
         summary = self.summary(status)
         if self.pieces.trainer.is_global_zero:
+            if status != "evaluating":  # the learning curves as the run ends, a failed one's up to where it got
+                summary["curves"] = write_curves(self.plan.out, self.plan.log)
             atomic.write_text(self.plan.out / "summary.json", json.dumps(summary, indent=2), "the run summary")
         return summary
 
@@ -561,7 +570,8 @@ def print_summary(summary: dict, log=print) -> None:
         f"{summary['episodes']} episodes"
         f" in {summary['wall_seconds']:.0f} s"
     )
-    log(f"  outputs: {summary['output_dir']}  (summary.json, policy/, checkpoints/, config.yaml, logs)")
+    curves = "" if "not drawn" in summary.get("curves", "not drawn") else "curves.png, "
+    log(f"  outputs: {summary['output_dir']}  (summary.json, {curves}policy/, checkpoints/, config.yaml, logs)")
     initial, final = summary["initial"] or {}, summary["final"] or {}
 
     def shown(evaluation: dict, key: str) -> str:

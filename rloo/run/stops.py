@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, STOP_LINES, stopped_by_ctrl_c
+from rloo.utils.errors import CTRL_C_EXIT_CODE, SIGTERM_EXIT_CODE, STOP_LINES, ConfigError, stopped_by_ctrl_c
 
 
 def is_interruption(error: BaseException) -> bool:
@@ -60,6 +61,8 @@ def record_failure(out: Path, error: BaseException) -> None:
         atomic.write_text(path, json.dumps(summary, indent=2), "the run summary")
     except Exception:  # a full disk: the console's line is what is left
         pass
+    if not isinstance(error, ConfigError):  # the traceback, down to the user's own line where user code failed
+        log_file_only(out / "train.log", "".join(traceback.format_exception(error)).rstrip())
     log_file_only(out / "train.log", f"error: {line}")
 
 

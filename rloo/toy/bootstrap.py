@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +116,7 @@ def _fit(module: L.LightningModule, rows: list, collate, stage_cfg: dict, seed: 
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=True,
+        enable_progress_bar=sys.stdout.isatty(),  # a log file gets the stage's one line, not the bar's frames
         gradient_clip_val=stage_cfg["max_grad_norm"],
         default_root_dir=out_dir,
     )
