@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from rloo.evaluation.intervals import PROPORTIONS, difference_interval, seed_interval, t_975  # noqa: F401 (API)
-from rloo.run import plots
+from rloo.run import kept_jobs, plots
 from rloo.utils import ownership
 from rloo.utils.host import describe
 
@@ -51,7 +51,9 @@ COLUMNS = [
     "peak_gpu_mb",
 ]
 TAIL_STEPS = 10  # train metrics are averaged over the last steps: one step is noisy
-OUTCOMES = ("accuracy", "majority_vote")  # and pass@<k>, reward/<name>: what a held-out evaluation scored per row
+# and pass@<k>, reward/<name>: what a held-out evaluation scored per row; of episodes (env=), the fraction the
+# environment replied in (a tool call), the turns taken and the fraction cut off by the token limit
+OUTCOMES = ("accuracy", "majority_vote", "replied", "turns", "truncated")
 
 
 def outcomes_of(final: dict) -> dict[str, float]:
@@ -69,8 +71,8 @@ def outcomes_of(final: dict) -> dict[str, float]:
 def job_dirs(multirun_dir: Path) -> list[Path]:
     """Job dirs in job-number order: every subdir Hydra gave a .hydra/ (it writes it before the job runs), in a dir
     Hydra wrote a multirun.yaml into or under a name that starts with its job number (`<n>_<overrides>`): the
-    parent of single runs is no sweep."""
-    sweep = (multirun_dir / "multirun.yaml").is_file()
+    parent of single runs is no sweep. A results dir of kept jobs (rloo.run.kept_jobs) is a sweep dir too."""
+    sweep = (multirun_dir / "multirun.yaml").is_file() or kept_jobs.is_kept(multirun_dir)
     dirs = [
         d
         for d in multirun_dir.iterdir()
@@ -127,6 +129,7 @@ def job_row(job: Path) -> dict:
         "k": config.get("k"),
         "clip_range": config.get("clip_range"),
         "kl_coef": config.get("kl_coef"),
+        "budget": config.get("budget", "trained"),
         "setting": [o for o in overrides if not o.startswith("seed=")],
     }
     summary_path = job / "summary.json"
@@ -384,12 +387,18 @@ def sweep_plots(rows: list[dict], out: Path) -> list[str]:
             plots.plot_against_k(out / "kl_vs_k.png", lines, f"KL, mean of last {TAIL_STEPS} steps")
             written.append("kl_vs_k.png")
     curves = (["win_rate"] if has_win_rate else []) + verifiable_metrics(rows)[:2]
+    sampled = any(r.get("budget") == "sampled" for r in rows if r["status"] == "ok")  # what the budget counted
+    x_key, x_label = (
+        ("sampled", "episodes sampled (budget=sampled)")
+        if sampled
+        else ("episodes", "episodes (completions trained on)")
+    )
     for metric in curves:
         name = file_stem(metric)
         plot_curves(
             rows,
-            "episodes",
-            "episodes (completions trained on)",
+            x_key,
+            x_label,
             out / f"{name}_vs_episodes.png",
             f"eval/{metric}",
             metric.replace("_", " "),
@@ -541,7 +550,14 @@ def main(argv: list[str] | None = None) -> None:
         help="a run dir (outputs/<date>/<time>) or a multirun dir (outputs/multirun/<date>/<time>); default: the "
         "latest sweep under outputs/multirun",
     )
-    given = parser.parse_args(sys.argv[1:] if argv is None else argv).dir
+    parser.add_argument(
+        "--keep",
+        metavar="RESULTS_DIR",
+        help="copy the sweep's jobs that ended into RESULTS_DIR/<overrides>/ (their summaries, configs, metrics and "
+        "curves: rloo.run.kept_jobs), then report over RESULTS_DIR: a table run in parts, kept in git",
+    )
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    given = args.dir
     if given is None:
         given = latest_sweep(Path("outputs/multirun"))
         print(f"report: the latest sweep, {given}", file=sys.stderr)
@@ -550,6 +566,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {given!r} is not a dir: give a run dir or a multirun dir", file=sys.stderr)
         sys.exit(2)
     if not job_dirs(target):
+        if args.keep:
+            print(
+                f"error: --keep takes a multirun dir; {given!r} has no job dirs (<n>_<overrides>/.hydra)",
+                file=sys.stderr,
+            )
+            sys.exit(2)
         if (target / "summary.json").is_file() or (target / "csv" / "metrics.csv").is_file():
             return run_report(target)
         print(
@@ -558,6 +580,10 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+    if args.keep:
+        kept = kept_jobs.keep(job_dirs(target), Path(args.keep), log=lambda line: print(line, file=sys.stderr))
+        print(f"report: kept {len(kept)} jobs of {target} in {args.keep}", file=sys.stderr)
+        target = Path(args.keep)
     sweep_report(target)
 
 

@@ -3,6 +3,7 @@ tokenizer, saved into the run dir so the run resumes; a result holding the summa
 policy; Lightning callbacks passed through; TRL's config names refused with rloo's."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -67,7 +68,9 @@ def test_a_peft_model_trains_fresh_adapters_of_its_shape_on_its_merged_weights(e
     monkeypatch.setenv("RLOO_CACHE_DIR", str(embedded_task / "cache"))
     policy, tokenizer = embedded_policy(embedded_task)
     config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["query_key_value", "dense"])
-    peft_model = get_peft_model(policy, config)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing: the user's call
+        warnings.simplefilter("ignore", FutureWarning)
+        peft_model = get_peft_model(policy, config)
     out = tmp_path / "lora"
     result = rloo.fit(FAST, model=peft_model, tokenizer=tokenizer, output_dir=out)
     assert result["status"] == "finished"

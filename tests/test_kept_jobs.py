@@ -1,0 +1,138 @@
+"""A sweep's jobs kept in a results dir (rloo.run.kept_jobs), and every committed results dir of kept jobs reported
+again byte for byte."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rloo.report import job_dirs, outcomes_of, report
+from rloo.run.kept_jobs import MARKER, keep
+
+RESULTS = Path(__file__).resolve().parents[1] / "sweeps" / "results"
+TABLES = ("report.md", "report.csv", "settings.md", "differences.md", "updates.md", "verifiable.md", "factorial.md")
+
+
+def a_job(multirun: Path, number: int, overrides: list[str], accuracy: float | None, host: dict) -> Path:
+    """A job dir as rloo.train leaves one: .hydra/, summary.json (None: killed before it wrote one), a checkpoint."""
+    job = multirun / f"{number}_{','.join(overrides)}"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    config = dict(o.split("=") for o in overrides)
+    (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"algorithm": config["algo"], "seed": 0, "k": 4}))
+    (job / "checkpoints").mkdir()
+    (job / "checkpoints" / "last.ckpt").write_bytes(b"\0" * 4096)
+    if accuracy is not None:
+        final = {"eval/reward/env": accuracy, "eval/replied": 0.9, "eval/turns": 1.9, "eval/truncated": 0.0}
+        summary = {"status": "finished", "final": final, "host": host, "output_dir": str(job.resolve())}
+        summary["policy_dir"] = str(job.resolve() / "policy")
+        summary["bootstrap"] = {"cache": "/home/someone/.cache/rloo/bootstrap/abc123"}
+        (job / "summary.json").write_text(json.dumps(summary))
+    return job
+
+
+def test_an_episode_runs_outcomes_are_its_return_its_tool_calls_turns_and_truncations():
+    final = {"eval/reward/env": 0.4, "eval/reward/env_ci_low": 0.3, "eval/replied": 0.9, "eval/turns": 1.9}
+    final |= {"eval/truncated": 0.05, "eval/reward/env_failed": 0, "eval/score": 1.2}
+    assert outcomes_of(final) == {"reward/env": 0.4, "replied": 0.9, "turns": 1.9, "truncated": 0.05}
+
+
+def test_keeping_copies_the_ended_jobs_small_files_by_their_overrides_and_names_no_machine_path(tmp_path):
+    host = {"cpu": "AMD EPYC", "family": "25", "model": "17", "capability": "AVX512"}
+    part = tmp_path / "outputs" / "multirun" / "2026-12-07" / "10-00-00"
+    a_job(part, 0, ["algo=rloo", "seed=0"], 0.30, host)
+    a_job(part, 1, ["algo=grpo", "seed=0"], None, host)  # killed before its summary: not kept
+    results = tmp_path / "results"
+    lines = []
+    assert keep(job_dirs(part), results, log=lines.append) == ["algo=rloo,seed=0"]
+    assert lines == ["keep: 1_algo=grpo,seed=0 not kept: it has not ended (no summary.json)"]
+    kept = results / "algo=rloo,seed=0"
+    files = sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file())
+    assert files == [".hydra/config.yaml", ".hydra/overrides.yaml", "summary.json"]  # no checkpoint
+    summary = json.loads((kept / "summary.json").read_text())
+    assert summary["output_dir"] == "." and summary["policy_dir"] == "policy"
+    assert summary["bootstrap"]["cache"] == "abc123" and str(tmp_path) not in (kept / "summary.json").read_text()
+    assert (results / MARKER).read_text() == "algo=rloo,seed=0\n"
+
+    # a second part, numbered from 0 again, and the first part's job run again: one dir per job, the newest kept
+    later = tmp_path / "outputs" / "multirun" / "2026-12-07" / "11-00-00"
+    a_job(later, 0, ["algo=grpo", "seed=0"], 0.50, host)
+    a_job(later, 1, ["algo=rloo", "seed=0"], 0.35, host)
+    assert keep(job_dirs(later), results) == ["algo=grpo,seed=0", "algo=rloo,seed=0"]
+    assert (results / MARKER).read_text() == "algo=grpo,seed=0\nalgo=rloo,seed=0\n"
+    assert json.loads((kept / "summary.json").read_text())["final"]["eval/reward/env"] == 0.35
+    assert not list(results.glob(".*tmp*")) and not list(results.glob(".*old*"))
+    rows, _ = report(results)  # the results dir is a sweep dir: one row per kept job
+    assert [(r["job"], r["status"]) for r in rows] == [("algo=grpo,seed=0", "ok"), ("algo=rloo,seed=0", "ok")]
+    assert "| replied | truncated | turns |" in (results / "verifiable.md").read_text()
+
+
+def test_keep_refuses_a_run_dir_in_one_line(tmp_path):
+    from tests.e2e import run_module
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    result = run_module("rloo.report", str(run), "--keep", str(tmp_path / "results"))
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
+    assert "--keep takes a multirun dir" in result.stderr and not (tmp_path / "results").exists()
+
+
+def committed_results() -> list[Path]:
+    return sorted(d for d in RESULTS.iterdir() if (d / MARKER).is_file())
+
+
+def test_every_committed_results_dir_of_kept_jobs_reports_again_byte_for_byte(tmp_path):
+    """The tables in docs/environments.md come from these dirs: `python -m rloo.report sweeps/results/<table>`
+    writes each of their tables again, byte for byte, from the kept jobs alone."""
+    dirs = committed_results()
+    assert dirs, "no results dir of kept jobs under sweeps/results/"
+    for results in dirs:
+        copy = tmp_path / results.name
+        shutil.copytree(results, copy, ignore=shutil.ignore_patterns(*TABLES, "*.png"))
+        report(copy)
+        for name in TABLES:
+            committed = results / name
+            assert (copy / name).is_file() == committed.is_file(), f"{results.name}/{name}"
+            if committed.is_file():
+                assert (copy / name).read_bytes() == committed.read_bytes(), f"{results.name}/{name} differs"
+
+
+@pytest.mark.parametrize("results", committed_results(), ids=lambda d: d.name)
+def test_a_committed_results_dir_keeps_no_machine_path_and_no_large_file(results):
+    for path in results.rglob("*"):
+        if path.is_file():
+            assert path.stat().st_size < 2_000_000, path
+            if path.suffix in (".json", ".yaml", ".md", ".csv", ".txt"):
+                text = path.read_text()
+                assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, path
+
+
+def test_a_sweep_at_an_equal_budget_of_episodes_sampled_draws_its_curves_against_them(tmp_path):
+    """DAPO's dynamic sampling trains on fewer episodes than it samples: at budget=sampled the methods are compared
+    at the episodes each sampled, which its eval history records."""
+    from rloo.report import sweep_plots
+    from rloo.run.plots import described
+
+    def job(setting, budget, trained, sampled):
+        history = [{"episodes": e, "sampled": s, "eval/reward/env": 0.5 + s / 4096} for e, s in zip(trained, sampled)]
+        return {"status": "ok", "setting": setting, "budget": budget, "history": history, "k": 4}
+
+    rows = [
+        job("algo=dapo", "sampled", [0, 512, 832], [0, 1344, 2112]),
+        job("algo=rloo", "sampled", [0, 2048], [0, 2048]),
+    ]
+    for row in rows:
+        row["outcomes"] = {"reward/env": row["history"][-1]["eval/reward/env"]}
+    sweep_plots(rows, tmp_path)
+    (axes,) = described(tmp_path / "reward_env_vs_episodes.png")["axes"]
+    assert axes["xlabel"] == "episodes sampled (budget=sampled)"
+    assert {line["label"]: line["x"] for line in axes["lines"]}["algo=dapo (n = 1)"] == [0.0, 1344.0, 2112.0]
+    for row in rows:
+        row["budget"] = "trained"
+    sweep_plots(rows, tmp_path)
+    (axes,) = described(tmp_path / "reward_env_vs_episodes.png")["axes"]
+    assert axes["xlabel"] == "episodes (completions trained on)"
+    assert {line["label"]: line["x"] for line in axes["lines"]}["algo=dapo (n = 1)"] == [0.0, 512.0, 832.0]
