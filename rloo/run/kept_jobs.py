@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rloo.utils import atomic, ownership
 
-# what rloo.report reads of a job (report.job_row): a few KB. Not its curves.png (about 200 KB), which
+# what rloo.report reads of a job (rloo.run.sweep_jobs.job_row): a few KB. Not its curves.png (about 200 KB), which
 # `python -m rloo.report <results dir>/<job>` draws again from these.
 KEPT_FILES = (".hydra/config.yaml", ".hydra/overrides.yaml", "summary.json", "csv/metrics.csv")
 MARKER = "kept.txt"  # the results dir's list of its jobs: what makes it a sweep dir without Hydra's multirun.yaml
