@@ -136,3 +136,11 @@ def test_a_sweep_at_an_equal_budget_of_episodes_sampled_draws_its_curves_against
     (axes,) = described(tmp_path / "reward_env_vs_episodes.png")["axes"]
     assert axes["xlabel"] == "episodes (completions trained on)"
     assert {line["label"]: line["x"] for line in axes["lines"]}["algo=dapo (n = 1)"] == [0.0, 512.0, 832.0]
+
+
+@pytest.mark.parametrize("results", committed_results(), ids=lambda d: d.name)
+def test_the_docs_quote_each_committed_table_of_episodes_as_the_report_writes_it(results):
+    """docs/environments.md's tables at seeds are verifiable.md of their results dirs, row for row."""
+    docs = (RESULTS.parents[1] / "docs" / "environments.md").read_text()
+    table = (results / "verifiable.md").read_text()
+    assert table in docs, f"docs/environments.md does not quote sweeps/results/{results.name}/verifiable.md"
