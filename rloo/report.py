@@ -124,7 +124,9 @@ def metric_range(metric: str) -> tuple[float, float] | None:
 def differences_markdown(rows: list[dict], metric: str = "win_rate") -> str:
     """Every pair of settings with two seeds or more, the better first: the difference of their mean final `metric`
     (the win rate, or a verifiable outcome) and its 95% interval (difference_interval); "yes" where the interval
-    excludes 0."""
+    excludes 0. Where neither setting's seeds spread (each seed scored the same: a greedy evaluation on a fixed
+    held-out set can), Welch's interval is zero-wide and says nothing: the pair reads "no spread over seeds", never
+    "yes"."""
     rates = {}
     for setting, jobs in finished_by_setting(rows, metric).items():
         if len(jobs) >= 2:
@@ -138,7 +140,8 @@ def differences_markdown(rows: list[dict], metric: str = "win_rate") -> str:
     for i, a in enumerate(ranked):
         for b in ranked[i + 1 :]:
             diff, low, high = difference_interval(rates[a], rates[b])
-            lines.append(f"| {a} | {b} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {'yes' if low > 0 else 'no'} |")
+            verdict = "no spread over seeds" if high - low < 1e-12 else "yes" if low > 0 else "no"
+            lines.append(f"| {a} | {b} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
@@ -418,7 +421,7 @@ def factorial_markdown(rows: list[dict]) -> str:
 
 def _signed(interval: tuple[float, float, float]) -> str:
     estimate, low, high = interval
-    mark = " *" if low > 0 or high < 0 else ""
+    mark = " *" if (low > 0 or high < 0) and high - low > 1e-12 else ""  # a zero-wide interval: no spread, no star
     return f"{estimate:+.3f} [{low:+.3f}, {high:+.3f}]{mark}"
 
 

@@ -144,3 +144,25 @@ def test_the_docs_quote_each_committed_table_of_episodes_as_the_report_writes_it
     docs = (RESULTS.parents[1] / "docs" / "environments.md").read_text()
     table = (results / "verifiable.md").read_text()
     assert table in docs, f"docs/environments.md does not quote sweeps/results/{results.name}/verifiable.md"
+
+
+def test_two_settings_whose_seeds_did_not_spread_are_not_called_separated():
+    """A greedy evaluation on a fixed held-out set can score every seed the same (88 of 128 twice): Welch's interval
+    is then zero-wide, and a one-problem difference must not read as a separation."""
+    from rloo.report import differences_markdown
+
+    rows = [
+        {"status": "ok", "setting": setting, "win_rate": None, "outcomes": {"reward/env": value}}
+        for setting, values in {
+            "algo=grpo": [89 / 128] * 2,
+            "algo=rloo": [88 / 128] * 2,
+            "algo=dapo": [0.5, 0.55],
+        }.items()
+        for value in values
+    ]
+    lines = differences_markdown(rows, "reward/env").splitlines()
+    assert "| algo=grpo | algo=rloo | +0.008 [+0.008, +0.008] | no spread over seeds |" in lines
+    from rloo.report import difference_interval
+
+    diff, low, high = difference_interval([89 / 128] * 2, [0.5, 0.55])  # a spread on one side: Welch decides
+    assert f"| algo=grpo | algo=dapo | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {'yes' if low > 0 else 'no'} |" in lines
