@@ -452,8 +452,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--keep",
         metavar="RESULTS_DIR",
-        help="copy the sweep's jobs that ended into RESULTS_DIR/<overrides>/ (their summaries, configs, metrics and "
-        "curves: rloo.run.kept_jobs), then report over RESULTS_DIR: a table run in parts, kept in git",
+        help="copy the sweep's jobs that ended into RESULTS_DIR/<overrides>/ (their summaries, configs and metrics: "
+        "rloo.run.kept_jobs), then report over RESULTS_DIR: a table run in parts, kept in git",
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     given = args.dir

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rloo.report import job_dirs, outcomes_of, report
 from rloo.run.kept_jobs import MARKER, keep
 
+# rloo.report is imported inside each test: imported here, at collection, it would sit in sys.modules before
+# test_cli runs `python -m rloo.report` in-process (runpy warns of that)
 RESULTS = Path(__file__).resolve().parents[1] / "sweeps" / "results"
 TABLES = ("report.md", "report.csv", "settings.md", "differences.md", "updates.md", "verifiable.md", "factorial.md")
 
@@ -34,12 +35,16 @@ def a_job(multirun: Path, number: int, overrides: list[str], accuracy: float | N
 
 
 def test_an_episode_runs_outcomes_are_its_return_its_tool_calls_turns_and_truncations():
+    from rloo.report import outcomes_of
+
     final = {"eval/reward/env": 0.4, "eval/reward/env_ci_low": 0.3, "eval/replied": 0.9, "eval/turns": 1.9}
     final |= {"eval/truncated": 0.05, "eval/reward/env_failed": 0, "eval/score": 1.2}
     assert outcomes_of(final) == {"reward/env": 0.4, "replied": 0.9, "turns": 1.9, "truncated": 0.05}
 
 
 def test_keeping_copies_the_ended_jobs_small_files_by_their_overrides_and_names_no_machine_path(tmp_path):
+    from rloo.report import job_dirs, report
+
     host = {"cpu": "AMD EPYC", "family": "25", "model": "17", "capability": "AVX512"}
     part = tmp_path / "outputs" / "multirun" / "2026-12-07" / "10-00-00"
     a_job(part, 0, ["algo=rloo", "seed=0"], 0.30, host)
@@ -87,6 +92,8 @@ def committed_results() -> list[Path]:
 def test_every_committed_results_dir_of_kept_jobs_reports_again_byte_for_byte(tmp_path):
     """The tables in docs/environments.md come from these dirs: `python -m rloo.report sweeps/results/<table>`
     writes each of their tables again, byte for byte, from the kept jobs alone."""
+    from rloo.report import report
+
     dirs = committed_results()
     assert dirs, "no results dir of kept jobs under sweeps/results/"
     for results in dirs:

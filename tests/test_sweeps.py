@@ -241,7 +241,8 @@ def test_a_methods_sweep_is_one_row_per_method_over_its_seeds_with_learning_curv
 
     better, worse = sorted(finals, key=lambda a: -sum(finals[a]))
     diff, low, high = difference_interval(finals[better], finals[worse])
-    row = f"| algo={better} | algo={worse} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {'yes' if low > 0 else 'no'} |"
+    verdict = "no spread over seeds" if high - low < 1e-12 else "yes" if low > 0 else "no"
+    row = f"| algo={better} | algo={worse} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {verdict} |"
     assert row in (sweep_dir / "differences.md").read_text()
     from rloo.run.plots import described
 
