@@ -121,6 +121,11 @@ def metric_range(metric: str) -> tuple[float, float] | None:
     return (0.0, 1.0) if metric == "win_rate" or metric.startswith(PROPORTIONS) else None
 
 
+def spread(low: float, high: float) -> bool:
+    """Whether an interval over seeds has width: a zero-wide one (no seed differed) separates nothing."""
+    return high - low > 1e-12
+
+
 def differences_markdown(rows: list[dict], metric: str = "win_rate") -> str:
     """Every pair of settings with two seeds or more, the better first: the difference of their mean final `metric`
     (the win rate, or a verifiable outcome) and its 95% interval (difference_interval); "yes" where the interval
@@ -140,7 +145,7 @@ def differences_markdown(rows: list[dict], metric: str = "win_rate") -> str:
     for i, a in enumerate(ranked):
         for b in ranked[i + 1 :]:
             diff, low, high = difference_interval(rates[a], rates[b])
-            verdict = "no spread over seeds" if high - low < 1e-12 else "yes" if low > 0 else "no"
+            verdict = "yes" if low > 0 and spread(low, high) else "no" if spread(low, high) else "no spread over seeds"
             lines.append(f"| {a} | {b} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {verdict} |")
     return "\n".join(lines) + "\n"
 
@@ -421,7 +426,7 @@ def factorial_markdown(rows: list[dict]) -> str:
 
 def _signed(interval: tuple[float, float, float]) -> str:
     estimate, low, high = interval
-    mark = " *" if (low > 0 or high < 0) and high - low > 1e-12 else ""  # a zero-wide interval: no spread, no star
+    mark = " *" if (low > 0 or high < 0) and spread(low, high) else ""
     return f"{estimate:+.3f} [{low:+.3f}, {high:+.3f}]{mark}"
 
 
