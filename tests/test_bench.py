@@ -1,6 +1,7 @@
 """python -m rloo.bench: a smoke run of every configuration (fields, not timings), and the memory accounting."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -392,10 +393,11 @@ def test_the_decode_bench_times_reads_and_profiles_the_decode():
     from rloo.bench.decode import markdown, measure
 
     result = measure("tiny@T=8", repeats=2)
-    assert result["rows"] == 64 and result["new_tokens"] == 8 and result["ms_per_token"] > 0
+    # ms per token is the difference of two medians (8 tokens less 1), so on a loaded machine a one-token decode that
+    # stalled longer than the full one makes it, and any pair's bandwidth fraction, read below 0 (both seen with the
+    # suite on two workers): no sign is asserted, only that they are numbers and the median lies between the pairs
+    assert result["rows"] == 64 and result["new_tokens"] == 8 and math.isfinite(result["ms_per_token"])
     low, high = result["bandwidth_fraction_range"]
-    # the median of the pairs lies between them; any pair can read below 0 on a loaded machine (a one-token decode
-    # that stalled longer than the full one: seen with the suite on two workers), so no sign is asserted
     assert low <= result["bandwidth_fraction"] <= high
     profile = result["profile"]
     assert sum(profile["parts_ms_per_step"].values()) == pytest.approx(profile["profiled_ms_per_step"])
