@@ -145,7 +145,7 @@ def differences_markdown(rows: list[dict], metric: str = "win_rate") -> str:
     for i, a in enumerate(ranked):
         for b in ranked[i + 1 :]:
             diff, low, high = difference_interval(rates[a], rates[b])
-            verdict = "yes" if low > 0 and spread(low, high) else "no" if spread(low, high) else "no spread over seeds"
+            verdict = "no spread over seeds" if not spread(low, high) else "yes" if low > 0 else "no"
             lines.append(f"| {a} | {b} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {verdict} |")
     return "\n".join(lines) + "\n"
 

@@ -158,7 +158,7 @@ def test_the_docs_quote_each_committed_table_of_episodes_as_the_report_writes_it
 def test_two_settings_whose_seeds_did_not_spread_are_not_called_separated():
     """A greedy evaluation on a fixed held-out set can score every seed the same (88 of 128 twice): Welch's interval
     is then zero-wide, and a one-problem difference must not read as a separation."""
-    from rloo.report import differences_markdown
+    from rloo.report import difference_interval, differences_markdown
 
     rows = [
         {"status": "ok", "setting": setting, "win_rate": None, "outcomes": {"reward/env": value}}
@@ -171,7 +171,5 @@ def test_two_settings_whose_seeds_did_not_spread_are_not_called_separated():
     ]
     lines = differences_markdown(rows, "reward/env").splitlines()
     assert "| algo=grpo | algo=rloo | +0.008 [+0.008, +0.008] | no spread over seeds |" in lines
-    from rloo.report import difference_interval
-
     diff, low, high = difference_interval([89 / 128] * 2, [0.5, 0.55])  # a spread on one side: Welch decides
     assert f"| algo=grpo | algo=dapo | {diff:+.3f} [{low:+.3f}, {high:+.3f}] | {'yes' if low > 0 else 'no'} |" in lines
