@@ -101,6 +101,7 @@ def hand_built_rollout(tokenizer) -> Rollout:
         torch.full((n, width), -1.5) * made["completion_mask"],
         torch.tensor([1.0, 0.0]),
         made["episode_mask"],
+        torch.zeros(n, dtype=torch.int64),
     )
 
 

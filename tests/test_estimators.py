@@ -317,7 +317,7 @@ class RecordSteps(L.Callback):
 
     def setup(self, trainer, module, stage):
         if self.reward is not None:
-            module.reward = self.reward
+            module.episode_service.reward = self.reward
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.rollouts.append((module.last_rollout, module.last_targets))

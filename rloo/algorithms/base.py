@@ -23,10 +23,8 @@ from rloo.algorithms.metrics import common_metrics, log_metrics
 from rloo.algorithms.optim import adamw_with_schedule
 from rloo.algorithms.run_state import RunState
 from rloo.algorithms.schedule import MicroBatch, StrategyAdapter, micro_batches, mini_batch_indices
-from rloo.data.chat import observed_prompts
-from rloo.generation.episodes import close_all, completion_token_ids, episode_returns, reward_completions
 from rloo.generation.forward import completion_logprobs_and_entropy
-from rloo.generation.rollout import PhaseTimer, Rollout, clock, sample_rollout, scored_rollout
+from rloo.generation.rollout import PhaseTimer, Rollout, clock
 from rloo.models.lora import ADAPTER_MARK, has_adapters
 from rloo.models.sharding import GATHERS, gather_fits, shard_model, whole_bytes
 from rloo.objectives import (
@@ -37,7 +35,8 @@ from rloo.objectives import (
     masked_mean,
     masked_sum,
 )
-from rloo.rewards.scoring import Reward, is_conversational
+from rloo.rewards.scoring import Reward
+from rloo.service.episodes import EpisodeService, RolloutNotes
 from rloo.utils.errors import NoLearningSignal, NonFiniteError
 
 log = logging.getLogger("rloo")
@@ -58,118 +57,53 @@ class OnlineRLModule(LightningModule):
         self.policy.eval()  # no dropout: on-policy the ratio must be exactly 1
         self.state = RunState()  # counters, guard, random states: what checkpoints carry
         self.strategy = StrategyAdapter(self)  # what differs by strategy in accumulation and optimiser steps
+        # rows in, scored Rollouts out: environments, reward functions and an external harness are its (the builder
+        # sets them: rloo.run.assemble.build_module)
+        self.episode_service = EpisodeService(
+            tokenizer,
+            reference,
+            reward_model,
+            config.k,
+            config.sampling,
+            config.generation_batch_size,
+            config.shared_prefix,
+        )
         self.last_rollout: Rollout | None = None
-        self.reward_logged: dict[str, float] = {}  # the reward functions' log_metric means of the last rollout
-        self.reward_columns: dict[str, list] = {}  # and their log_extra columns (samples.jsonl)
+        self.last_notes = RolloutNotes()  # the last rollout's episodes and what its reward functions logged
         self.last_targets = None  # what the algorithm derived from it (StepTargets, PPOTargets)
         self.sampled_in_rollout: int | None = None  # completions generated for this rollout, where more than it holds
         self.last_timings: dict[str, float] = {}  # seconds of the last step, by phase (rollout phases, update)
         self.last_mismatch: dict[str, Tensor] = {}  # per-token delta logp, sequence log-ratio (log_histograms)
         self.last_grad_norm: Tensor | None = None  # of the last optimiser step, before clipping
         self.train_started = (time.monotonic(), 0)  # (when, episodes then) this process began training: eps
-        self.reward: Reward | None = (
-            None  # reward= other than the reward model alone (rloo.rewards.scoring); set by the builder
-        )
-        self.environment = None  # env=: rloo.environments.base.EnvironmentSpec; set by the builder
-        self.last_episodes: list = []  # the last rollout's episodes (rloo.generation.episodes.Episode)
-        # rollout=module:function: (prompts, module) -> (Sampled, extra fields); set by the builder
-        self.external_rollout = None
         self.sampler_note: tuple[str, str] | None = None  # the sampler, where the run changes it from the planned one
 
     # ---- the pieces of a step, in the order a step uses them -------------------------------------------------
     def collect(self, batch: dict[str, Tensor], timer: PhaseTimer, sampler=None) -> Rollout:
-        """The one rollout every algorithm uses: k episodes per prompt (plain completions are one-turn episodes; with
-        env=, the environment's), the reference's log-probs, the reward model's scores, then the reward functions of
-        reward= once, in TRL's form, with the environment's return. The policy samples them, or `sampler` (algo=dpo:
-        the frozen reference, for offline pairs)."""
-        cfg, spec = self.config, self.environment
-        reward_model = self.reward_model if self.reward is None or self.reward.uses_model else None
-        prompts = self.data_prompts(batch) if spec or self.reward or self.external_rollout else None
-        chat = prompts is not None and is_conversational(prompts)
-        environments = self.start_environments(batch, prompts, timer) if spec is not None else []
-        prompts, prompt_ids, prompt_mask, repeats = self.episode_prompts(batch, prompts, environments)
-        extras = {}  # an external rollout's fields for the reward functions
-        try:
-            with timer("generate"):
-                if self.external_rollout is not None:  # rollout=module:function samples in the policy's place
-                    sampled, extras = self.external_rollout(prompts, self)
-                else:
-                    sampled = sample_rollout(
-                        sampler or self.policy,
-                        prompt_ids,
-                        prompt_mask,
-                        repeats,
-                        cfg.sampling,
-                        self.tokenizer.eos_token_id,
-                        self.tokenizer.pad_token_id,
-                        cfg.generation_batch_size,
-                        environments=environments or None,
-                        settings=None if spec is None else spec.episode,
-                        tokenizer=self.tokenizer,
-                        chat=chat,
-                    )
-        finally:
-            close_all(environments)
-        # a group's rows share one prompt, unless observations or an external rollout made them differ
-        group = cfg.k if cfg.shared_prefix and repeats == cfg.k and not self.external_rollout else 1
-        rollout = scored_rollout(
+        """The one rollout every algorithm uses (rloo.service.episodes.EpisodeService.rollout): k episodes per
+        prompt, sampled by the policy as it is now (version `state.rollouts`) or by `sampler` (algo=dpo: the frozen
+        reference, for offline pairs), the reference's log-probs and the scores."""
+        service = self.episode_service
+        rollout, self.last_notes = service.rollout(
             self.policy,
-            self.reference,
-            reward_model,
-            sampled,
-            cfg.sampling.temperature,
-            cfg.generation_batch_size,
+            batch,
             timer,
-            group,
+            self.state.rollouts,
+            sampler=sampler,
+            harness=self,  # rollout=module:function is handed the module, as TRL hands its trainer
+            trainer_state=self.trainer_state() if service.reward is not None else None,
         )
-        self.last_episodes = sampled.episodes
-        if self.reward is not None:  # the functions of reward= get TRL's arguments: completions decoded, and the
-            with timer("reward_functions"):  # prompts as the data has them (chat messages, or text decoded)
-                rows = [row for row in batch.get("columns", []) for _ in range(cfg.k)]  # each prompt's, k times
-                columns = {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}
-                if environments:  # TRL's reward functions may read the episodes' environments
-                    columns["environments"] = [e.user_environment for e in environments]
-                columns |= extras
-                self.reward.trainer_state = self.trainer_state()
-                scores = self.reward(
-                    prompts,
-                    reward_completions(sampled, self.tokenizer, chat),
-                    rollout.scores,
-                    columns,
-                    episode_returns(sampled.episodes),
-                    completion_ids=completion_token_ids(sampled) if self.reward.asks_for("completion_ids") else None,
-                )
-                rollout.scores = scores.to(rollout.scores.device)
-                self.reward_logged, self.reward_columns = self.reward.log.take()
         return rollout
 
-    def episode_prompts(self, batch: dict, prompts: list | None, environments: list):
-        """Each episode's prompt as the reward functions get it, and the prompt ids to sample from with how often each
-        row repeats: the batch's prompts k times each, or, where an environment's reset returned a first
-        observation, each episode's own prompt with it appended (rloo.data.chat.observed_prompts), once each."""
-        k = self.config.k
-        every = None if prompts is None else [p for p in prompts for _ in range(k)]
-        if not any(getattr(e, "observation", None) is not None for e in environments):
-            return every, batch["prompt_ids"], batch["prompt_mask"], k
-        ids = [i[m.bool()].tolist() for i, m in zip(batch["prompt_ids"], batch["prompt_mask"]) for _ in range(k)]
-        observations, tools = [e.observation for e in environments], self.environment.tools
-        every, prompt_ids, prompt_mask = observed_prompts(every, ids, observations, self.tokenizer, tools)
-        device = batch["prompt_ids"].device
-        return every, prompt_ids.to(device), prompt_mask.to(device), 1
+    @property
+    def reward(self) -> Reward | None:
+        """reward= other than the reward model alone (rloo.rewards.scoring), the episode service's."""
+        return self.episode_service.reward
 
-    def data_prompts(self, batch: dict) -> list:
-        """Each prompt of the batch as the data has it: its chat messages, or its text (decoded)."""
-        messages = batch.get("prompt_messages") or []
-        if messages and all(m is not None for m in messages):
-            return list(messages)
-        return self.tokenizer.batch_decode(batch["prompt_ids"], skip_special_tokens=True)
-
-    def start_environments(self, batch: dict, prompts: list, timer: PhaseTimer) -> list:
-        """One reset environment of `self.environment` per episode, k per prompt, each reset with its row:
-        {"prompt": as the data has it (`prompts`, data_prompts), **its other columns}."""
-        rows = [{"prompt": p, **c} for p, c in zip(prompts, batch.get("columns") or [{}] * len(prompts))]
-        with timer("environment"):
-            return self.environment.start_all([row for row in rows for _ in range(self.config.k)])
+    @property
+    def environment(self):
+        """env=: the episode service's rloo.environments.base.EnvironmentSpec (None: plain completions)."""
+        return self.episode_service.environment
 
     def masks_bad_scores(self) -> bool:
         """reward_errors=mask: completions without a finite score leave the baseline instead of stopping the run."""
@@ -198,7 +132,7 @@ class OnlineRLModule(LightningModule):
     def episode_metrics(self) -> dict[str, float]:
         """With env=: the last rollout's model turns per episode, the fraction cut by max_turns or the token budget
         (env/truncated), and the means of what the environment's info reported (env/<name>)."""
-        episodes = self.last_episodes
+        episodes = self.last_notes.episodes
         if self.environment is None or not episodes:
             return {}
         metrics = {

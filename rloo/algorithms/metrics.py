@@ -105,7 +105,7 @@ def log_metrics(module, metrics: dict, batch_size: int) -> None:
     """The step's metrics, averaged over ranks, to every logger at step = rollouts (as the evaluations), every
     log_every rollouts and at the last. Written inside the step, so a checkpoint taken as the step ends never
     precedes the row of its own rollout."""
-    logged = getattr(module, "reward_logged", {})  # the reward functions' log_metric means, under their names
+    logged = module.last_notes.reward_logged  # the reward functions' log_metric means, under their names
     if clash := [name for name in logged if name in metrics]:
         raise RewardFunctionError(
             f"log_metric({clash[0]!r}, ...): rloo logs {clash[0]} itself: give the reward function's metric another "

@@ -11,21 +11,15 @@ from typing import Callable
 
 import torch
 
-from rloo.data.chat import observed_prompts
+from rloo.data.padding import left_pad
 from rloo.evaluation.intervals import PROPORTIONS, Z_95, proportion_interval, win_rate_summary
 from rloo.evaluation.pass_at_k import majority_vote, pass_at_k
-from rloo.generation.episodes import (
-    close_all,
-    completion_token_ids,
-    episode_returns,
-    reward_completions,
-    sample_episodes,
-)
+from rloo.generation.episodes import completion_token_ids, episode_returns, reward_completions
 from rloo.generation.forward import reward_scores
-from rloo.generation.rollout import chunked
+from rloo.generation.rollout import PhaseTimer, chunked
 from rloo.generation.settings import SamplingConfig
 from rloo.judges import Judge, judge_pairs
-from rloo.rewards.scoring import is_conversational
+from rloo.service.episodes import play_episodes
 
 INVALID = -1.0  # outcome code of an invalid verdict in the per-row tensor (nan means: not judged)
 # per-row values summarised alike
@@ -103,29 +97,22 @@ def complete(
     functions' completions, the prompt/completion tensors in rollout layout, length (the model's tokens) and eos;
     with an environment also its return, turns, whether it replied, whether the episode was cut (truncated), its
     messages and info."""
-    prompts, environments = reward_prompts(rows), []
-    if environment is not None:
-        environments = environment.start_all([{"prompt": p, **row.get("columns", {})} for p, row in zip(prompts, rows)])
-    observations = [e.observation for e in environments] or [None] * len(rows)  # appended to the prompts where given
-    tools = None if environment is None else environment.tools
-    prompts, ids, mask = observed_prompts(prompts, [row["prompt_ids"] for row in rows], observations, tokenizer, tools)
-    ids, mask, chat = ids.to(device), mask.to(device), is_conversational(prompts)
-    try:
-        sampled = sample_episodes(
-            policy,
-            ids,
-            mask,
-            sampling,
-            batch_size,
-            tokenizer.eos_token_id,
-            tokenizer.pad_token_id,
-            environments=environments or None,
-            settings=None if environment is None else environment.episode,
-            tokenizer=tokenizer,
-            chat=chat,
-        )
-    finally:
-        close_all(environments)
+    ids, mask = left_pad([row["prompt_ids"] for row in rows], tokenizer.pad_token_id)
+    columns = [row.get("columns", {}) for row in rows]
+    played = play_episodes(
+        policy,
+        tokenizer,
+        environment,
+        reward_prompts(rows),
+        ids.to(device),
+        mask.to(device),
+        1,
+        columns,
+        sampling,
+        batch_size,
+        PhaseTimer(),
+    )
+    sampled, prompts, chat, environments = played.sampled, played.prompts, played.chat, played.environments
     texts = tokenizer.batch_decode(sampled.completion_ids, skip_special_tokens=True)
     done = {
         "texts": texts,

@@ -40,6 +40,10 @@ class Rollout:
     # [N, T] 1 on every real token after the prompt: the completion's, and in a multi-turn episode the environment's
     # replies too (rloo.generation.episodes), which the forwards attend to and the loss never counts
     episode_mask: Tensor
+    # [N] int64: the policy version that sampled each row (the learner's count of rollouts trained on when it was
+    # published; the synchronous loop samples rollout r with version r). Its log-probs are generation_logprobs: the
+    # behaviour policy's, which the loss's corrections weigh against the learner's (rloo.objectives.mismatch)
+    behaviour_version: Tensor
 
     @property
     def input_ids(self) -> Tensor:  # [N, P+T]
@@ -187,11 +191,20 @@ def collect_rollout(
 
 
 def scored_rollout(
-    policy, reference, reward_model, sampled: Sampled, temperature: float, forward_batch_size: int, timer, group: int
+    policy,
+    reference,
+    reward_model,
+    sampled: Sampled,
+    temperature: float,
+    forward_batch_size: int,
+    timer,
+    group: int,
+    version: int = 0,
 ) -> Rollout:
     """`sampled` scored: the reference's log-probs of the model's tokens `[N, T]` (float32, 0 where completion_mask
     is 0) and the reward model's scores `[N]` (zeros without one), from forwards that attend to every real token of
-    the episode. `group`: rows per shared prompt for the shared-prefix forwards (1: plain rows)."""
+    the episode. `group`: rows per shared prompt for the shared-prefix forwards (1: plain rows); `version`: the
+    policy version that sampled it, stamped on every row."""
     completion_ids, completion_mask = sampled.completion_ids, sampled.completion_mask
     input_ids, attention_mask = sampled.input_ids, sampled.attention_mask
     # reference None: the policy's base, its LoRA adapters switched off (rloo.models.lora)
@@ -228,4 +241,5 @@ def scored_rollout(
         ref_logprobs.float(),
         scores,
         sampled.episode_mask,
+        torch.full((len(scores),), version, dtype=torch.int64, device=scores.device),
     )

@@ -227,9 +227,9 @@ def build_module(
     module_class, _ = spec.load()
     models = (policy, reference, reward_model) + ((value_model(),) if spec.value_model else ())
     module = module_class(*models, tokenizer, algorithm_config(cfg, total_rollouts))
-    module.reward = reward
-    module.environment = environment
-    module.external_rollout = external_rollout_from_config(cfg)
+    service = module.episode_service  # what the module's rollouts are sampled and scored with
+    service.reward, service.environment = reward, environment
+    service.external_rollout = external_rollout_from_config(cfg)
     if cfg.activation_checkpointing:  # after the module put the policy in eval mode
         from rloo.models.loading import use_activation_checkpointing
 

@@ -425,7 +425,7 @@ class SampleTable(Callback):
             for p, c, s, a in zip(prompts, completions, rollout.scores[:n].tolist(), advantages.tolist())
         ]
         columns = ["step", "prompt", "completion", "score", "advantage"]
-        for name, values in getattr(module, "reward_columns", {}).items():  # the reward functions' log_extra
+        for name, values in module.last_notes.reward_columns.items():  # the reward functions' log_extra
             if len(values) >= n and name not in columns:
                 columns.append(name)
                 rows = [row + [finite_or_none(v) if isinstance(v, float) else v] for row, v in zip(rows, values[:n])]
