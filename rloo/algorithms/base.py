@@ -18,6 +18,8 @@ import torch
 from lightning import LightningModule
 from torch import Tensor
 
+from rloo.algorithms.asynchrony import CHECKPOINT_KEY as ASYNC_CHECKPOINT_KEY
+from rloo.algorithms.asynchrony import checkpoint_state, collect_from_producer, start_producer
 from rloo.algorithms.configs import OnlineRLConfig
 from rloo.algorithms.metrics import common_metrics, log_metrics
 from rloo.algorithms.optim import adamw_with_schedule
@@ -68,6 +70,12 @@ class OnlineRLModule(LightningModule):
             config.generation_batch_size,
             config.shared_prefix,
         )
+        # max_staleness > 0 or producer=process: the service runs in a producer process beside this one, started
+        # with training (rloo.algorithms.asynchrony); the builder sets what it builds there and its threads
+        self.producer = None
+        self.producer_parts, self.producer_threads = None, 1
+        self.async_saved: dict | None = None  # a checkpoint's in-flight state, until the producer starts from it
+        self.async_metrics: dict = {}  # the last rollout's staleness, queue and sides' seconds
         self.last_rollout: Rollout | None = None
         self.last_notes = RolloutNotes()  # the last rollout's episodes and what its reward functions logged
         self.last_targets = None  # what the algorithm derived from it (StepTargets, PPOTargets)
@@ -83,6 +91,8 @@ class OnlineRLModule(LightningModule):
         """The one rollout every algorithm uses (rloo.service.episodes.EpisodeService.rollout): k episodes per
         prompt, sampled by the policy as it is now (version `state.rollouts`) or by `sampler` (algo=dpo: the frozen
         reference, for offline pairs), the reference's log-probs and the scores."""
+        if self.producer is not None and sampler is None:  # sampled and scored beside the learner
+            return collect_from_producer(self, batch, timer)
         service = self.episode_service
         rollout, self.last_notes = service.rollout(
             self.policy,
@@ -122,8 +132,9 @@ class OnlineRLModule(LightningModule):
     def reward_metrics(self, rollout: Rollout) -> dict[str, float]:
         if self.reward is None:
             return {}
-        metrics = {f"reward/{name.rsplit(':', 1)[-1]}": mean for name, mean in self.reward.last_term_means.items()}
-        for name, count in self.reward.last_not_applicable.items():  # the completions a function returned None for
+        notes = self.last_notes  # what the rollout's reward functions gave (here, or in a producer process)
+        metrics = {f"reward/{name.rsplit(':', 1)[-1]}": mean for name, mean in notes.reward_terms.items()}
+        for name, count in notes.not_applicable.items():  # the completions a function returned None for
             metrics[f"reward/none/{name.rsplit(':', 1)[-1]}"] = float(count)
         if self.masks_bad_scores():
             metrics["reward/masked"] = float((~torch.isfinite(rollout.scores)).sum())
@@ -422,15 +433,25 @@ class OnlineRLModule(LightningModule):
             by_rank = [None] * self.trainer.world_size
             torch.distributed.all_gather_object(by_rank, self.state.rng_for_checkpoint())
         self.state.save(checkpoint, by_rank)
+        if self.producer is not None:  # what is in flight: the versions the next rollouts are sampled by
+            checkpoint[ASYNC_CHECKPOINT_KEY] = checkpoint_state(self)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.state.load(checkpoint, self.trainer.world_size, self.trainer.global_rank)
+        self.async_saved = checkpoint.get(ASYNC_CHECKPOINT_KEY)
+
+    def teardown(self, stage: str) -> None:
+        if self.producer is not None:  # the run ends, however it ends: the producer with it
+            self.producer.close()
+            self.producer = None
 
     def on_train_start(self) -> None:
         """On resume: the random states of the checkpoint (as late as possible: nothing draws after this before the
         next rollout), and a learning rate changed since the checkpoint, applied from here on and said."""
         self.state.restore_rng()
         self.train_started = (time.monotonic(), self.state.episodes)
+        if getattr(self.config, "producer_process", False):
+            self.producer, self.async_saved = start_producer(self, self.async_saved), None
         for scheduler in self.trainer.lr_scheduler_configs:
             scheduler = scheduler.scheduler
             if scheduler.base_lrs != [self.config.lr] * len(scheduler.base_lrs):

@@ -14,6 +14,7 @@ from typing import ClassVar
 from omegaconf import DictConfig
 
 from rloo.generation.settings import SamplingConfig
+from rloo.service.staleness import STALENESS_MODES
 from rloo.utils.errors import ConfigError
 from rloo.utils.keys import APPLIED, FIXED, derived, key, looks_local, refuse_inert
 
@@ -98,6 +99,12 @@ AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "toke
 KL_PLACEMENTS = ("reward", "loss")
 OVERLONG = ("none", "shape", "mask")
 RAFT_RANKINGS = ("reward", "score")  # R (KL-penalised) | the score alone
+PRODUCERS = ("auto", "inline", "process")
+
+
+def produced_in_a_process(cfg) -> bool:
+    """producer=process, or auto with max_staleness above 0."""
+    return cfg.producer == "process" or (cfg.producer == "auto" and cfg.max_staleness > 0)
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,15 @@ class EstimatorConfig(PolicyGradientConfig):
     dynamic_sampling_rounds: int = key(APPLIED, low=0)
     overlong: str = key(FIXED, choices=OVERLONG)
     overlong_buffer: float = key(FIXED, low=0, high=1, low_open=True)
+    max_staleness: int = key(FIXED, low=0)
+    staleness_mode: str = key(FIXED, choices=STALENESS_MODES)
+    producer: str = key(FIXED, choices=PRODUCERS)
+    producer_threads: int | None = key(APPLIED, low=1)
+
+    @property
+    def producer_process(self) -> bool:
+        """Rollouts sampled and scored in a producer process (rloo.service.producer), not inline."""
+        return produced_in_a_process(self)
 
     @property
     def clip_high(self) -> float:
@@ -183,11 +199,43 @@ class EstimatorConfig(PolicyGradientConfig):
                 f"lr_schedule={cfg.lr_schedule} would not reach its end; use lr_schedule=constant (for every method "
                 "it is compared with)"
             )
+        check_asynchrony(cfg, world_size)
         if cfg.dynamic_sampling and world_size > 1:
             raise ConfigError(
                 f"dynamic_sampling=true runs on one device (ranks would sample different numbers of rounds), got "
                 f"{world_size} devices; use dynamic_sampling=false or one device"
             )
+
+
+def check_asynchrony(cfg: DictConfig, world_size: int) -> None:
+    """A producer process: one CPU device so far, no second sampling round inside a step, and a behaviour policy
+    that the loss names (never the current policy silently standing in for it)."""
+    if cfg.producer == "inline" and cfg.max_staleness > 0:
+        raise ConfigError(
+            f"max_staleness={cfg.max_staleness} samples ahead of the learner, in a producer process: use producer=auto "
+            "or producer=process (producer=inline is the synchronous loop, max_staleness=0)"
+        )
+    if not produced_in_a_process(cfg):
+        return
+    setting = f"max_staleness={cfg.max_staleness}" if cfg.max_staleness else "producer=process"
+    if world_size > 1 or cfg.trainer.accelerator not in ("cpu", "auto"):
+        raise ConfigError(
+            f"{setting} runs the producer beside one CPU learner so far, got {world_size} devices on "
+            f"trainer.accelerator={cfg.trainer.accelerator}; use one CPU device, or max_staleness=0 producer=auto"
+        )
+    if cfg.dynamic_sampling:
+        raise ConfigError(
+            f"{setting} samples each rollout once, ahead of the step, but dynamic_sampling=true samples again inside "
+            "the step; use dynamic_sampling=false"
+        )
+    if cfg.max_staleness > 0 and cfg.is_correction == "none" and cfg.old_logprobs == "recompute":
+        raise ConfigError(
+            f"max_staleness={cfg.max_staleness} samples with policies up to {cfg.max_staleness} versions old, and "
+            "is_correction=none with old_logprobs=recompute would treat them as the current one: choose "
+            "is_correction=tis_token | tis_sequence | mask_token | mask_sequence | geometric (the decoupled loss: the "
+            "clip against the learner's policy, pi_learner / pi_behaviour weighed), or old_logprobs=generation (the "
+            "clip against the behaviour policy itself)"
+        )
 
 
 ESTIMATOR_INERT = (  # (key, when it does nothing, the setting that says so, what it does)
@@ -213,6 +261,18 @@ ESTIMATOR_INERT = (  # (key, when it does nothing, the setting that says so, wha
     ),
     ("clip_range_high", lambda c: c.loss == "reinforce", "loss=reinforce", "it is the PPO clip's upper range"),
     ("kl_in", lambda c: c.kl_coef == 0, "kl_coef=0", "it places the KL penalty"),
+    (
+        "staleness_mode",
+        lambda c: c.max_staleness == 0,
+        "max_staleness=0",
+        "it says which version samples a rollout ahead of the learner",
+    ),
+    (
+        "producer_threads",
+        lambda c: not produced_in_a_process(c),
+        "producer={producer} max_staleness={max_staleness}",
+        "it sets the producer process's threads",
+    ),
     ("kl_estimator", lambda c: c.kl_coef == 0, "kl_coef=0", "it estimates the KL penalty"),
     (
         "dynamic_sampling_rounds",

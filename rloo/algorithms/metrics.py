@@ -96,6 +96,7 @@ def common_metrics(module, rollout: Rollout) -> dict[str, float | Tensor]:
     metrics.update({f"time/{phase}": seconds for phase, seconds in timings.items() if phase != "step"})
     metrics.update(module.reward_metrics(rollout))
     metrics.update(module.episode_metrics())
+    metrics.update(module.async_metrics)  # a producer process's rollout: staleness, queue, each side's seconds
     if module.last_grad_norm is not None:
         metrics["policy/grad_norm"] = module.last_grad_norm
     return metrics

@@ -7,6 +7,7 @@ reference completion and the rest is rendered with the tokenizer's chat template
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -244,6 +245,36 @@ class RolloutLoader(DataLoader):
         pass
 
 
+def collate_rows(rows: list[dict], pad_token_id: int) -> dict:
+    """A batch of prompt rows: their ids left-padded `[B, P]` with the mask, their other columns, their messages."""
+    prompt_ids, prompt_mask = left_pad([row["prompt_ids"] for row in rows], pad_token_id)
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "columns": [row["columns"] for row in rows],
+        "prompt_messages": [row["messages"] for row in rows],  # None for text prompts
+    }
+
+
+@dataclass
+class PromptBatches:
+    """The train loader's batches without a DataLoader: `sampler`'s indices into `rows`, `batch_size` at a time (the
+    last short one dropped, as the loader drops it), each collated as the loader collates it."""
+
+    rows: list[dict]
+    sampler: EpisodeSampler
+    batch_size: int
+    pad_token_id: int
+
+    def __iter__(self):
+        batch = []
+        for index in self.sampler:
+            batch.append(self.rows[index])
+            if len(batch) == self.batch_size:
+                yield collate_rows(batch, self.pad_token_id)
+                batch = []
+
+
 class PromptDataModule(LightningDataModule):
     """Train prompts for rollouts and held-out (prompt, reference) pairs for evaluation."""
 
@@ -325,27 +356,32 @@ class PromptDataModule(LightningDataModule):
         return rows
 
     def collate(self, rows: list[dict]) -> dict:
-        prompt_ids, prompt_mask = left_pad([row["prompt_ids"] for row in rows], self.tokenizer.pad_token_id)
-        return {
-            "prompt_ids": prompt_ids,
-            "prompt_mask": prompt_mask,
-            "columns": [row["columns"] for row in rows],
-            "prompt_messages": [row["messages"] for row in rows],  # None for text prompts
-        }
+        return collate_rows(rows, self.tokenizer.pad_token_id)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_sampler(self, first_rollout: int) -> EpisodeSampler:
+        """This rank's prompt indices from rollout `first_rollout` to the run's end."""
         # the sampler splits the prompts across ranks itself (the Trainer runs with use_distributed_sampler=False)
         rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
         per_rollout = self.prompts_per_rollout * world_size
-        sampler = EpisodeSampler(
+        return EpisodeSampler(
             len(self.train_rows),
             self.num_rollouts * per_rollout,
             self.seed,
             self.shuffle,
-            start=self.first_rollout * per_rollout,
+            start=first_rollout * per_rollout,
             rank=rank,
             world=world_size,
         )
+
+    def rollout_batches(self, first_rollout: int) -> "PromptBatches":
+        """The train loader's batches from rollout `first_rollout` on, as a picklable iterable (a producer process
+        draws them in its own order: rloo.service.producer)."""
+        return PromptBatches(
+            self.train_rows, self.train_sampler(first_rollout), self.prompts_per_rollout, self.tokenizer.pad_token_id
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        sampler = self.train_sampler(self.first_rollout)
         # its own generator for the workers' base seed: a resumed run's global random state stays the checkpoint's
         return RolloutLoader(
             self.train_rows,

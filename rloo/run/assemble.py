@@ -8,6 +8,7 @@ import logging
 import os
 import warnings
 from datetime import timedelta
+from functools import partial
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -230,6 +231,9 @@ def build_module(
     service = module.episode_service  # what the module's rollouts are sampled and scored with
     service.reward, service.environment = reward, environment
     service.external_rollout = external_rollout_from_config(cfg)
+    if getattr(module.config, "producer_process", False):  # the same parts are built again in the producer process
+        module.producer_parts = partial(service_parts, OmegaConf.to_container(cfg, resolve=True))
+        module.producer_threads = split_threads(cfg)
     if cfg.activation_checkpointing:  # after the module put the policy in eval mode
         from rloo.models.loading import use_activation_checkpointing
 
@@ -239,6 +243,25 @@ def build_module(
 
         module.policy.rloo_activations = recompute_mlp_activations(module.policy)  # read by fast_paths
     return module
+
+
+def service_parts(cfg: dict, tokenizer) -> tuple:
+    """The episode service's reward functions, environment and external rollout of a resolved config, as the
+    producer process builds them (rloo.service.producer)."""
+    cfg = OmegaConf.create(cfg)
+    return reward_from_config(cfg), environment_from_config(cfg, tokenizer), external_rollout_from_config(cfg)
+
+
+def split_threads(cfg: DictConfig) -> int:
+    """The producer process's torch threads (producer_threads; null: half the cores); the learner keeps the rest
+    where trainer.num_threads does not say."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    producer = cfg.producer_threads or max(1, cores // 2)
+    if not cfg.trainer.num_threads:
+        torch.set_num_threads(max(1, cores - producer))
+    return producer
 
 
 def environment_from_config(cfg: DictConfig, tokenizer=None):

@@ -43,6 +43,8 @@ class RolloutNotes:
     episodes: list = field(default_factory=list)  # rloo.generation.episodes.Episode, one per row
     reward_logged: dict[str, float] = field(default_factory=dict)  # the reward functions' log_metric means
     reward_columns: dict[str, list] = field(default_factory=dict)  # and their log_extra columns (samples.jsonl)
+    reward_terms: dict[str, float] = field(default_factory=dict)  # each term's mean (Reward.last_term_means)
+    not_applicable: dict[str, int] = field(default_factory=dict)  # completions a function returned None for
 
 
 @dataclass
@@ -131,6 +133,8 @@ class EpisodeService:
             with timer("reward_functions"):  # prompts as the data has them (chat messages, or text decoded)
                 rollout.scores = self.function_scores(batch, played, rollout.scores, trainer_state)
                 notes.reward_logged, notes.reward_columns = self.reward.log.take()
+                notes.reward_terms = dict(self.reward.last_term_means)
+                notes.not_applicable = dict(self.reward.last_not_applicable)
         return rollout, notes
 
     def function_scores(self, batch: dict, played: Played, model_scores: Tensor, trainer_state) -> Tensor:
