@@ -32,6 +32,7 @@ from rloo.models.sharding import GATHERS, gather_fits, shard_model, whole_bytes
 from rloo.objectives import (
     apply_missing_eos_penalty,
     group_reward_std,
+    importance_ratio_stats,
     importance_weights,
     logprob_mismatch,
     masked_mean,
@@ -261,6 +262,17 @@ class OnlineRLModule(LightningModule):
             f"mismatch_{key}": value
             for key, value in logprob_mismatch(rollout_policy_logprobs, rollout.generation_logprobs, mask).items()
         }
+        cfg = self.config
+        raw = importance_ratio_stats(  # pi_learner / pi_behaviour before is_correction truncates or masks it
+            rollout_policy_logprobs,
+            rollout.generation_logprobs,
+            mask,
+            cfg.is_correction,
+            cfg.is_cap,
+            cfg.is_low,
+            cfg.is_high,
+        )
+        stats |= {f"is_raw_{key}": value for key, value in raw.items()}
         stats["entropy"] = masked_mean(entropy, mask)  # of the distribution, per token (TRL: policy/entropy_avg)
         stats["entropy_seq"] = masked_sum(-rollout_policy_logprobs, mask, dim=1).mean()  # TRL: objective/entropy
         if self.config.log_histograms:  # for the W&B histograms (rloo.run.callbacks.MismatchHistograms)

@@ -28,6 +28,10 @@ METRIC_NAMES = {
     "ratio_min": "policy/ratio_min",
     "ratio_max": "policy/ratio_max",
     "is_weight": "is/weight_mean",
+    "is_raw_ratio_mean": "is/raw_ratio_mean",  # pi_learner / pi_behaviour, before truncation or masks
+    "is_raw_ratio_min": "is/raw_ratio_min",
+    "is_raw_ratio_max": "is/raw_ratio_max",
+    "is_raw_cut_frac": "is/cut_frac",  # truncated (tis_*) or masked (mask_*, geometric)
     "kl_loss": "loss/kl_avg",
     "baseline": "objective/baseline",
     "mismatch_abs_mean": "mismatch/logprob_abs_mean",

@@ -36,7 +36,7 @@ from rloo.objectives.losses import (
     policy_gradient_loss,
     preference_pairs,
 )
-from rloo.objectives.mismatch import IS_CORRECTIONS, importance_weights, logprob_mismatch
+from rloo.objectives.mismatch import IS_CORRECTIONS, importance_ratio_stats, importance_weights, logprob_mismatch
 from rloo.objectives.rewards import (
     KL_ESTIMATORS,
     apply_missing_eos_penalty,
@@ -56,6 +56,7 @@ from rloo.objectives.statistics import (
 
 __all__ = [
     "IS_CORRECTIONS",
+    "importance_ratio_stats",
     "importance_weights",
     "logprob_mismatch",
     "GROUP_FORMS",

@@ -76,3 +76,45 @@ def importance_weights(
         seq_log_rho = seq_log_rho / real.sum(1).clamp(min=1)  # log of the geometric mean
     inside = (seq_log_rho >= math.log(low)) & (seq_log_rho <= math.log(high))
     return None, inside.to(log_rho.dtype)
+
+
+def importance_ratio_stats(
+    train_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    mask: Tensor,
+    correction: str,
+    cap: float = 2.0,
+    low: float = 0.5,
+    high: float = 2.0,
+) -> dict[str, Tensor]:
+    """The raw ratios `importance_weights` forms, before any truncation or mask, and the fraction it cut.
+
+    train_logprobs / rollout_logprobs / mask [N, T] -> scalars (none for correction=none):
+      ratio_mean / ratio_min / ratio_max   rho_t over real tokens (token corrections), or prod_t rho_t per sequence
+                                           (sequence corrections; geometric: its per-token geometric mean)
+      cut_frac                             tis_*: the fraction above cap (truncated); mask_* and geometric: outside
+                                           [low, high] (masked); of tokens or of sequences as the correction counts
+    """
+    if correction == "none":
+        return {}
+    real = mask.bool()
+    log_rho = torch.where(real, _upcast(train_logprobs.detach()) - _upcast(rollout_logprobs.detach()), 0.0)
+    if correction.endswith("_token"):
+        log_ratio = log_rho[real]  # [real tokens]
+    else:
+        log_ratio = log_rho.sum(1)  # [N] log prod_t rho_t
+        if correction == "geometric":
+            log_ratio = log_ratio / real.sum(1).clamp(min=1)
+    ratio = torch.exp(log_ratio.double().clamp(-80.0, 80.0))  # finite in float32 too
+    if not len(ratio):
+        return {}
+    if correction.startswith("tis"):
+        cut = log_ratio > math.log(cap)
+    else:
+        cut = (log_ratio < math.log(low)) | (log_ratio > math.log(high))
+    return {
+        "ratio_mean": ratio.mean(),
+        "ratio_min": ratio.min(),
+        "ratio_max": ratio.max(),
+        "cut_frac": cut.double().mean(),
+    }
