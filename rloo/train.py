@@ -18,6 +18,7 @@ from rloo.utils.errors import (
     JudgeFailed,
     NoLearningSignal,
     NonFiniteError,
+    ProducerFailed,
     RankLost,
     RewardFunctionError,
     RunIncomplete,
@@ -47,6 +48,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
             JudgeFailed,
             RunIncomplete,
             RankLost,
+            ProducerFailed,
         )
         if isinstance(error, stops):
             return fail(error, 1)

@@ -156,3 +156,30 @@ def fails_on_the_third_call(prompts, completions):
     if CALLS_SEEN["n"] >= 3:
         raise RuntimeError("the grader went away")
     return [float(len(c.split())) for c in completions]
+
+
+PRODUCER_CALLS = [0]  # calls made in this process
+
+
+def in_the_producer_from_the_fourth_call() -> bool:
+    """In the producer process (rloo.service.producer), from its fourth rollout on; never in the learner."""
+    import multiprocessing
+
+    if multiprocessing.current_process().name != "rloo-producer":
+        return False
+    PRODUCER_CALLS[0] += 1
+    return PRODUCER_CALLS[0] >= 4
+
+
+def fails_in_the_producer_raise(prompts, completions):
+    if in_the_producer_from_the_fourth_call():
+        raise ValueError("this reward function fails in the producer")
+    return length(prompts, completions)
+
+
+def fails_in_the_producer_exit(prompts, completions):
+    if in_the_producer_from_the_fourth_call():
+        import os
+
+        os._exit(3)
+    return length(prompts, completions)

@@ -453,9 +453,13 @@ class OnlineRLModule(LightningModule):
         self.async_saved = checkpoint.get(ASYNC_CHECKPOINT_KEY)
 
     def teardown(self, stage: str) -> None:
-        if self.producer is not None:  # the run ends, however it ends: the producer with it
+        self.close_producer()
+
+    def close_producer(self) -> None:
+        """The run ends, however it ends (a failure reaches rloo.run.pipeline.fit, not this hook): the producer
+        process with it. What a checkpoint reads of it stays."""
+        if self.producer is not None:
             self.producer.close()
-            self.producer = None
 
     def on_train_start(self) -> None:
         """On resume: the random states of the checkpoint (as late as possible: nothing draws after this before the

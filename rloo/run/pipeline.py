@@ -464,6 +464,8 @@ def fit(plan: RunPlan, pieces: RunPieces, record: RunRecord) -> dict:
         if not pieces.export.ran and module.state.rollouts >= plan.rollouts:  # resumed after training had ended:
             finish_ended_training(out, trainer, module, pieces.export, pieces.evaluation, log)  # no end hooks ran
     except BaseException as error:  # SIGTERM, Ctrl-C (exit 130 in run_entry_point), any failure: keep what there is
+        if hasattr(module, "close_producer"):
+            module.close_producer()  # a producer process beside the learner stops with it
         interrupted = isinstance(error, (SystemExit, KeyboardInterrupt, UserCodeInterrupted))
         with (
             ctrl_c_held()

@@ -19,6 +19,7 @@ Ctrl-C and SIGTERM, which the learner handles, then stops it.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import dataclasses
 import os
@@ -36,11 +37,12 @@ from rloo.generation.rollout import PhaseTimer, Rollout, clock
 from rloo.service.episodes import EpisodeService, RolloutNotes
 from rloo.service.staleness import check_record, slots, version_to_sample
 from rloo.service.weights import PolicyVersions
+from rloo.utils.errors import ProducerFailed
 
 POLL_S = 0.5  # how often a waiting side looks at the other's liveness
 
 
-class RolloutProducerFailed(RuntimeError):
+class RolloutProducerFailed(ProducerFailed):
     """The producer process raised or died: the learner stops with this one line."""
 
 
@@ -214,11 +216,14 @@ class RolloutProducer:
         )
         self.rng_after: dict[int, torch.Tensor] = {}  # by rollout taken: the producer's random state after it
         self.trainer_states: dict[int, dict | None] = {}  # by version published: its trainer state, as a dict
+        self.closed = False
         self.waited_s = 0.0  # the learner's seconds waiting in the last `take`
         self.depth = 0  # records ready when the last `take` began
 
     def start(self) -> "RolloutProducer":
         self.process.start()
+        # before multiprocessing's own exit handler, which would SIGTERM the producer (ignored) and wait on it forever
+        atexit.register(self.close)
         return self
 
     @property
@@ -274,9 +279,12 @@ class RolloutProducer:
         return self.rng_after.get(rollout_index - 1)
 
     def close(self) -> None:
-        """Stop the producer and wait for it (at most a few seconds, then it is killed)."""
-        if self.process.pid is None:
+        """Stop the producer and wait for it (at most a few seconds, then it is killed). Its versions and random
+        states stay readable here, for a checkpoint taken after it."""
+        if self.process.pid is None or self.closed:
             return
+        self.closed = True
+        atexit.unregister(self.close)
         self.stop_event.set()
         self.published.put(None)
         self.process.join(timeout=5)

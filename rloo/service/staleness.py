@@ -14,10 +14,12 @@ Pure functions, no torch.
 
 from __future__ import annotations
 
+from rloo.utils.errors import ProducerFailed
+
 STALENESS_MODES = ("exact", "bounded")
 
 
-class StaleRecord(RuntimeError):
+class StaleRecord(ProducerFailed):
     """A record the learner must not train on: sampled by a version its staleness bound does not allow, or for
     another rollout than the one being trained."""
 

@@ -59,6 +59,11 @@ class EnvironmentFailed(RuntimeError):
     """An environment (env=) raised, hung or answered a step wrongly; the message names it, in one line."""
 
 
+class ProducerFailed(RuntimeError):
+    """The rollout producer process (max_staleness, producer=process) raised or died, or handed a record the learner
+    must not train on (a version its staleness bound forbids); the message says which, in one line."""
+
+
 class RankLost(RuntimeError):
     """A process of a multi-process run died or hung: the collective it did not join failed; the run ends."""
 
