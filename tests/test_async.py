@@ -230,3 +230,44 @@ def test_a_producer_that_raises_or_dies_stops_the_run_with_one_line_and_a_checkp
     assert len(lines) == 1 and "the rollout producer (pid " in lines[0] and says in lines[0], result.stderr[-3000:]
     assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt"))  # the rollouts before it were kept
     assert "rollout producer" in (run / "summary.json").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 128 + 15), (signal.SIGINT, 128 + 2)])
+def test_a_signal_to_the_whole_job_stops_both_sides_saves_and_resumes(embedded_task, sig, code):
+    """As a terminal's Ctrl-C or a scheduler's SIGTERM reaches every process of the job: the producer ignores it, the
+    learner stops, saves its checkpoint with the in-flight versions, and stops the producer; resume=auto continues."""
+    run = embedded_task / f"signal-{sig.name}"
+    settings = ["total_episodes=1600", "checkpoint_every=0", "eval.before=false", "max_staleness=1"]
+    process = start(run, embedded_task / "cache", *settings, "is_correction=tis_token", preexec_fn=os.setpgrp)
+    wait_for(
+        lambda: (run / "samples.jsonl").exists() and len((run / "samples.jsonl").read_text().splitlines()) >= 16,
+        process,
+    )
+    producers = [pid for pid in children(process.pid) if "spawn_main" in command_line(pid)]
+    os.killpg(process.pid, sig)
+    returncode, output = finish(process)
+    assert returncode == code, output[-3000:]
+    assert not any(os.path.exists(f"/proc/{pid}") and "spawn_main" in command_line(pid) for pid in producers)
+    checkpoint = torch.load(run / "checkpoints" / "interrupted.ckpt", weights_only=True)
+    rollouts = checkpoint["rloo_rollouts"]
+    assert 2 <= rollouts < 200 and checkpoint["rloo_async"]["producer_rng"] is not None
+    assert sorted(checkpoint["rloo_async"]["versions"])[-1] <= rollouts  # never a version the learner had not made
+    resumed = train(run, embedded_task / "cache", "resume=auto", f"total_episodes={8 * (rollouts + 2)}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert column(run, "async/staleness_max")[-2:] == [1.0, 1.0]
+
+
+def test_the_memory_plan_counts_the_producers_policy_copies_and_its_rollout_beside_the_update():
+    from rloo.run.cli import compose_train_config
+    from rloo.run.memory_plan import plan_config
+
+    _, _, inline, _ = plan_config(compose_train_config([]))
+    _, shape, produced, _ = plan_config(compose_train_config(["max_staleness=2", "is_correction=tis_token"]))
+    assert shape.producer_copies == 3 and "producer policy copies" not in inline
+    assert produced["producer policy copies"] == pytest.approx(3 * inline["policy weights"])
+    static = sum(inline[k] for k in ("policy weights", "reference weights", "reward model weights", "AdamW state"))
+    update = inline["gradients"] + inline["activations"] + inline["logit chunks"]
+    rollout = inline["KV cache"] + inline.get("decode weights", 0.0)
+    assert inline["peak"] == pytest.approx(static + max(update, rollout))
+    assert produced["peak"] == pytest.approx(static + 3 * inline["policy weights"] + update + rollout)

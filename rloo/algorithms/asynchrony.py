@@ -80,6 +80,7 @@ def collect_from_producer(module, batch: dict, timer: PhaseTimer) -> Rollout:
         "async/producer_idle_s": record.idle_s,
         "async/learner_wait_s": producer.waited_s,
         "async/producer_tokens_per_s": record.tokens / max(record.busy_s, 1e-9),
+        "memory/producer_peak_rss_mb": record.peak_rss_mb,  # its shared weights count in both processes' RSS
     }
     return dataclasses.replace(
         record.rollout,

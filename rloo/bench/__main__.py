@@ -28,7 +28,12 @@ from rloo.utils import ownership
 from rloo.utils.errors import ConfigError
 
 DEFAULT_PRESETS = ("tiny", "small", "pythia-160m")
-MODE_PRESETS = {"stability": "pythia-160m", "strategies": "pythia-160m", "decode": "long-160m"}  # their own defaults
+MODE_PRESETS = {
+    "stability": "pythia-160m",
+    "strategies": "pythia-160m",
+    "decode": "long-160m",
+    "async": "long-160m",
+}  # their own defaults
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -37,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "mode",
         nargs="?",
         default="speed",
-        choices=("speed", "quality", "stability", "logprobs", "strategies", "gpu", "decode", "episodes"),
+        choices=("speed", "quality", "stability", "logprobs", "strategies", "gpu", "decode", "episodes", "async"),
         help="speed: time and memory per step; quality: RLOO vs PPO win rate at equal wall clock; "
         "stability: the bf16 mismatch, peer-like vs rloo defaults; logprobs: peak memory of the "
         "log-prob pass, whole vs chunked LM head, at a 50k vocabulary; strategies: peak memory per rank and "
@@ -45,7 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "tokens/s, step time, planned vs measured memory at 1B-sized Pythia and Llama in bf16, the embedded task's "
         "bf16 mismatch; reduced sizes on CPU); decode: the lean decode's ms per token and read rate against "
         "torch.sum's, and its per-op profile (default preset long-160m); episodes: rloo's episode rollout against TRL "
-        "1.16's GRPOTrainer with environment_factory on the calculator task (SmolLM2-135M, --trl-python)",
+        "1.16's GRPOTrainer with environment_factory on the calculator task (SmolLM2-135M, --trl-python); async: the "
+        "synchronous loop against exact lag N=1 and bounded N=2 (default preset long-160m, and the embedded task's "
+        "episodes with --latency seconds per environment step): seconds per rollout, each side's busy seconds, memory",
     )
     parser.add_argument(
         "overrides",
@@ -62,6 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--precisions", default="fp32,bf16", help="stability: comma-separated, from fp32, bf16, bf16-true"
+    )
+    parser.add_argument(
+        "--latency", type=float, default=0.5, help="async: seconds each environment step waits in the episode rows"
     )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration, after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
@@ -502,6 +512,13 @@ def main(argv=None) -> None:
         preset = args.presets.split(",")[0]
         strategies.run(out_dir.resolve(), preset, overrides=args.overrides)
         print(f"bench: wrote {out_dir / 'strategies.json'} and {out_dir / 'strategies.md'}")
+        return
+    if args.mode == "async":
+        from rloo.bench import overlap
+
+        preset = args.presets.split(",")[0]
+        overlap.run(out_dir.resolve(), preset, args.steps + args.warmup, args.warmup, args.latency)
+        print(f"bench: wrote {out_dir / 'async.json'} and {out_dir / 'async.md'}")
         return
     if args.mode == "episodes":
         from rloo.bench import episodes

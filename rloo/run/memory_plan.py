@@ -157,6 +157,9 @@ class Shape:
     # 2 (rollout_precision=bf16), 0 (none: it reads the model's own)
     decode_weight_copy: int = 0
     decode_graph: bool = False  # the lean decode's steps as CUDA graphs (rloo.generation.static_decode), on GPUs
+    # a producer process beside the learner (max_staleness, producer=process): its max_staleness + 1 shared copies of
+    # the policy (rloo.service.weights), and its rollout running while the learner updates
+    producer_copies: int = 0
 
 
 def _bytes(dtype: str) -> int:
@@ -232,6 +235,8 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     if shape.sampler == "lean_decode" and shape.strategy in GATHERING_STRATEGIES and world > 1:
         # rloo.models.sharding.whole_weights: the partitioned policy gathered whole on each rank for the rollout
         items["gathered policy"] = policy_params * weight
+    if shape.producer_copies:
+        items["producer policy copies"] = shape.producer_copies * policy_params * weight
     if shape.decode_graph:  # the graphs' memory pool: one step's buffers at the largest bucket, kept between replays
         step_values = arch.vocab_size + 8 * arch.hidden_size + 2 * arch.intermediate_size + arch.kv_width
         scores = 3 * arch.heads * (prompt + response) * 4  # float32 scores, probabilities and their copy, per row
@@ -246,7 +251,10 @@ def estimate(arch: Architecture, shape: Shape) -> dict[str, float]:
     )
     update = mib["gradients"] + mib["activations"] + mib["logit chunks"]
     rollout = sum(mib.get(key, 0.0) for key in ("KV cache", "decode weights", "decode graph pool", "gathered policy"))
-    mib["peak"] = static + max(update, rollout)
+    if shape.producer_copies:  # the producer samples while the learner updates: both at once, on one host
+        mib["peak"] = static + mib["producer policy copies"] + update + rollout
+    else:
+        mib["peak"] = static + max(update, rollout)
     return mib
 
 
@@ -317,7 +325,17 @@ def shape_from_config(cfg, arch: Architecture, paths: dict[str, tuple[str, str]]
         sampler=paths["sampler"][0],
         decode_weight_copy=decode_copy_bytes(cfg) if paths["sampler"][0] == "lean_decode" else 0,
         decode_graph=paths["sampler"][0] == "lean_decode" and decode_replays_graphs(cfg),
+        producer_copies=producer_copies(cfg),
     )
+
+
+def producer_copies(cfg) -> int:
+    """The policy copies a producer process holds under `cfg` (0: rollouts sampled inline)."""
+    from rloo.algorithms.configs import produced_in_a_process
+
+    if cfg.get("producer") is None or not produced_in_a_process(cfg):
+        return 0
+    return int(cfg.max_staleness) + 1
 
 
 def decode_copy_bytes(cfg) -> int:

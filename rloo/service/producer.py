@@ -38,6 +38,7 @@ from rloo.service.episodes import EpisodeService, RolloutNotes
 from rloo.service.staleness import check_record, slots, version_to_sample
 from rloo.service.weights import PolicyVersions
 from rloo.utils.errors import ProducerFailed
+from rloo.utils.memory import peak_rss_mb
 
 POLL_S = 0.5  # how often a waiting side looks at the other's liveness
 
@@ -68,6 +69,7 @@ class Record:
     busy_s: float  # sampling and scoring it
     idle_s: float  # waiting for the version it needed before that
     tokens: int  # the model's tokens sampled
+    peak_rss_mb: float = 0.0  # the producer process's peak resident memory so far
 
 
 @dataclass
@@ -145,6 +147,7 @@ def produce(spec: ProducerSpec, published: "queue.Queue", records: "queue.Queue"
                 clock() - started,
                 idle,
                 int(rollout.completion_mask.sum()),
+                peak_rss_mb(),
             )
             if not put_until_stopped(records, ("record", record), stop):
                 return

@@ -5,6 +5,8 @@ rloo.toy.rule_rewards.topic_recall scores one turn)."""
 
 from __future__ import annotations
 
+import time
+
 from rloo.data.chat import prompt_text
 from rloo.toy.task import EOS_TEXT, post_topics
 
@@ -12,13 +14,16 @@ MORE = " more\n\nTL;DR:"  # the environment's reply while topics are missing: wo
 
 
 class TopicRecall:
-    def __init__(self, turns: int = 3):
+    def __init__(self, turns: int = 3, latency_s: float = 0.0):
         self.turns = turns
+        self.latency_s = latency_s  # seconds each step waits first, as a sandbox or an API grader does
 
     def reset(self, row: dict) -> None:
         self.topics, self.named, self.others, self.turn = set(post_topics(prompt_text(row["prompt"]))), set(), 0, 0
 
     def step(self, action: str) -> tuple[str | None, float | None, bool]:
+        if self.latency_s:
+            time.sleep(self.latency_s)
         self.turn += 1
         words = action.split(EOS_TEXT, 1)[0].split()
         self.named |= self.topics.intersection(words)
