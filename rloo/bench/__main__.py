@@ -73,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--latency", type=float, default=0.5, help="async: seconds each environment step waits in the episode rows"
     )
+    parser.add_argument("--workloads", default="long-160m,episodes", help="async: long-160m, episodes, or both")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration, after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument(
@@ -517,7 +518,8 @@ def main(argv=None) -> None:
         from rloo.bench import overlap
 
         preset = args.presets.split(",")[0]
-        overlap.run(out_dir.resolve(), preset, args.steps + args.warmup, args.warmup, args.latency)
+        workloads = tuple(args.workloads.split(","))
+        overlap.run(out_dir.resolve(), preset, args.steps + args.warmup, args.warmup, args.latency, workloads)
         print(f"bench: wrote {out_dir / 'async.json'} and {out_dir / 'async.md'}")
         return
     if args.mode == "episodes":

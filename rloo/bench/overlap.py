@@ -30,8 +30,12 @@ ROWS = (  # label, workload, overrides
     ("exact lag N=1", "episodes", ["max_staleness=1", *ASYNC]),
     ("bounded N=2", "episodes", ["max_staleness=2", "staleness_mode=bounded", *ASYNC]),
 )
-EPISODES = [  # the embedded task's episodes, each environment step waiting latency_s first
+EPISODES = [  # the embedded task's episodes, each environment step waiting latency_s first; each rollout used for
+    # 4 epochs x 2 mini-batches (a reused rollout, as PPO-style schedules run), so the learner has work to overlap
     "env=topic_recall",
+    "num_ppo_epochs=4",
+    "num_mini_batches=2",
+    "micro_batch_size=32",
     "reward=env",
     "judge=none",
     "logger=csv",
@@ -41,8 +45,15 @@ EPISODES = [  # the embedded task's episodes, each environment step waiting late
 ]
 
 
-def run(out_dir, preset_name: str = "long-160m", rollouts: int = 4, warmup: int = 1, latency_s: float = 0.5) -> dict:
-    """Every row in its own `python -m rloo.train`; writes async.json and async.md to `out_dir`."""
+def run(
+    out_dir,
+    preset_name: str = "long-160m",
+    rollouts: int = 4,
+    warmup: int = 1,
+    latency_s: float = 0.5,
+    workloads: tuple[str, ...] = ("long-160m", "episodes"),
+) -> dict:
+    """Every row of `workloads` in its own `python -m rloo.train`; writes async.json and async.md to `out_dir`."""
     from rloo.bench.presets import get_preset
     from rloo.bench.strategies import host_line, launch, run_settings, write_inputs
 
@@ -56,7 +67,7 @@ def run(out_dir, preset_name: str = "long-160m", rollouts: int = 4, warmup: int 
         "episodes": [*EPISODES, f"env.environment.latency_s={latency_s}", f"total_episodes={64 * rollouts}"],
     }
     results = []
-    for label, workload, overrides in ROWS:
+    for label, workload, overrides in [row for row in ROWS if row[1] in workloads]:
         workload = preset_name if workload == "long-160m" else workload
         run_dir = out / f"run-{workload}-{label.replace(' ', '-').replace('=', '')}"
         launch([*shared[workload], *overrides, f"hydra.run.dir={run_dir}"], 1, f"{workload}, {label}")
@@ -97,7 +108,8 @@ def markdown(report: dict) -> str:
     lines = [
         f"{report['host']}. `python -m rloo.bench async`: {report['rollouts']} rollouts per run, the first "
         f"{report['warmup']} left out; episodes: the embedded task in env=topic_recall, {report['latency_s']} s per "
-        "environment step. Asynchronous runs: learner and producer one thread each, is_correction=tis_token; "
+        "environment step, each rollout used for 4 epochs x 2 mini-batches. Asynchronous runs: learner and producer "
+        "one thread each, is_correction=tis_token; "
         "synchronous runs: one process, two threads.",
         "",
         "| workload | run | s per rollout | vs synchronous | learner busy s | producer busy s | vs busier side | "
