@@ -31,6 +31,10 @@ CORE = {
     "rloo.utils.resume",
     "rloo.models.lora",
     "rloo.models.sharding",
+    "rloo.service.episodes",
+    "rloo.service.producer",
+    "rloo.service.weights",
+    "rloo.service.staleness",
 }  # no Lightning or Hydra
 
 
@@ -83,6 +87,26 @@ def test_the_generation_layer_imports_nothing_above_it():
         if name.startswith("rloo.generation") and any(t.startswith(above) for t in targets)
     }
     assert offenders == {}
+
+
+def test_the_episode_service_sits_below_the_algorithms_and_evaluation():
+    """rloo.service (the one place episodes are orchestrated, inline or in a producer process) imports the rollout
+    engine, the data, the rewards and the utilities, never the algorithms, evaluation, judges or the run's shell; the
+    algorithms and held-out evaluation reach episodes through it."""
+    above = ("rloo.algorithms", "rloo.evaluation", "rloo.judges", "rloo.run", "rloo.toy", "rloo.bench")
+    edges = graph()
+    offenders = {
+        name: sorted(t for t in targets if t.startswith(above))
+        for name, targets in edges.items()
+        if name.startswith("rloo.service") and any(t.startswith(above) for t in targets)
+    }
+    assert offenders == {}
+    assert "rloo.service.episodes" in edges["rloo.algorithms.base"]
+    assert "rloo.service.episodes" in edges["rloo.evaluation.heldout"]
+    # neither orchestrates episodes itself any more: no environment is started or closed outside the service
+    for name in ("rloo.algorithms.base", "rloo.evaluation.heldout"):
+        text = modules()[name].read_text()
+        assert "start_all(" not in text and "close_all(" not in text and "observed_prompts(" not in text, name
 
 
 def test_there_is_no_import_cycle():

@@ -16,6 +16,12 @@ from rloo.objectives.statistics import _upcast, masked_mean
 IS_CORRECTIONS = ("none", "tis_token", "tis_sequence", "mask_token", "mask_sequence", "geometric")
 
 
+def log_ratios(train_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """`[N, T]`: the real tokens (bool), and log rho_t = log pi_train - log pi_rollout on them (detached), 0 off."""
+    real = mask.bool()
+    return real, torch.where(real, _upcast(train_logprobs.detach()) - _upcast(rollout_logprobs.detach()), 0.0)
+
+
 def logprob_mismatch(train_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """How far the rollout-time log-probs are from the training forward's, over real tokens only.
 
@@ -24,8 +30,7 @@ def logprob_mismatch(train_logprobs: Tensor, rollout_logprobs: Tensor, mask: Ten
       token_mult_prob_error         mean_t exp(|delta_t|)   (NeMo-RL's rule of thumb: look into it above 1.05)
       seq_log_ratio_mean/min/max    sum_t delta_t per sequence
     """
-    real = mask.bool()
-    delta = torch.where(real, _upcast(train_logprobs.detach()) - _upcast(rollout_logprobs.detach()), 0.0)
+    real, delta = log_ratios(train_logprobs, rollout_logprobs, mask)
     seq = delta.sum(1)
     zero = torch.zeros((), dtype=delta.dtype, device=delta.device)
     return {
@@ -61,8 +66,7 @@ def importance_weights(
         raise ValueError(f"is_correction must be one of {', '.join(IS_CORRECTIONS)}, got {correction!r}")
     if correction == "none":
         return None, None
-    real = mask.bool()
-    log_rho = torch.where(real, _upcast(train_logprobs.detach()) - _upcast(rollout_logprobs.detach()), 0.0)
+    real, log_rho = log_ratios(train_logprobs, rollout_logprobs, mask)
     ones = real.to(log_rho.dtype)
     if correction == "tis_token":
         return torch.clamp(torch.exp(log_rho), max=cap) * ones, None  # min(rho_t, C)
@@ -97,8 +101,7 @@ def importance_ratio_stats(
     """
     if correction == "none":
         return {}
-    real = mask.bool()
-    log_rho = torch.where(real, _upcast(train_logprobs.detach()) - _upcast(rollout_logprobs.detach()), 0.0)
+    real, log_rho = log_ratios(train_logprobs, rollout_logprobs, mask)
     if correction.endswith("_token"):
         log_ratio = log_rho[real]  # [real tokens]
     else:
