@@ -4,6 +4,7 @@ the check every record passes, the decoupled correction's weights by hand, and r
 
 import csv
 import hashlib
+import json
 import math
 import os
 import signal
@@ -190,12 +191,8 @@ def test_exact_lag_is_reproducible_and_resumes_bit_identically_after_a_sigkill(e
     once = trained(embedded_task, f"lag{lag}-a", *settings)
     twice = trained(embedded_task, f"lag{lag}-b", *settings)
     assert metric_rows(once) == metric_rows(twice) and policy_hash(once) == policy_hash(twice)
-    staleness = [
-        float(row["async/staleness_max"])
-        for row in csv.DictReader(open(once / "csv" / "metrics.csv"))
-        if row.get("async/staleness_max")
-    ]
-    assert staleness == [min(r, lag) for r in range(len(staleness))]  # rollout r sampled by version r - N
+    assert json.loads((once / "summary.json").read_text())["curves"].startswith("curves.png: 7 panels of 7 drawn")
+    assert column(once, "async/staleness_max") == [min(r, lag) for r in range(8)]  # rollout r: version max(0, r - N)
 
     killed = embedded_task / f"lag{lag}-killed"
     process = start(killed, embedded_task / "cache", *RUN, *settings, "keep_checkpoints=-1")
@@ -271,3 +268,17 @@ def test_the_memory_plan_counts_the_producers_policy_copies_and_its_rollout_besi
     rollout = inline["KV cache"] + inline.get("decode weights", 0.0)
     assert inline["peak"] == pytest.approx(static + max(update, rollout))
     assert produced["peak"] == pytest.approx(static + 3 * inline["policy weights"] + update + rollout)
+
+
+def test_curves_get_a_staleness_panel_only_where_the_run_logged_staleness_or_a_correction():
+    from rloo.run.plots import training_panels
+
+    plain = [{"step": 1, "objective/scores": 1.0, "objective/kl": 0.1}]
+    assert [title for title, _, _ in training_panels(plain)][-1] == "clip fractions"
+    produced = [plain[0] | {"async/staleness_mean": 1.0, "async/staleness_max": 1.0, "is/cut_frac": 0.01}]
+    title, _, keys = training_panels(produced)[-1]
+    assert title == "staleness and correction" and keys == [
+        "async/staleness_mean",
+        "async/staleness_max",
+        "is/cut_frac",
+    ]

@@ -157,7 +157,8 @@ def series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
 
 def training_panels(rows: list[dict]) -> list[tuple[str, str, list[str]]]:
     """(title, y label, keys) of each training panel: the score and each reward term, the KL, the lengths, the clip
-    fractions; each with the keys of it the run logged (a panel with none says so)."""
+    fractions, and with a producer process or is_correction the staleness and the fraction the correction cut; each
+    with the keys of it the run logged (a panel with none says so)."""
     keys = {k for r in rows for k in r}
     terms = sorted(k for k in keys if k.startswith("reward/") and not k.startswith(("reward/none/", "reward/masked")))
     panels = [
@@ -166,6 +167,9 @@ def training_panels(rows: list[dict]) -> list[tuple[str, str, list[str]]]:
         ("completion length", "tokens", ["completions/mean_length"]),
         ("clip fractions", "fraction", ["policy/clipfrac_avg", "policy/token_clipfrac_avg"]),
     ]
+    staleness = ["async/staleness_mean", "async/staleness_max", "is/cut_frac"]
+    if keys.intersection(staleness):  # a producer process: how stale the rollouts were, what the correction cut
+        panels.append(("staleness and correction", "versions behind; fraction cut", staleness))
     return [(title, ylabel, [k for k in wanted if k in keys]) for title, ylabel, wanted in panels]
 
 
