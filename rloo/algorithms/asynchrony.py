@@ -27,11 +27,10 @@ def start_producer(module, saved: dict | None) -> RolloutProducer:
     CHECKPOINT_KEY entry (the versions it held and the producer's random state), None for a fresh start."""
     cfg, datamodule = module.config, module.trainer.datamodule
     versions = PolicyVersions(module.policy, slots(cfg.max_staleness))
-    lockstep = cfg.max_staleness == 0
-    rng = None if lockstep else torch.get_rng_state()  # a fresh run's producer starts from the learner's state
     if saved is not None:
         versions.restore(saved["versions"])
-        rng = None if lockstep else saved["producer_rng"]
+    # its own random stream from the checkpoint's, or a fresh run's from the learner's; none in lockstep (handed over)
+    rng = None if cfg.max_staleness == 0 else saved["producer_rng"] if saved is not None else torch.get_rng_state()
     service = module.episode_service
     spec = ProducerSpec(
         cfg,
@@ -82,10 +81,7 @@ def collect_from_producer(module, batch: dict, timer: PhaseTimer) -> Rollout:
         "async/producer_tokens_per_s": record.tokens / max(record.busy_s, 1e-9),
         "memory/producer_peak_rss_mb": record.peak_rss_mb,  # its shared weights count in both processes' RSS
     }
-    return dataclasses.replace(
-        record.rollout,
-        **{f.name: getattr(record.rollout, f.name).to(module.device) for f in dataclasses.fields(Rollout)},
-    )
+    return Rollout(**{f.name: getattr(record.rollout, f.name).to(module.device) for f in dataclasses.fields(Rollout)})
 
 
 def checkpoint_state(module) -> dict:

@@ -1,13 +1,14 @@
 """One episode service for training and held-out evaluation: rows in, episodes out, scored into a `Rollout` stamped
 with the policy version that sampled it.
 
-    play     environments started (one per episode), their first observations appended to the prompts, the
-             episodes sampled by the rollout engine (or an external harness, rollout=), the environments closed
-    rollout  play k episodes per prompt of a batch, then the reference's log-probs, the reward model's scores and
-             the reward functions of reward= once, in TRL's form, with the environment's return
+    play_episodes           environments started (one per episode), their first observations appended to the
+                            prompts, the episodes sampled by the rollout engine (or rollout='s harness), the
+                            environments closed
+    EpisodeService.rollout  k episodes per prompt of a batch (play_episodes), then the reference's log-probs, the
+                            reward model's scores and the reward functions of reward= once, in TRL's form
 
-Training calls `rollout` (inline, or in a producer process: rloo.service.producer); evaluation calls `play` at its
-own sampling settings and scores the episodes its own way (rloo.evaluation.heldout). No Lightning here.
+Training calls `rollout` (inline, or in a producer process: rloo.service.producer); evaluation calls `play_episodes`
+at its own sampling settings and scores the episodes its own way (rloo.evaluation.heldout). No Lightning here.
 """
 
 from __future__ import annotations
@@ -70,24 +71,6 @@ class EpisodeService:
         """Whether anything of a rollout reads its prompts as the data has them (not only their token ids)."""
         return bool(self.environment or self.reward or self.external_rollout)
 
-    def play(self, policy, prompts, prompt_ids, prompt_mask, repeats, columns, timer, harness=None) -> Played:
-        """`play_episodes` at the rollout's sampling settings, in this run's environment, with its harness."""
-        return play_episodes(
-            policy,
-            self.tokenizer,
-            self.environment,
-            prompts,
-            prompt_ids,
-            prompt_mask,
-            repeats,
-            columns,
-            self.sampling,
-            self.generation_batch_size,
-            timer,
-            self.external_rollout if harness is not None else None,
-            harness,
-        )
-
     def rollout(
         self,
         policy,
@@ -104,17 +87,22 @@ class EpisodeService:
         form (`trainer_state` for those that take it)."""
         reward_model = self.reward_model if self.reward is None or self.reward.uses_model else None
         prompts = batch_prompts(batch, self.tokenizer) if self.reads_prompts else None
-        played = self.play(
+        played = play_episodes(
             sampler or policy,
+            self.tokenizer,
+            self.environment,
             prompts,
             batch["prompt_ids"],
             batch["prompt_mask"],
             self.k,
             batch.get("columns") or [],
+            self.sampling,
+            self.generation_batch_size,
             timer,
+            self.external_rollout,
             harness,
         )
-        sampled, external = played.sampled, self.external_rollout is not None and harness is not None
+        sampled, external = played.sampled, self.external_rollout is not None
         # a group's rows share one prompt, unless observations or an external rollout made them differ
         group = self.k if self.shared_prefix and played.repeats == self.k and not external else 1
         rollout = scored_rollout(
